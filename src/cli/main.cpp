@@ -1,0 +1,35 @@
+// fusejit: inspect the GPU and the kernel cache, compile kernels ahead of time, benchmark and
+// check the op. Bad arguments print one line and exit 2; failures exit 1.
+#include <iostream>
+
+#include "cli/verbs.hpp"
+#include "fusejit/error.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"fusejit: fused Linear -> scale -> BatchNorm1d kernels, generated at run time"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show help for every verb");
+  fusejit::cli::Action action;
+  fusejit::cli::add_info(app, action);
+  fusejit::cli::add_compile(app, action);
+  fusejit::cli::add_cache(app, action);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "fusejit: " << e.what() << " (see fusejit --help)\n";
+    return 2;
+  }
+  try {
+    return action ? action() : 0;
+  } catch (const fusejit::InvalidArgument& e) {
+    std::cerr << "fusejit: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "fusejit: error: " << e.what() << "\n";
+    return 1;
+  }
+}

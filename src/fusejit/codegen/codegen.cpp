@@ -1,0 +1,127 @@
+#include "fusejit/codegen/codegen.hpp"
+
+#include <fmt/format.h>
+
+#include "fusejit/codegen/embedded_templates.hpp"
+
+namespace fusejit {
+
+namespace {
+
+const char* storage_type_name(DType d) {
+  switch (storage_type(d)) {
+    case DType::fp16: return "fj::half_t";
+    case DType::bf16: return "fj::bf16_t";
+    default: return "float";
+  }
+}
+
+const char* math_name(DType d) {
+  switch (d) {
+    case DType::fp32: return "fj::kMathSimtFp32";
+    case DType::tf32: return "fj::kMathTf32";
+    case DType::fp16: return "fj::kMathFp16";
+    case DType::bf16: return "fj::kMathBf16";
+  }
+  return "?";
+}
+
+const char* b(bool v) { return v ? "true" : "false"; }
+
+}  // namespace
+
+KernelSchedule schedule(const Problem& p, const KernelConfig& c) {
+  KernelSchedule s;
+  s.kernels.push_back("fj_gemm");
+  if (p.mode == Mode::train) {
+    s.single_pass = p.M <= c.bm;
+    if (!s.single_pass) {
+      s.kernels.push_back("fj_finalize");
+      s.kernels.push_back("fj_apply");
+    } else if (!p.momentum) {
+      s.kernels.push_back("fj_bump");
+    }
+  }
+  return s;
+}
+
+const std::vector<std::pair<std::string, std::string>>& template_headers() {
+  static const auto headers = [] {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const auto& f : embedded_templates()) out.emplace_back(f.name, f.text);
+    return out;
+  }();
+  return headers;
+}
+
+KernelSource generate(const Problem& p, const KernelConfig& c) {
+  const KernelSchedule sched = schedule(p, c);
+  const bool ws = c.variant == Variant::warpspec;
+  KernelSource src;
+  src.name = fmt::format("fj.{}.{}.{}.{}", name(p.dtype), name(p.mode), format_shape(p.shape()),
+                         c.key());
+  std::string& t = src.text;
+  t += fmt::format("// fusejit generated kernel: {}\n// problem: {}\n", src.name, p.key());
+  t += "#include \"common/types.cuh\"\n#include \"common/math_kind.cuh\"\n";
+  t += "struct Spec {\n";
+  t += fmt::format("  using T = {};\n  using P = {};\n", storage_type_name(p.dtype),
+                   storage_type_name(p.param_dtype));
+  t += fmt::format("  static constexpr int MATH = {};\n", math_name(p.dtype));
+  t += fmt::format("  static constexpr int M = {}, N = {}, K = {};\n", p.M, p.N, p.K);
+  t += fmt::format("  static constexpr int LDX = {}, LDW = {}, LDY = {};\n", p.lda_x(), p.lda_w(),
+                   p.lda_y());
+  t += fmt::format("  static constexpr int BM = {}, BN = {}, BK = {}, STAGES = {}, GROUP_M = {};\n",
+                   c.bm, c.bn, c.bk, c.stages, c.group_m);
+  if (ws)
+    t += fmt::format(
+        "  static constexpr int CONSUMERS = {}, CLUSTER_M = {};\n"
+        "  static constexpr bool PERSISTENT = {};\n",
+        c.warps_m, c.cluster_m, b(c.persistent));
+  else
+    t += fmt::format("  static constexpr int WARPS_M = {}, WARPS_N = {};\n", c.warps_m, c.warps_n);
+  t += fmt::format("  static constexpr int THREADS = {};\n", c.threads());
+  t += fmt::format("  static constexpr int VEC_BYTES = {};\n", std::min(p.alignment, 16));
+  t += fmt::format(
+      "  static constexpr bool TRAIN = {}, SINGLE_PASS = {}, CUMULATIVE = {};\n"
+      "  static constexpr bool HAS_BIAS = {}, HAS_SCALE = {}, HAS_AFFINE = {};\n",
+      b(p.mode == Mode::train), b(sched.single_pass), b(!p.momentum), b(p.has_bias),
+      b(p.has_scale), b(p.has_affine));
+  t += "};\n";
+  const char* gemm = ws ? "fj::WarpspecGemm<Spec>" : "fj::TiledGemm<Spec>";
+  t += ws ? "#include \"kernels/warpspec_gemm.cuh\"\n" : "#include \"kernels/tiled_gemm.cuh\"\n";
+  if (!sched.single_pass && p.mode == Mode::train)
+    t += "#include \"kernels/bn_finalize.cuh\"\n#include \"kernels/bn_apply.cuh\"\n";
+  else if (sched.single_pass && !p.momentum)
+    t += "#include \"kernels/bn_apply.cuh\"\n";
+  // The host reads the exact dynamic shared memory size from the module.
+  t += fmt::format("extern \"C\" __device__ const int fj_smem_bytes = {}::kSmemBytes;\n", gemm);
+  for (const auto& k : sched.kernels) {
+    if (k == "fj_gemm" && ws) {
+      t += fmt::format(
+          "extern \"C\" __global__ void __launch_bounds__(Spec::THREADS, 1)\n"
+          "fj_gemm(const __grid_constant__ fj::Params p, const __grid_constant__ fj::TmaDescriptor tx,\n"
+          "        const __grid_constant__ fj::TmaDescriptor tw) {{ {}::run(p, tx, tw); }}\n",
+          gemm);
+    } else if (k == "fj_gemm") {
+      t += fmt::format(
+          "extern \"C\" __global__ void __launch_bounds__(Spec::THREADS)\n"
+          "fj_gemm(const fj::Params p) {{ {}::run(p); }}\n",
+          gemm);
+    } else if (k == "fj_finalize") {
+      t += "extern \"C\" __global__ void __launch_bounds__(fj::kFinCols * fj::kFinGroups)\n"
+           "fj_finalize(const fj::Params p) { fj::bn_finalize<Spec>(p); }\n";
+    } else if (k == "fj_apply") {
+      t += "extern \"C\" __global__ void __launch_bounds__(256)\n"
+           "fj_apply(const fj::Params p) { fj::bn_apply<Spec>(p); }\n";
+    } else if (k == "fj_bump") {
+      t += "extern \"C\" __global__ void fj_bump(const fj::Params p) { fj::bump_batches(p); }\n";
+    }
+  }
+  src.kernels = sched.kernels;
+  src.options = {"--std=c++17", "-DNDEBUG",
+                 "--extra-device-vectorization"};
+  src.headers = template_headers();
+  return src;
+}
+
+}  // namespace fusejit

@@ -1,0 +1,170 @@
+#include "fusejit/config/kernel_config.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "fusejit/error.hpp"
+
+namespace fusejit {
+
+std::string_view name(Variant v) { return v == Variant::tiled ? "tiled" : "warpspec"; }
+
+Variant parse_variant(std::string_view s) {
+  if (s == "tiled") return Variant::tiled;
+  if (s == "warpspec") return Variant::warpspec;
+  throw InvalidArgument("variant", "expected tiled or warpspec; got '" + std::string(s) + "'");
+}
+
+int KernelConfig::threads() const {
+  return variant == Variant::tiled ? warps_m * warps_n * 32 : 128 * (warps_m + 1);
+}
+
+int KernelConfig::smem_bytes(const Problem& p) const {
+  // An estimate for pruning; the exact figure comes from the compiled kernel (fj_smem_bytes).
+  const int eb = static_cast<int>(storage_bytes(p.dtype));
+  const int nt = variant == Variant::tiled ? threads() : 128 * warps_m;
+  const int tpc = nt >= bn ? nt / bn : 1;
+  const int epilogue = bm * (bn + 8) * 4 + (2 * bn + tpc * bn) * 4;
+  const int ring = p.dtype == DType::fp32 && variant == Variant::tiled
+                       ? 2 * (bm + bn) * (bk + 4) * 4
+                       : stages * (bm + bn) * bk * eb + (variant == Variant::warpspec ? 1024 : 0);
+  return std::max(ring, epilogue);
+}
+
+std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
+  const bool strict_fp32 = p.dtype == DType::fp32;
+  if (variant == Variant::warpspec) {
+    if (d.cc() != 90) return "warpspec needs sm_90a (Hopper); this device is sm_" + std::to_string(d.cc());
+    if (strict_fp32) return "warpspec has no strict-fp32 path (wgmma multiplies fp32 as tf32)";
+    if (p.alignment < 16) return "warpspec loads with TMA, which needs 16-byte aligned rows";
+    if (bm % 64 != 0 || bm / 64 != warps_m) return "warpspec: bm must be 64 per consumer warpgroup";
+    if (bn % 16 != 0 || bn > 256) return "warpspec: bn must be a multiple of 16 up to 256";
+    if (cluster_m != 1 && cluster_m != 2) return "warpspec: cluster_m must be 1 or 2";
+  } else {
+    if (cluster_m != 1 || persistent) return "tiled has no clusters or persistent scheduling";
+    if (warps_m < 1 || warps_n < 1 || threads() > 1024) return "tiled: bad warp layout";
+    if (!strict_fp32 && (bm % (16 * warps_m) != 0 || bn % (8 * warps_n) != 0))
+      return "tiled: the warp tile must be a multiple of the 16x8 mma shape";
+  }
+  if (bm <= 0 || bn <= 0 || bk <= 0 || stages < 2 || group_m < 1) return "non-positive tile field";
+  const int smem = smem_bytes(p);
+  if (d.smem_per_block_optin > 0 && smem > d.smem_per_block_optin)
+    return fmt::format("needs {} bytes of shared memory, the device allows {}", smem,
+                       d.smem_per_block_optin);
+  return {};
+}
+
+std::string KernelConfig::key() const {
+  if (variant == Variant::tiled)
+    return fmt::format("tiled.{}x{}x{}.w{}x{}.s{}.g{}", bm, bn, bk, warps_m, warps_n, stages,
+                       group_m);
+  return fmt::format("warpspec.{}x{}x{}.c{}.s{}.g{}.cl{}.p{}", bm, bn, bk, warps_m, stages,
+                     group_m, cluster_m, int(persistent));
+}
+
+KernelConfig KernelConfig::parse(std::string_view key) {
+  KernelConfig c;
+  const std::string k(key);
+  int persistent = 0;
+  char tail = 0;
+  if (k.rfind("tiled.", 0) == 0) {
+    c.variant = Variant::tiled;
+    if (std::sscanf(k.c_str(), "tiled.%dx%dx%d.w%dx%d.s%d.g%d%c", &c.bm, &c.bn, &c.bk, &c.warps_m,
+                    &c.warps_n, &c.stages, &c.group_m, &tail) == 7)
+      return c;
+  } else if (k.rfind("warpspec.", 0) == 0) {
+    c.variant = Variant::warpspec;
+    c.warps_n = 1;
+    if (std::sscanf(k.c_str(), "warpspec.%dx%dx%d.c%d.s%d.g%d.cl%d.p%d%c", &c.bm, &c.bn, &c.bk,
+                    &c.warps_m, &c.stages, &c.group_m, &c.cluster_m, &persistent, &tail) == 8) {
+      c.persistent = persistent != 0;
+      return c;
+    }
+  }
+  throw InvalidArgument("config", "expected a key like tiled.128x128x32.w2x4.s4.g8 or "
+                                  "warpspec.128x256x64.c2.s4.g8.cl1.p1; got '" + k + "'");
+}
+
+namespace {
+
+KernelConfig tiled(int bm, int bn, int bk, int wm, int wn, int stages) {
+  KernelConfig c;
+  c.variant = Variant::tiled;
+  c.bm = bm, c.bn = bn, c.bk = bk, c.warps_m = wm, c.warps_n = wn, c.stages = stages;
+  return c;
+}
+
+KernelConfig warpspec(int bm, int bn, int bk, int consumers, int stages, bool persistent) {
+  KernelConfig c;
+  c.variant = Variant::warpspec;
+  c.bm = bm, c.bn = bn, c.bk = bk, c.warps_m = consumers, c.warps_n = 1, c.stages = stages;
+  c.persistent = persistent;
+  return c;
+}
+
+// Tiled configs per math kind, heuristic's favourite first. Small-M problems get a short tile
+// so that train mode can finish in one kernel (M <= BM) without wasting most of the tile.
+std::vector<KernelConfig> tiled_candidates(const Problem& p) {
+  std::vector<KernelConfig> out;
+  switch (p.dtype) {
+    case DType::fp32:
+      out = {tiled(128, 128, 8, 2, 4, 2), tiled(64, 128, 8, 2, 4, 2), tiled(128, 64, 8, 2, 4, 2)};
+      break;
+    case DType::tf32:
+      out = {tiled(128, 128, 16, 2, 4, 4), tiled(64, 128, 16, 2, 4, 4), tiled(128, 256, 16, 2, 4, 3)};
+      break;
+    case DType::fp16:
+    case DType::bf16:
+      out = {tiled(128, 128, 32, 2, 4, 4), tiled(64, 128, 32, 2, 4, 4), tiled(128, 256, 32, 2, 4, 3),
+             tiled(256, 128, 32, 4, 2, 3)};
+      break;
+  }
+  if (p.M <= 64) std::swap(out[0], out[1]);
+  return out;
+}
+
+std::vector<KernelConfig> warpspec_candidates(const Problem& p) {
+  const int bk = p.dtype == DType::tf32 ? 32 : 64;
+  std::vector<KernelConfig> out = {warpspec(128, 256, bk, 2, 4, false),
+                                   warpspec(128, 128, bk, 2, 5, false),
+                                   warpspec(64, 128, bk, 1, 6, false)};
+  if (p.M <= 64) std::swap(out[0], out[2]);
+  return out;
+}
+
+}  // namespace
+
+std::vector<KernelConfig> candidate_configs(const Problem& p, const Device& d) {
+  std::vector<KernelConfig> out;
+  auto keep = [&](const std::vector<KernelConfig>& cs) {
+    for (const auto& c : cs)
+      if (c.valid_for(p, d)) out.push_back(c);
+  };
+  // Hopper: wgmma is the fast path; the tiled variant stays as a fallback and contender.
+  if (d.cc() == 90) keep(warpspec_candidates(p));
+  keep(tiled_candidates(p));
+  return out;
+}
+
+KernelConfig default_config(const Problem& p, const Device& d, std::optional<Variant> variant) {
+  std::string reasons;
+  const auto all = variant == Variant::warpspec ? warpspec_candidates(p)
+                   : variant == Variant::tiled  ? tiled_candidates(p)
+                                                : std::vector<KernelConfig>{};
+  if (!variant) {
+    auto cs = candidate_configs(p, d);
+    if (!cs.empty()) return cs.front();
+  }
+  for (const auto& c : all) {
+    std::string why = c.why_invalid(p, d);
+    if (why.empty()) return c;
+    reasons += "\n  " + c.key() + ": " + why;
+  }
+  throw InvalidArgument("variant", fmt::format("no {} config can run {} on {}{}",
+                                               variant ? name(*variant) : "", p.key(), d.name,
+                                               reasons));
+}
+
+}  // namespace fusejit

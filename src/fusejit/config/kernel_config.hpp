@@ -1,0 +1,52 @@
+// One struct describes a kernel configuration; its key() is the cache and tuning key.
+#pragma once
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fusejit/device/device.hpp"
+#include "fusejit/problem.hpp"
+
+namespace fusejit {
+
+enum class Variant { tiled, warpspec };
+std::string_view name(Variant);
+Variant parse_variant(std::string_view);  // throws InvalidArgument("variant", ...)
+
+struct KernelConfig {
+  Variant variant = Variant::tiled;
+  // CTA tile.
+  int bm = 128, bn = 128, bk = 32;
+  // tiled: warps along M and N. warpspec: consumer warpgroups (warps_m) stacked along M.
+  int warps_m = 2, warps_n = 4;
+  int stages = 3;
+  // Tile raster: consecutive CTAs walk `group_m` row tiles before moving to the next column
+  // tiles, so W's column tiles stay in L2.
+  int group_m = 8;
+  // warpspec: thread-block cluster along M (TMA multicast of W tiles); 1 = no cluster.
+  int cluster_m = 1;
+  // warpspec: persistent CTAs (one per SM, looping over tiles) instead of one CTA per tile.
+  bool persistent = false;
+
+  int threads() const;
+  // Dynamic shared memory bytes the GEMM kernel needs (stages and the epilogue's tile).
+  int smem_bytes(const Problem&) const;
+  // Empty when the config can run `problem` on `device`, else why not (shared memory, tile
+  // shape vs. MMA shape, variant vs. architecture or dtype).
+  std::string why_invalid(const Problem& problem, const Device& device) const;
+  bool valid_for(const Problem& p, const Device& d) const { return why_invalid(p, d).empty(); }
+  // Stable text naming every field, e.g. "tiled.128x128x32.w2x4.s3.g8".
+  std::string key() const;
+  // Inverse of key(); throws InvalidArgument("config", ...).
+  static KernelConfig parse(std::string_view key);
+};
+
+// The configs fusejit considers for a problem on a device (both variants where they apply),
+// each valid_for it. The first is the built-in heuristic's choice.
+std::vector<KernelConfig> candidate_configs(const Problem&, const Device&);
+// The heuristic's choice, optionally restricted to one variant. Throws InvalidArgument
+// ("variant", ...) when that variant cannot run the problem on the device.
+KernelConfig default_config(const Problem&, const Device&, std::optional<Variant> variant = {});
+
+}  // namespace fusejit

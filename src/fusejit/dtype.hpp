@@ -1,0 +1,24 @@
+// Element types and modes, with the spellings used on the command line and in keys.
+#pragma once
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace fusejit {
+
+// The op's math precision. tf32 stores fp32 and multiplies in TF32 (opt-in, like PyTorch's
+// allow_tf32); fp32 is strict fp32 (SIMT FFMA). Accumulation is fp32 for all of them.
+enum class DType { fp32, tf32, fp16, bf16 };
+enum class Mode { train, eval };
+
+std::string_view name(DType);
+std::string_view name(Mode);
+DType parse_dtype(std::string_view);  // throws InvalidArgument("dtype", ...)
+Mode parse_mode(std::string_view);    // throws InvalidArgument("mode", ...)
+
+// Bytes of one stored element (tf32 is stored as fp32).
+std::size_t storage_bytes(DType);
+// The storage type's own name: tf32 -> fp32.
+DType storage_type(DType);
+
+}  // namespace fusejit

@@ -1,0 +1,137 @@
+#include "fusejit/plan/launch.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/params.h"
+#include "fusejit/device/driver.hpp"
+#include "fusejit/error.hpp"
+
+namespace fusejit {
+
+namespace {
+
+constexpr unsigned kFinalizeColumns = 32, kFinalizeThreads = 256, kApplyThreads = 256;
+
+void require_pointer(const void* p, const char* arg, std::size_t align, const char* what) {
+  if (!p) throw InvalidArgument(arg, fmt::format("expected a device pointer ({}); got null", what));
+  if (reinterpret_cast<std::uintptr_t>(p) % align)
+    throw InvalidArgument(arg, fmt::format("expected a {}-byte aligned pointer ({}); got {}", align,
+                                           what, p));
+}
+
+void forbid(const void* p, const char* arg, const char* why) {
+  if (p) throw InvalidArgument(arg, fmt::format("expected null: {}", why));
+}
+
+}  // namespace
+
+void size_launches(PlanCore& c) {
+  const Problem& p = c.problem;
+  const auto row_tiles = static_cast<unsigned>((p.M + c.config.bm - 1) / c.config.bm);
+  const auto col_tiles = static_cast<unsigned>((p.N + c.config.bn - 1) / c.config.bn);
+  const unsigned tiles = row_tiles * col_tiles;
+  if (c.config.variant == Variant::warpspec) {
+    const unsigned cl = static_cast<unsigned>(c.config.cluster_m);
+    unsigned g = c.config.persistent ? std::min<unsigned>(tiles, c.device.sm_count) : tiles;
+    c.gemm_grid = (g + cl - 1) / cl * cl;
+  } else {
+    c.gemm_grid = tiles;
+  }
+  c.finalize_grid = static_cast<unsigned>((p.N + kFinalizeColumns - 1) / kFinalizeColumns);
+  // Enough blocks to fill the GPU a few times over; the kernel strides over the rest.
+  const std::size_t vec = std::max<std::size_t>(1, std::min(p.alignment, 16) / storage_bytes(p.dtype));
+  const std::size_t work = static_cast<std::size_t>(p.M) * ((p.N + vec - 1) / vec);
+  c.apply_grid = static_cast<unsigned>(std::clamp<std::size_t>(
+      (work + kApplyThreads - 1) / kApplyThreads, 1, static_cast<std::size_t>(c.device.sm_count) * 16));
+}
+
+void validate_tensors(const PlanCore& c, const Tensors& t) {
+  const Problem& p = c.problem;
+  const auto al = static_cast<std::size_t>(p.alignment);
+  const std::size_t pe = storage_bytes(p.param_dtype);
+  require_pointer(t.x, "x", al, fmt::format("x is [{}][{}] {}", p.M, p.lda_x(), name(p.dtype)).c_str());
+  require_pointer(t.w, "w", al, fmt::format("W is [{}][{}] {}", p.N, p.lda_w(), name(p.dtype)).c_str());
+  require_pointer(t.y, "y", al, fmt::format("y is [{}][{}] {}", p.M, p.lda_y(), name(p.dtype)).c_str());
+  auto param = [&](const void* ptr, bool present, const char* arg, const char* flag) {
+    if (present)
+      require_pointer(ptr, arg, pe, fmt::format("[{}] {}", p.N, name(p.param_dtype)).c_str());
+    else
+      forbid(ptr, arg, fmt::format("the problem has {} = false", flag).c_str());
+  };
+  param(t.bias, p.has_bias, "bias", "has_bias");
+  param(t.scale, p.has_scale, "scale", "has_scale");
+  param(t.gamma, p.has_affine, "gamma", "has_affine");
+  param(t.beta, p.has_affine, "beta", "has_affine");
+  if (p.mode == Mode::eval) {
+    require_pointer(t.running_mean, "running_mean", pe, "eval normalizes with the running stats");
+    require_pointer(t.running_var, "running_var", pe, "eval normalizes with the running stats");
+    forbid(t.save_mean, "save_mean", "eval mode computes no batch statistics");
+    forbid(t.save_invstd, "save_invstd", "eval mode computes no batch statistics");
+    forbid(t.num_batches_tracked, "num_batches_tracked", "eval mode does not count batches");
+  } else {
+    if ((t.running_mean == nullptr) != (t.running_var == nullptr))
+      throw InvalidArgument(t.running_mean ? "running_var" : "running_mean",
+                            "running_mean and running_var go together (both or neither)");
+    if (t.running_mean) {
+      require_pointer(t.running_mean, "running_mean", pe, "[N] running mean");
+      require_pointer(t.running_var, "running_var", pe, "[N] running var");
+    }
+    if (!p.momentum)
+      require_pointer(t.num_batches_tracked, "num_batches_tracked", 8,
+                      "momentum=None (cumulative average) reads and bumps it");
+    else if (t.num_batches_tracked)
+      require_pointer(t.num_batches_tracked, "num_batches_tracked", 8, "int64 counter");
+    if (t.save_mean) require_pointer(t.save_mean, "save_mean", 4, "[N] fp32");
+    if (t.save_invstd) require_pointer(t.save_invstd, "save_invstd", 4, "[N] fp32");
+  }
+}
+
+void launch(const PlanCore& c, CUstream stream, const Tensors& t, void* workspace) {
+  const Driver& d = driver();
+  CUcontext current = nullptr;
+  check(d.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
+  if (current != c.context) check(d.cuCtxSetCurrent(c.context), "cuCtxSetCurrent");
+  fj::Params prm{};
+  prm.x = t.x;
+  prm.w = t.w;
+  prm.y = t.y;
+  prm.bias = t.bias;
+  prm.scale = t.scale;
+  prm.gamma = t.gamma;
+  prm.beta = t.beta;
+  prm.running_mean = t.running_mean;
+  prm.running_var = t.running_var;
+  prm.num_batches_tracked = reinterpret_cast<long long*>(t.num_batches_tracked);
+  prm.save_mean = t.save_mean;
+  prm.save_invstd = t.save_invstd;
+  auto* ws = static_cast<char*>(workspace);
+  prm.ws_partials = ws ? reinterpret_cast<float*>(ws + c.workspace.partials_offset) : nullptr;
+  prm.ws_coef = ws ? reinterpret_cast<float*>(ws + c.workspace.coef_offset) : nullptr;
+  prm.eps = static_cast<float>(c.problem.eps);
+  prm.momentum = static_cast<float>(c.problem.momentum.value_or(0.0));
+  void* args[] = {&prm};
+  const auto threads = static_cast<unsigned>(c.config.threads());
+  if (c.config.variant == Variant::warpspec) {
+    launch_warpspec(c, stream, prm, t);
+  } else {
+    check(d.cuLaunchKernel(c.gemm, c.gemm_grid, 1, 1, threads, 1, 1,
+                           static_cast<unsigned>(c.smem_bytes), stream, args, nullptr),
+          "cuLaunchKernel(fj_gemm)");
+  }
+  if (c.finalize)
+    check(d.cuLaunchKernel(c.finalize, c.finalize_grid, 1, 1, kFinalizeThreads, 1, 1, 0, stream,
+                           args, nullptr),
+          "cuLaunchKernel(fj_finalize)");
+  if (c.apply)
+    check(d.cuLaunchKernel(c.apply, c.apply_grid, 1, 1, kApplyThreads, 1, 1, 0, stream, args,
+                           nullptr),
+          "cuLaunchKernel(fj_apply)");
+  if (c.bump)
+    check(d.cuLaunchKernel(c.bump, 1, 1, 1, 1, 1, 1, 0, stream, args, nullptr),
+          "cuLaunchKernel(fj_bump)");
+}
+
+}  // namespace fusejit

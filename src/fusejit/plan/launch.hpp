@@ -1,0 +1,22 @@
+// The hot path: checking a run's tensors and enqueueing its kernels. Nothing here allocates,
+// synchronizes, compiles or touches files.
+#pragma once
+#include <cuda.h>
+
+#include "common/params.h"
+#include "fusejit/plan/plan_core.hpp"
+#include "fusejit/plan/tensors.hpp"
+
+namespace fusejit {
+
+// Grid sizes for every kernel of the plan (called once, when the core is built).
+void size_launches(PlanCore&);
+// Throws InvalidArgument naming the first tensor that is missing, misaligned or not wanted.
+void validate_tensors(const PlanCore&, const Tensors&);
+// Enqueues the plan's kernels on `stream`. `workspace` was checked by the caller.
+void launch(const PlanCore&, CUstream stream, const Tensors&, void* workspace);
+// The warpspec GEMM's launch: its TMA descriptors name the run's x and W, so they are encoded
+// here, on the host, every run (a pure host call: no sync, no allocation).
+void launch_warpspec(const PlanCore&, CUstream stream, const fj::Params& params, const Tensors&);
+
+}  // namespace fusejit

@@ -1,0 +1,182 @@
+#include "fusejit/plan/plan.hpp"
+
+#include <fmt/format.h>
+
+#include <future>
+#include <map>
+#include <mutex>
+
+#include "fusejit/codegen/codegen.hpp"
+#include "fusejit/compile/compiler.hpp"
+#include "fusejit/device/driver.hpp"
+#include "fusejit/error.hpp"
+#include "fusejit/plan/launch.hpp"
+#include "fusejit/plan/plan_core.hpp"
+#include "fusejit/util/log.hpp"
+
+namespace fusejit {
+
+namespace {
+
+constexpr std::size_t kWorkspaceAlign = 256;
+
+std::size_t align_up(std::size_t v) { return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+
+CUcontext choose_context(int ordinal) {
+  if (ordinal >= 0) return primary_context(ordinal);
+  CUcontext ctx = nullptr;
+  FJ_CU(cuCtxGetCurrent(&ctx));
+  return ctx ? ctx : primary_context(0);
+}
+
+std::string core_key(const Problem& p, CUcontext ctx, const PlanOptions& o) {
+  return fmt::format("{}|{}|{}|{}|{}", p.key(), static_cast<const void*>(ctx),
+                     o.variant ? name(*o.variant) : "auto", o.config ? o.config->key() : "-",
+                     o.cache_dir);
+}
+
+}  // namespace
+
+WorkspaceLayout workspace_layout(const Problem& p, const KernelConfig& c) {
+  WorkspaceLayout w;
+  if (p.mode != Mode::train || schedule(p, c).single_pass) return w;
+  const std::size_t row_tiles = static_cast<std::size_t>((p.M + c.bm - 1) / c.bm);
+  w.partials_bytes = row_tiles * static_cast<std::size_t>(p.N) * 8;
+  w.coef_offset = align_up(w.partials_bytes);
+  w.coef_bytes = static_cast<std::size_t>(p.N) * 8;
+  w.total = align_up(w.coef_offset + w.coef_bytes);
+  return w;
+}
+
+std::shared_ptr<const PlanCore> make_plan_core(const Problem& problem, const PlanOptions& o) {
+  problem.validate();
+  auto core = std::make_shared<PlanCore>();
+  core->problem = problem;
+  core->context = choose_context(o.device);
+  FJ_CU(cuCtxSetCurrent(core->context));
+  core->device = Device::current();
+  if (o.config) {
+    if (auto why = o.config->why_invalid(problem, core->device); !why.empty())
+      throw InvalidArgument("config", o.config->key() + ": " + why);
+    core->config = *o.config;
+  } else {
+    core->config = default_config(problem, core->device, o.variant);
+  }
+  core->schedule = schedule(problem, core->config);
+  core->workspace = workspace_layout(problem, core->config);
+  const KernelSource src = generate(problem, core->config);
+  const std::string arch = core->device.arch();
+  const std::string key = cache_key(src, arch, nvrtc_version());
+  core->module = Module::find(key);
+  if (!core->module) {
+    const CompiledKernel compiled = compile_cached(src, arch, o.cache_dir);
+    core->cache_hit = compiled.cache_hit;
+    core->compile_seconds = compiled.compile_seconds;
+    core->module = Module::get(key, compiled, src.kernels);
+  } else {
+    core->cache_hit = true;
+  }
+  core->smem_bytes = core->module->read_int("fj_smem_bytes");
+  if (core->smem_bytes > core->device.smem_per_block_optin)
+    throw InvalidArgument("config", fmt::format("{} needs {} bytes of shared memory; {} allows {}",
+                                                core->config.key(), core->smem_bytes,
+                                                core->device.name,
+                                                core->device.smem_per_block_optin));
+  core->gemm = core->module->function("fj_gemm");
+  FJ_CU(cuFuncSetAttribute(core->gemm, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                           core->smem_bytes));
+  for (const auto& k : core->schedule.kernels) {
+    if (k == "fj_finalize") core->finalize = core->module->function(k);
+    if (k == "fj_apply") core->apply = core->module->function(k);
+    if (k == "fj_bump") core->bump = core->module->function(k);
+  }
+  size_launches(*core);
+  log()->info("plan {} -> {} ({}, {:.3f} s compile)", problem.key(), core->config.key(),
+              core->cache_hit ? "cached" : "compiled", core->compile_seconds);
+  return core;
+}
+
+Plan::Plan(const Problem& problem, const PlanOptions& options) {
+  // One in-flight build per key: concurrent callers of the same plan wait for the first.
+  static std::mutex mu;
+  static std::map<std::string, std::shared_future<std::shared_ptr<const PlanCore>>> cores;
+  problem.validate();
+  const CUcontext ctx = choose_context(options.device);
+  const std::string key = core_key(problem, ctx, options);
+  std::shared_future<std::shared_ptr<const PlanCore>> fut;
+  std::promise<std::shared_ptr<const PlanCore>> mine;
+  bool build = false;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cores.find(key);
+    if (it == cores.end()) {
+      fut = mine.get_future().share();
+      cores.emplace(key, fut);
+      build = true;
+    } else {
+      fut = it->second;
+    }
+  }
+  if (build) {
+    try {
+      mine.set_value(make_plan_core(problem, options));
+    } catch (...) {
+      mine.set_exception(std::current_exception());
+      std::lock_guard<std::mutex> lock(mu);
+      cores.erase(key);  // let a later attempt (e.g. after a transient fault) try again
+    }
+  }
+  core_ = fut.get();
+  if (core_->workspace.total) {
+    FJ_CU(cuCtxSetCurrent(core_->context));
+    FJ_CU(cuMemAlloc(&own_workspace_, core_->workspace.total));
+  }
+}
+
+Plan::~Plan() {
+  if (own_workspace_ && driver_available()) driver().cuMemFree(own_workspace_);
+}
+
+Plan::Plan(Plan&& o) noexcept : core_(std::move(o.core_)), own_workspace_(o.own_workspace_) {
+  o.own_workspace_ = 0;
+}
+
+Plan& Plan::operator=(Plan&& o) noexcept {
+  if (this != &o) {
+    if (own_workspace_ && driver_available()) driver().cuMemFree(own_workspace_);
+    core_ = std::move(o.core_);
+    own_workspace_ = o.own_workspace_;
+    o.own_workspace_ = 0;
+  }
+  return *this;
+}
+
+const Problem& Plan::problem() const { return core_->problem; }
+const KernelConfig& Plan::config() const { return core_->config; }
+std::size_t Plan::workspace_size() const { return core_->workspace.total; }
+std::vector<std::string> Plan::kernel_names() const { return core_->schedule.kernels; }
+bool Plan::cache_hit() const { return core_->cache_hit; }
+double Plan::compile_seconds() const { return core_->compile_seconds; }
+
+void Plan::validate(const Tensors& t) const { validate_tensors(*core_, t); }
+
+void Plan::run(CUstream stream, const Tensors& t) const {
+  run(stream, t, reinterpret_cast<void*>(own_workspace_), core_->workspace.total);
+}
+
+void Plan::run(CUstream stream, const Tensors& t, void* workspace, std::size_t bytes) const {
+  validate_tensors(*core_, t);
+  if (core_->workspace.total) {
+    if (!workspace)
+      throw InvalidArgument("workspace", fmt::format("this plan needs {} bytes of workspace; got null",
+                                                     core_->workspace.total));
+    if (bytes < core_->workspace.total)
+      throw InvalidArgument("workspace", fmt::format("this plan needs {} bytes of workspace; got {}",
+                                                     core_->workspace.total, bytes));
+    if (reinterpret_cast<std::uintptr_t>(workspace) % kWorkspaceAlign)
+      throw InvalidArgument("workspace", "expected a 256-byte aligned pointer");
+  }
+  launch(*core_, stream, t, workspace);
+}
+
+}  // namespace fusejit

@@ -1,0 +1,64 @@
+// Plan/run split in the manner of cuBLASLt and cuFFT: everything expensive (validation, config
+// choice, codegen, compile or cache lookup, module load) happens when the plan is made; run()
+// only checks pointers and enqueues kernels.
+#pragma once
+#include <cuda.h>
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/plan/tensors.hpp"
+#include "fusejit/problem.hpp"
+
+namespace fusejit {
+
+struct PlanOptions {
+  int device = -1;  // ordinal; -1: the current context's device, else 0
+  // Force a variant or a whole config (testing, benchmarking); otherwise the planner chooses.
+  std::optional<Variant> variant;
+  std::optional<KernelConfig> config;
+  std::string cache_dir;  // empty: DiskCache::default_dir()
+};
+
+struct PlanCore;  // compiled + loaded kernels and launch geometry, shared between equal plans
+
+class Plan {
+ public:
+  // Validates `problem` (InvalidArgument), picks a config, compiles or loads its kernels.
+  // Equal (problem, device, options) share one compiled core, cached in-process (thread-safe).
+  explicit Plan(const Problem& problem, const PlanOptions& options = {});
+  ~Plan();
+  Plan(Plan&&) noexcept;
+  Plan& operator=(Plan&&) noexcept;
+
+  const Problem& problem() const;
+  const KernelConfig& config() const;
+  // Bytes of device workspace one run needs (0 when it needs none), 256-byte aligned.
+  std::size_t workspace_size() const;
+
+  // Enqueues the op on `stream`. No allocation, host sync, compile or file I/O. Uses the
+  // plan's own workspace (allocated when the plan was made), so one Plan must not run on two
+  // streams at once; give each stream its own Plan or its own workspace.
+  void run(CUstream stream, const Tensors& t) const;
+  // Same with a caller workspace of at least workspace_size() bytes, 256-byte aligned.
+  void run(CUstream stream, const Tensors& t, void* workspace, std::size_t workspace_bytes) const;
+
+  // Checks `t` against the problem without launching anything (what run() checks first).
+  void validate(const Tensors& t) const;
+
+  // Names of the kernels a run launches, in order (for logs and `fusejit bench`).
+  std::vector<std::string> kernel_names() const;
+  // Whether the kernels came from a cache (in-process or disk) and what compiling them cost.
+  bool cache_hit() const;
+  double compile_seconds() const;
+
+ private:
+  std::shared_ptr<const PlanCore> core_;
+  CUdeviceptr own_workspace_ = 0;
+};
+
+}  // namespace fusejit

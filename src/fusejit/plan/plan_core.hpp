@@ -1,0 +1,43 @@
+// What a plan needs at run time, built once per (problem, device, options) and shared.
+#pragma once
+#include <cuda.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "fusejit/codegen/codegen.hpp"
+#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/device/device.hpp"
+#include "fusejit/problem.hpp"
+#include "fusejit/runtime/module.hpp"
+
+namespace fusejit {
+
+struct WorkspaceLayout {
+  std::size_t partials_offset = 0, partials_bytes = 0;  // [row_tiles][N] float2
+  std::size_t coef_offset = 0, coef_bytes = 0;          // [N] float2
+  std::size_t total = 0;
+};
+WorkspaceLayout workspace_layout(const Problem&, const KernelConfig&);
+
+struct PlanCore {
+  Problem problem;
+  KernelConfig config;
+  Device device;
+  CUcontext context = nullptr;
+  KernelSchedule schedule;
+  WorkspaceLayout workspace;
+  std::shared_ptr<const Module> module;
+  CUfunction gemm = nullptr, finalize = nullptr, apply = nullptr, bump = nullptr;
+  int smem_bytes = 0;
+  unsigned gemm_grid = 0, finalize_grid = 0, apply_grid = 0;
+  // How the kernels were obtained (for logs, `fusejit bench`, tests of the cache).
+  bool cache_hit = false;
+  double compile_seconds = 0;
+};
+
+// Builds a core: validate, choose config, codegen, compile (disk cache), load, size launches.
+std::shared_ptr<const PlanCore> make_plan_core(const Problem&, const struct PlanOptions&);
+
+}  // namespace fusejit

@@ -1,0 +1,92 @@
+#include "fusejit/problem.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <fmt/format.h>
+
+#include "fusejit/error.hpp"
+
+namespace fusejit {
+
+namespace {
+
+// Keeps 2D index arithmetic inside the kernels in 32-bit signed range.
+constexpr std::int64_t kMaxDim = (std::int64_t{1} << 31) - 1;
+
+void require(bool ok, const char* arg, const std::string& what) {
+  if (!ok) throw InvalidArgument(arg, what);
+}
+
+}  // namespace
+
+Shape parse_shape(std::string_view text) {
+  Shape s;
+  std::int64_t* dims[3] = {&s.M, &s.N, &s.K};
+  std::string_view rest = text;
+  for (int i = 0; i < 3; ++i) {
+    auto x = rest.find('x');
+    std::string_view part = i < 2 ? rest.substr(0, x) : rest;
+    if ((i < 2 && x == std::string_view::npos) || part.empty())
+      throw InvalidArgument("shape", "expected MxNxK (e.g. 1024x8192x8192); got '" +
+                                         std::string(text) + "'");
+    auto [p, ec] = std::from_chars(part.data(), part.data() + part.size(), *dims[i]);
+    if (ec != std::errc() || p != part.data() + part.size() || *dims[i] < 1 || *dims[i] > kMaxDim)
+      throw InvalidArgument("shape", "expected MxNxK with each size in 1.." +
+                                         std::to_string(kMaxDim) + "; got '" +
+                                         std::string(text) + "'");
+    if (i < 2) rest = rest.substr(x + 1);
+  }
+  return s;
+}
+
+std::string format_shape(const Shape& s) { return fmt::format("{}x{}x{}", s.M, s.N, s.K); }
+
+void Problem::validate() const {
+  require(M >= 1 && M <= kMaxDim, "M", fmt::format("expected 1 <= M <= {}, got {}", kMaxDim, M));
+  require(N >= 1 && N <= kMaxDim, "N", fmt::format("expected 1 <= N <= {}, got {}", kMaxDim, N));
+  require(K >= 1 && K <= kMaxDim, "K", fmt::format("expected 1 <= K <= {}, got {}", kMaxDim, K));
+  require(mode == Mode::eval || M >= 2, "M",
+          "train mode needs at least 2 rows per feature (batch statistics of 1 row are "
+          "undefined, as in PyTorch); got M=1");
+  require(param_dtype == DType::fp32 || param_dtype == storage_type(dtype), "param_dtype",
+          fmt::format("expected fp32 or {} (the storage type of x), got {}",
+                      name(storage_type(dtype)), name(param_dtype)));
+  require(ldx == 0 || ldx >= K, "ldx", fmt::format("expected 0 (packed) or >= K={}, got {}", K, ldx));
+  require(ldw == 0 || ldw >= K, "ldw", fmt::format("expected 0 (packed) or >= K={}, got {}", K, ldw));
+  require(ldy == 0 || ldy >= N, "ldy", fmt::format("expected 0 (packed) or >= N={}, got {}", N, ldy));
+  require(lda_x() <= kMaxDim && lda_w() <= kMaxDim && lda_y() <= kMaxDim, "ldx",
+          "leading dimensions must fit in 31 bits");
+  const auto eb = static_cast<int>(storage_bytes(dtype));
+  require(alignment == 16 || alignment == 8 || alignment == 4 || alignment == 2 || alignment == 1,
+          "alignment", fmt::format("expected 16, 8, 4, 2 or 1 bytes, got {}", alignment));
+  require(alignment >= eb, "alignment",
+          fmt::format("{} elements are {} bytes, so pointers are at least {}-byte aligned; got {}",
+                      name(dtype), eb, eb, alignment));
+  require(lda_x() * eb % alignment == 0, "ldx",
+          fmt::format("row stride of x ({} bytes) is not a multiple of the promised alignment {}",
+                      lda_x() * eb, alignment));
+  require(lda_w() * eb % alignment == 0, "ldw",
+          fmt::format("row stride of W ({} bytes) is not a multiple of the promised alignment {}",
+                      lda_w() * eb, alignment));
+  require(lda_y() * eb % alignment == 0, "ldy",
+          fmt::format("row stride of y ({} bytes) is not a multiple of the promised alignment {}",
+                      lda_y() * eb, alignment));
+  require(std::isfinite(eps) && eps > 0, "eps", fmt::format("expected a finite eps > 0, got {}", eps));
+  require(!momentum || (std::isfinite(*momentum) && *momentum >= 0 && *momentum <= 1), "momentum",
+          fmt::format("expected momentum in [0, 1] or None, got {}", momentum.value_or(0)));
+}
+
+std::string Problem::key() const {
+  return fmt::format("{}x{}x{}:{}:p{}:{}:bias{}:scale{}:affine{}:ld{},{},{}:al{}:eps{:a}:mom{}", M,
+                     N, K, name(dtype), name(param_dtype), name(mode), int(has_bias),
+                     int(has_scale), int(has_affine), lda_x(), lda_w(), lda_y(), alignment, eps,
+                     momentum ? fmt::format("{:a}", *momentum) : std::string("none"));
+}
+
+int natural_alignment(std::uintptr_t address, std::int64_t row_stride_bytes) {
+  for (int a : {16, 8, 4, 2})
+    if (address % a == 0 && row_stride_bytes % a == 0) return a;
+  return 1;
+}
+
+}  // namespace fusejit

@@ -1,0 +1,51 @@
+// What to compute: y = BatchNorm1d(scale * (x W^T + b)) for one layer, independent of any GPU.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "fusejit/dtype.hpp"
+
+namespace fusejit {
+
+struct Shape {
+  std::int64_t M = 0, N = 0, K = 0;
+};
+// "MxNxK" (x is MxK, W is NxK, y is MxN). Throws InvalidArgument("shape", ...).
+Shape parse_shape(std::string_view text);
+std::string format_shape(const Shape&);
+
+struct Problem {
+  std::int64_t M = 0, N = 0, K = 0;
+  DType dtype = DType::bf16;
+  // Storage type of bias, scale, gamma, beta and the running stats: fp32, or the storage type
+  // of x (a model cast with .to(bf16) holds its parameters in bf16).
+  DType param_dtype = DType::fp32;
+  Mode mode = Mode::train;
+  double eps = 1e-5;
+  std::optional<double> momentum = 0.1;  // nullopt: cumulative moving average (momentum=None)
+  bool has_bias = true;
+  bool has_scale = true;
+  bool has_affine = true;  // BatchNorm gamma/beta
+  // Row strides in elements; 0 means packed (K, K and N).
+  std::int64_t ldx = 0, ldw = 0, ldy = 0;
+  // Byte alignment the caller promises for x, W and y and their row strides (16, 8, 4 or 2).
+  // Wider alignment lets the kernels use wider loads; run() checks every pointer against it.
+  int alignment = 16;
+
+  std::int64_t lda_x() const { return ldx ? ldx : K; }
+  std::int64_t lda_w() const { return ldw ? ldw : K; }
+  std::int64_t lda_y() const { return ldy ? ldy : N; }
+  Shape shape() const { return {M, N, K}; }
+
+  // Throws InvalidArgument naming the first offending field.
+  void validate() const;
+  // Stable text naming every field that changes the kernels or their results.
+  std::string key() const;
+};
+
+// The widest alignment (16, 8, 4 or 2 bytes) that a pointer and row stride both satisfy.
+int natural_alignment(std::uintptr_t address, std::int64_t row_stride_bytes);
+
+}  // namespace fusejit

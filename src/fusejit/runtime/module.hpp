@@ -1,0 +1,39 @@
+// A compiled kernel set loaded into a CUDA context, with its functions ready to launch.
+// Loaded modules are cached in-process by (context, cache key): a second plan of the same
+// kernels costs no load.
+#pragma once
+#include <cuda.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fusejit/compile/compiler.hpp"
+
+namespace fusejit {
+
+class Module {
+ public:
+  // Loads `compiled` into the current context and resolves `kernels`. Throws CudaError.
+  Module(const CompiledKernel& compiled, const std::vector<std::string>& kernels);
+  ~Module();
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  CUfunction function(const std::string& name) const;  // throws InvalidArgument("kernel", ...)
+  // The value of an `extern "C" __device__ const int` the generated source defines.
+  int read_int(const char* symbol) const;
+
+  // The cached module for (current context, key), loading it on first use. Thread-safe.
+  static std::shared_ptr<const Module> get(const std::string& key, const CompiledKernel& compiled,
+                                           const std::vector<std::string>& kernels);
+  // Whether get() would hit without compiling (lets callers skip codegen + disk cache).
+  static std::shared_ptr<const Module> find(const std::string& key);
+
+ private:
+  CUmodule module_ = nullptr;
+  std::map<std::string, CUfunction> functions_;
+};
+
+}  // namespace fusejit

@@ -1,0 +1,61 @@
+// Warp-level tensor-core building blocks (sm_80+): ldmatrix fragment loads and mma.sync, as
+// inline PTX. Fragments are plain unsigned registers so one code path serves fp16, bf16 and
+// tf32 (tf32 fragments are fp32 bit patterns, one element per register).
+#pragma once
+#include "common/math_kind.cuh"
+
+namespace fj {
+
+// Four 8x8 matrices of 16-bit elements (equivalently 8x4 of 32-bit ones): lanes 8q..8q+7 give
+// the row addresses of matrix q, and each lane receives, per matrix, the 32-bit word at
+// (row = lane / 4, word = lane % 4). That is exactly the mma.sync A/B fragment layout.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// Two matrices; lanes 0..15 give the addresses.
+__device__ __forceinline__ void ldmatrix_x2(unsigned& r0, unsigned& r1, unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r0), "=r"(r1)
+               : "r"(addr));
+}
+
+// fp32 -> tf32 with round-to-nearest (ties away), like cuBLAS/PyTorch's conversion; the result is
+// an fp32 bit pattern whose low 13 mantissa bits are zero. Feeding raw fp32 bits instead would
+// make the tensor core truncate, which biases every product toward zero.
+__device__ __forceinline__ unsigned to_tf32(unsigned f32_bits) {
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(f32_bits)));
+  return r;
+}
+
+// D = A * B + D for one 16x8 fp32 accumulator tile (row-major A 16xK, "col" B = [n][k] in
+// memory, which is the nn.Linear weight layout as it is). Per lane: d[0..1] at
+// (row lane/4, cols 2*(lane%4) + 0..1), d[2..3] the same 8 rows further down.
+template <int MATH>
+__device__ __forceinline__ void mma_16x8(float (&d)[4], const unsigned (&a)[4],
+                                         const unsigned (&b)[2]) {
+  if constexpr (MATH == kMathBf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else if constexpr (MATH == kMathFp16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    static_assert(MATH == kMathTf32, "mma_16x8: MATH must be kMathBf16, kMathFp16 or kMathTf32");
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+}
+
+}  // namespace fj

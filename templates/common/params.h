@@ -1,0 +1,31 @@
+// Kernel parameters, shared verbatim by the host (plan/launch) and the generated kernels, so the
+// two can never disagree on layout. Plain C++: no CUDA headers.
+#pragma once
+
+namespace fj {
+
+struct Params {
+  // GEMM operands: x [M][ldx], W [N][ldw], y [M][ldy], in the storage type Spec::T.
+  const void* x;
+  const void* w;
+  void* y;
+  // Per-feature parameters [N] in Spec::P; null when the problem says they are absent.
+  const void* bias;
+  const void* scale;
+  const void* gamma;
+  const void* beta;
+  // BatchNorm buffers [N] in Spec::P (running stats) and fp32 (saved stats); may be null in train.
+  void* running_mean;
+  void* running_var;
+  long long* num_batches_tracked;
+  float* save_mean;
+  float* save_invstd;
+  // Workspace (train, two-pass): per (row tile, column) partial statistics, and per column the
+  // folded coefficients the apply pass uses. Layout fixed by workspace_layout() on the host.
+  float* ws_partials;  // [row_tiles][N] x {mean, M2} (float2)
+  float* ws_coef;      // [N] x {A, B} (float2)
+  float eps;
+  float momentum;  // ignored when Spec::CUMULATIVE
+};
+
+}  // namespace fj

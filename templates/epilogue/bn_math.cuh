@@ -1,0 +1,78 @@
+// Per-column BatchNorm math shared by the GEMM epilogues and the finalize kernel. With
+// a = x W^T (fp32) and z = s (a + b):
+//   eval : y = A a + B, A = g s / sqrt(rv + eps),    B = beta + g (s b - rm) / sqrt(rv + eps)
+//   train: y = A a + B, A = g s / sqrt(s^2 var_a + eps), B = beta - A mean_a
+// (the bias cancels out of y in train mode; it still moves running_mean).
+#pragma once
+#include "common/params.h"
+#include "common/types.cuh"
+
+namespace fj {
+
+struct Affine {
+  float a, b;
+};
+
+template <class Spec>
+__device__ __forceinline__ Affine eval_affine(const Params& p, int n) {
+  using P = typename Spec::P;
+  const float rm = to_float(static_cast<const P*>(p.running_mean)[n]);
+  const float rv = to_float(static_cast<const P*>(p.running_var)[n]);
+  const float b = Spec::HAS_BIAS ? load_param<P>(p.bias, n, 0.f) : 0.f;
+  const float s = Spec::HAS_SCALE ? load_param<P>(p.scale, n, 1.f) : 1.f;
+  const float g = Spec::HAS_AFFINE ? load_param<P>(p.gamma, n, 1.f) : 1.f;
+  const float beta = Spec::HAS_AFFINE ? load_param<P>(p.beta, n, 0.f) : 0.f;
+  const float invstd = rsqrtf(rv + p.eps);
+  return {g * s * invstd, beta + g * (s * b - rm) * invstd};
+}
+
+// The momentum factor of this run. Cumulative (momentum=None) reads num_batches_tracked before
+// the run increments it, so every reader must run before the increment (see bump_batches).
+template <class Spec>
+__device__ __forceinline__ float momentum_factor(const Params& p) {
+  if constexpr (Spec::CUMULATIVE)
+    return 1.0f / static_cast<float>(*p.num_batches_tracked + 1);
+  else
+    return p.momentum;
+}
+
+// Train mode, one column with its batch statistics of a (biased variance over all M rows):
+// updates the running stats (with the unbiased variance), writes the saved stats and returns
+// the folded affine. Called exactly once per column per run.
+template <class Spec>
+__device__ __forceinline__ Affine train_column(const Params& p, int n, float mean_a, float var_a,
+                                               float factor) {
+  using P = typename Spec::P;
+  const float b = Spec::HAS_BIAS ? load_param<P>(p.bias, n, 0.f) : 0.f;
+  const float s = Spec::HAS_SCALE ? load_param<P>(p.scale, n, 1.f) : 1.f;
+  const float g = Spec::HAS_AFFINE ? load_param<P>(p.gamma, n, 1.f) : 1.f;
+  const float beta = Spec::HAS_AFFINE ? load_param<P>(p.beta, n, 0.f) : 0.f;
+  const float mean_z = s * (mean_a + b);
+  const float var_z = s * s * var_a;
+  const float invstd = rsqrtf(var_z + p.eps);
+  if (p.running_mean) {
+    P* rm = static_cast<P*>(p.running_mean);
+    P* rv = static_cast<P*>(p.running_var);
+    constexpr float kUnbias = static_cast<float>(Spec::M) / static_cast<float>(Spec::M - 1);
+    rm[n] = from_float<P>((1.f - factor) * to_float(rm[n]) + factor * mean_z);
+    rv[n] = from_float<P>((1.f - factor) * to_float(rv[n]) + factor * var_z * kUnbias);
+  }
+  if (p.save_mean) p.save_mean[n] = mean_z;
+  if (p.save_invstd) p.save_invstd[n] = invstd;
+  const float A = g * s * invstd;
+  return {A, beta - A * mean_a};
+}
+
+// Chan et al.'s pairwise update: merges (nb, mean_b, m2_b) into (na, mean_a, m2_a). Stable
+// where E[x^2] - E[x]^2 would cancel (columns whose mean is large against their spread).
+__device__ __forceinline__ void chan_merge(float& na, float& mean_a, float& m2_a, float nb,
+                                           float mean_b, float m2_b) {
+  const float n = na + nb;
+  const float delta = mean_b - mean_a;
+  const float wb = nb / n;
+  mean_a += delta * wb;
+  m2_a += m2_b + delta * delta * na * wb;
+  na = n;
+}
+
+}  // namespace fj
