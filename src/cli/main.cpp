@@ -1,6 +1,7 @@
 // fusejit: inspect the GPU and the kernel cache, compile kernels ahead of time, benchmark and
 // check the op. Bad arguments print one line and exit 2; failures exit 1.
 #include <iostream>
+#include <string>
 
 #include "cli/verbs.hpp"
 #include "fusejit/error.hpp"
@@ -13,6 +14,18 @@ int main(int argc, char** argv) {
   fusejit::cli::add_info(app, action);
   fusejit::cli::add_compile(app, action);
   fusejit::cli::add_cache(app, action);
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    std::string verbs;
+    for (const auto* sub : app.get_subcommands({})) {
+      known |= sub->get_name() == argv[1];
+      verbs += (verbs.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) {
+      std::cerr << "fusejit: unknown verb '" << argv[1] << "'; expected one of " << verbs << "\n";
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

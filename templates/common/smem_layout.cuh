@@ -19,6 +19,8 @@ struct SwizzledTile {
                 "(BK * sizeof(T) a power of two from 16 to 512 bytes)");
   static constexpr int kRowBytes = CPR * 16;
   static constexpr int kBytes = ROWS * kRowBytes;
+  // Rows after which key() repeats: offsets of rows r and r + k * kPeriod differ by a constant.
+  static constexpr int kPeriod = CPR >= 8 ? 8 : CPR == 4 ? 16 : CPR == 2 ? 8 : 1;
 
   // The XOR key of a row. Rows of >= 128 bytes own whole lines: key = row % 8 permutes the
   // chunk's low 3 bits. Shorter rows share a line (8 / CPR rows per line): the key is the line

@@ -376,6 +376,14 @@ TEST_CASE("a read-only directory: store fails with one warning, existing entries
   fs::permissions(cache.dir(), fs::perms::owner_read | fs::perms::owner_exec |
                                    fs::perms::group_read | fs::perms::group_exec |
                                    fs::perms::others_read | fs::perms::others_exec);
+  // Writable again on the way out, so TempDir can remove what is inside.
+  const struct RestoreMode {
+    fs::path dir;
+    ~RestoreMode() {
+      std::error_code ec;
+      fs::permissions(dir, fs::perms::owner_all, fs::perm_options::add, ec);
+    }
+  } restore{cache.dir()};
   if (running_as_root_ignores_modes(cache.dir())) {
     MESSAGE("running as root: mode 0555 does not stop writes; the unwritable case is covered "
             "by the directory-under-a-file test");

@@ -1,0 +1,230 @@
+// The fused BatchNorm epilogue straight from wgmma accumulator registers (warpspec kernel).
+// Same results and workspace contract as BnEpilogue (bn_epilogue.cuh): eval affine; train
+// single pass; train two-pass writing this tile's (mean, M2) and y = a - tile_mean. It differs
+// only in where the accumulators live: instead of spilling the fp32 tile to shared memory and
+// reading it back per column, column sums are reduced in registers and warp shuffles, and only
+// the rounded outputs pass through a small staging buffer on their way to 16-byte stores.
+// That keeps the epilogue's shared memory small enough to sit beside the full stage ring, so a
+// persistent CTA's producer can load the next tile while the consumers run this.
+//
+// Fragment layout (wgmma m64nNk*, fp32 D): consumer warpgroup `wg` owns rows
+// [wg * WG_M, (wg + 1) * WG_M) of the tile, M_ATOMS atoms of 64 rows each; in atom `ma`, warp w
+// of the group owns 16 rows and lane (g = lane / 4, q = lane % 4) holds, for every 8-column
+// block j, d[4j + 2h + e] at row 64 ma + 16 w + g + 8 h, column 8 j + 2 q + e.
+#pragma once
+#include "common/params.h"
+#include "common/types.cuh"
+#include "epilogue/bn_math.cuh"
+
+namespace fj {
+
+template <class Spec, int CONSUMERS, int M_ATOMS>
+struct FragmentBnEpilogue {
+  using T = typename Spec::T;
+  static constexpr int BM = Spec::BM, BN = Spec::BN;
+  static constexpr int NT = 128 * CONSUMERS;
+  static constexpr int kWarps = 4 * CONSUMERS;
+  static constexpr int WG_M = 64 * M_ATOMS;
+  static constexpr int kRegs = BN / 2;
+  static_assert(BM == WG_M * CONSUMERS, "fragment epilogue: BM must be CONSUMERS x 64 x M_ATOMS");
+  static_assert(BN % 32 == 0, "fragment epilogue: BN must be a multiple of 32");
+  // Stores go out in column chunks of 128 bytes per row, staged per warpgroup. The row pitch
+  // pads by 8 * sizeof(T) bytes so that the fragment writes (8 rows x 4 lanes of a warp, 4 or
+  // 8 bytes each) land in distinct banks, while the 16-byte reads stay row-contiguous.
+  static constexpr int kChunkCols = 128 / static_cast<int>(sizeof(T));
+  static constexpr int kChunks = BN / kChunkCols;
+  static_assert(BN % kChunkCols == 0, "fragment epilogue: BN must hold whole 128-byte chunks");
+  static constexpr int kStageLd = 128 + 8 * static_cast<int>(sizeof(T));
+  static constexpr int kStagingBytes = CONSUMERS * WG_M * kStageLd;
+  static constexpr int kRedFloats = kWarps * BN;
+  static constexpr int kScratchBytes = (kRedFloats + 2 * BN) * 4 + kStagingBytes;
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte store
+
+  using Acc = float[M_ATOMS][kRegs];
+
+  // tid in [0, NT): the consumer threads, warpgroup-major. `scratch` is kScratchBytes of shared
+  // memory, 16-byte aligned, owned by this epilogue for the duration of the call.
+  __device__ static void run(const Params& p, Acc& acc, char* scratch, int m0, int n0,
+                             int row_tile, int tid) {
+    float* red = reinterpret_cast<float*>(scratch);
+    float* coef_a = red + kRedFloats;
+    float* coef_b = coef_a + BN;
+    char* staging = reinterpret_cast<char*>(coef_b + BN);
+    const int rows = min(BM, Spec::M - m0);
+    const int cols = min(BN, Spec::N - n0);
+    // The previous tile's epilogue may still be reading the coefficients.
+    all_sync();
+    if constexpr (!Spec::TRAIN) {
+      for (int c = tid; c < BN; c += NT) {
+        Affine f{0.f, 0.f};
+        if (c < cols) f = eval_affine<Spec>(p, n0 + c);
+        coef_a[c] = f.a;
+        coef_b[c] = f.b;
+      }
+    } else {
+      // Tile mean first, then the sum of squared deviations from it (as BnEpilogue does).
+      column_partials<false>(acc, red, nullptr, rows, tid);
+      all_sync();
+      const float mean_scale = 1.0f / static_cast<float>(rows);
+      for (int c = tid; c < BN; c += NT) coef_a[c] = column_total(red, c) * mean_scale;
+      all_sync();
+      column_partials<true>(acc, red, coef_a, rows, tid);
+      all_sync();
+      if constexpr (Spec::SINGLE_PASS) {
+        const float factor = momentum_factor<Spec>(p);
+        for (int c = tid; c < BN; c += NT) {
+          Affine f{0.f, 0.f};
+          if (c < cols) {
+            const float var_a = column_total(red, c) / static_cast<float>(Spec::M);
+            f = train_column<Spec>(p, n0 + c, coef_a[c], var_a, factor);
+          }
+          coef_a[c] = f.a;
+          coef_b[c] = f.b;
+        }
+      } else {
+        float2* partials = reinterpret_cast<float2*>(p.ws_partials);
+        for (int c = tid; c < BN; c += NT) {
+          const float mean = coef_a[c];
+          if (c < cols)
+            partials[static_cast<long long>(row_tile) * Spec::N + n0 + c] =
+                make_float2(mean, column_total(red, c));
+          coef_a[c] = 1.f;
+          coef_b[c] = -mean;
+        }
+      }
+    }
+    all_sync();
+    store(p, acc, coef_a, coef_b, staging, m0, n0, tid);
+  }
+
+ private:
+  __device__ __forceinline__ static void all_sync() {
+    asm volatile("bar.sync 1, %0;\n" ::"n"(NT) : "memory");
+  }
+  __device__ __forceinline__ static void group_sync(int wg) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
+  }
+
+  __device__ __forceinline__ static float column_total(const float* red, int c) {
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += red[w * BN + c];
+    return s;
+  }
+
+  // red[warp][c] = this warp's sum over its valid rows of v (CENTERED: (v - ref[c])^2) for every
+  // column c. Each lane first sums its own rows; then the 8 lanes that share columns (same q)
+  // combine in three shuffle rounds, each round halving the values a lane carries (it keeps
+  // the half its lane bit selects and sends the other), so a group of 32 columns costs
+  // 4 + 2 + 1 shuffles instead of 8 x 3.
+  template <bool CENTERED>
+  __device__ __forceinline__ static void column_partials(const Acc& acc, float* red,
+                                                         const float* ref, int rows, int tid) {
+    const int lane = tid % 32;
+    const int warp = tid / 32;  // 0 .. kWarps - 1, warpgroup-major
+    const int g = lane / 4, q = lane % 4;
+    const int row0 = (warp / 4) * WG_M + (warp % 4) * 16 + g;
+    bool valid[M_ATOMS][2];
+#pragma unroll
+    for (int ma = 0; ma < M_ATOMS; ++ma)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) valid[ma][h] = row0 + 64 * ma + 8 * h < rows;
+    const bool b4 = (lane >> 4) & 1, b3 = (lane >> 3) & 1, b2 = (lane >> 2) & 1;
+#pragma unroll
+    for (int grp = 0; grp < BN / 32; ++grp) {
+      float v[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int j = 4 * grp + i / 2, e = i % 2;
+        float mean = 0.f;
+        if constexpr (CENTERED) mean = ref[8 * j + 2 * q + e];
+        float s = 0.f;
+#pragma unroll
+        for (int ma = 0; ma < M_ATOMS; ++ma)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float a = acc[ma][4 * j + 2 * h + e];
+            if constexpr (CENTERED) a = (a - mean) * (a - mean);
+            s += valid[ma][h] ? a : 0.f;
+          }
+        v[i] = s;
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float send = b4 ? v[i] : v[i + 4];
+        const float keep = b4 ? v[i + 4] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float send = b3 ? v[i] : v[i + 2];
+        const float keep = b3 ? v[i + 2] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
+      }
+      {
+        const float send = b2 ? v[0] : v[1];
+        const float keep = b2 ? v[1] : v[0];
+        v[0] = keep + __shfl_xor_sync(0xffffffffu, send, 4);
+      }
+      // This lane now holds local index k = 4 b4 + 2 b3 + b2 of the group.
+      const int k = 4 * b4 + 2 * b3 + b2;
+      red[warp * BN + 32 * grp + 8 * (k / 2) + 2 * q + (k % 2)] = v[0];
+    }
+  }
+
+  // y = coef_a * acc + coef_b, rounded to T, through the staging buffer into 16-byte stores.
+  __device__ __forceinline__ static void store(const Params& p, const Acc& acc,
+                                               const float* coef_a, const float* coef_b,
+                                               char* staging, int m0, int n0, int tid) {
+    const int wg = tid / 128, wtid = tid % 128;
+    const int lane = tid % 32, wq = wtid / 32;
+    const int g = lane / 4, q = lane % 4;
+    char* stage = staging + wg * WG_M * kStageLd;
+    T* y = static_cast<T*>(p.y);
+    const int row_base = m0 + wg * WG_M;
+#pragma unroll
+    for (int chunk = 0; chunk < kChunks; ++chunk) {
+      group_sync(wg);  // the previous chunk's reads of the staging buffer are done
+#pragma unroll
+      for (int jj = 0; jj < kChunkCols / 8; ++jj) {
+        const int j = chunk * (kChunkCols / 8) + jj;
+        const float2 ca = *reinterpret_cast<const float2*>(coef_a + 8 * j + 2 * q);
+        const float2 cb = *reinterpret_cast<const float2*>(coef_b + 8 * j + 2 * q);
+#pragma unroll
+        for (int ma = 0; ma < M_ATOMS; ++ma)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = 64 * ma + 16 * wq + g + 8 * h;
+            const float lo = ca.x * acc[ma][4 * j + 2 * h] + cb.x;
+            const float hi = ca.y * acc[ma][4 * j + 2 * h + 1] + cb.y;
+            char* dst = stage + r * kStageLd + (8 * jj + 2 * q) * static_cast<int>(sizeof(T));
+            if constexpr (sizeof(T) == 4) {
+              *reinterpret_cast<float2*>(dst) = make_float2(lo, hi);
+            } else {
+              *reinterpret_cast<unsigned*>(dst) = pack2<T>(lo, hi);
+            }
+          }
+      }
+      group_sync(wg);
+      const int col_base = n0 + chunk * kChunkCols;
+#pragma unroll
+      for (int i = wtid; i < WG_M * 8; i += 128) {
+        const int r = i / 8, u = i % 8;
+        const int grow = row_base + r;
+        const int gcol = col_base + u * kVec;
+        if (grow < Spec::M && gcol < Spec::N) {
+          const uint4 val = *reinterpret_cast<const uint4*>(stage + r * kStageLd + u * 16);
+          T* dst = y + static_cast<long long>(grow) * Spec::LDY + gcol;
+          if (gcol + kVec <= Spec::N) {
+            *reinterpret_cast<uint4*>(dst) = val;
+          } else {
+            const T* src = reinterpret_cast<const T*>(&val);
+            for (int e = 0; e < Spec::N - gcol; ++e) dst[e] = src[e];
+          }
+        }
+      }
+    }
+  }
+};
+
+}  // namespace fj

@@ -1,0 +1,332 @@
+// The warpspec variant (sm_90a): a warp-specialized GEMM with the fused BatchNorm epilogue.
+//
+//   warpgroup 0      producer: one thread streams x and W k-slices into a STAGES-deep ring of
+//                    shared-memory stages with TMA (128-byte swizzle), one `full` mbarrier per
+//                    stage counting the bytes in; it waits on the stage's `empty` mbarrier
+//                    before overwriting it.
+//   warpgroups 1..C  consumers: each owns BM / C rows of the tile and issues wgmma.mma_async
+//                    (A and B straight from shared memory through matrix descriptors), keeping
+//                    one k-slice of wgmma in flight; a stage is released (every consumer warp
+//                    arrives on `empty`) as soon as the wgmma that read it have completed. Then
+//                    they run the BN epilogue on their accumulators.
+//
+// Operands are K-major on both sides (x [M][K], W [N][K]: the nn.Linear layout), which is what
+// wgmma wants without transposes, including tf32. TMA zero-fills boxes past M, N and K, so the
+// mainloop has no tail code; the epilogues predicate rows and columns.
+//
+// Options: PERSISTENT (CTAs loop over tiles; the producer runs ahead into the next tile while
+// the consumers run the epilogue), CLUSTER_M = 2 (two CTAs on vertically adjacent row tiles
+// share each W slice: each loads half and multicasts it to both), and the epilogue flavour
+// (optional Spec::FRAGMENT_EPILOGUE, default true: FragmentBnEpilogue from registers; false:
+// the shared BnEpilogue over an fp32 AccTile in shared memory).
+//
+// Host launch contract (WarpspecGemm<Spec>::grid_size):
+//   row_tiles = ceil(M / BM), col_tiles = ceil(N / BN),
+//   cluster_tiles = ceil(row_tiles / CLUSTER_M) * col_tiles,
+//   grid.x = CLUSTER_M * (PERSISTENT ? min(cluster_tiles, sm_count / CLUSTER_M) : cluster_tiles),
+//   block.x = THREADS, dynamic shared memory = kSmemBytes, cluster (CLUSTER_M, 1, 1) when > 1.
+// With CLUSTER_M = 1 that is the plain "one CTA per tile" (or min(tiles, sm_count)) grid.
+#pragma once
+#include "common/math_kind.cuh"
+#include "common/params.h"
+#include "common/tile.cuh"
+#include "common/tma_descriptor.cuh"
+#include "common/types.cuh"
+#include "epilogue/bn_epilogue.cuh"
+#include "epilogue/fragment_bn_epilogue.cuh"
+#include "kernels/tile_scheduler.cuh"
+#include "mainloop/mbarrier.cuh"
+#include "mainloop/tma.cuh"
+#include "mainloop/wgmma.cuh"
+
+namespace fj {
+
+// Spec::FRAGMENT_EPILOGUE when the Spec declares it, else true.
+template <class S, class = void>
+struct WarpspecFragmentEpilogue {
+  static constexpr bool value = true;
+};
+template <class S>
+struct WarpspecFragmentEpilogue<S, decltype(void(S::FRAGMENT_EPILOGUE))> {
+  static constexpr bool value = S::FRAGMENT_EPILOGUE;
+};
+
+template <class Spec>
+struct WarpspecGemm {
+  using T = typename Spec::T;
+  static constexpr int BM = Spec::BM, BN = Spec::BN, BK = Spec::BK;
+  static constexpr int STAGES = Spec::STAGES;
+  static constexpr int CONSUMERS = Spec::CONSUMERS;
+  static constexpr int CLUSTER = Spec::CLUSTER_M;
+  static constexpr int NT = 128 * CONSUMERS;  // consumer threads
+
+  static_assert(Spec::THREADS == 128 * (CONSUMERS + 1), "THREADS must be 128 * (CONSUMERS + 1)");
+  static_assert(CONSUMERS == 1 || CONSUMERS == 2, "warpspec: 1 or 2 consumer warpgroups");
+  static_assert(CLUSTER == 1 || CLUSTER == 2, "warpspec: CLUSTER_M must be 1 or 2");
+  static_assert(Spec::MATH != kMathSimtFp32, "warpspec runs on tensor cores (tf32, fp16, bf16)");
+  static_assert((Spec::MATH == kMathTf32) == (sizeof(T) == 4), "warpspec: tf32 iff T is float");
+  static_assert(Spec::VEC_BYTES == 16, "warpspec: TMA and the stores need 16-byte aligned rows");
+  static_assert(Spec::K >= 1, "warpspec: K must be positive");
+
+  static constexpr int kElem = static_cast<int>(sizeof(T));
+  // One 128-byte swizzled row holds kAtomK elements of K; a stage holds BK / kAtomK such
+  // slabs per operand, each [rows][128 bytes].
+  static constexpr int kAtomK = 128 / kElem;
+  static constexpr int kKAtoms = BK / kAtomK;
+  static_assert(BK % kAtomK == 0, "warpspec: BK * sizeof(T) must be a multiple of 128 bytes");
+  static constexpr int kMmaK = 32 / kElem;  // k16 for 16-bit inputs, k8 for tf32
+  static constexpr int kKSteps = kAtomK / kMmaK;
+  static constexpr int kWgM = BM / CONSUMERS;
+  static constexpr int kMAtoms = kWgM / 64;
+  static_assert(kWgM % 64 == 0 && (kMAtoms == 1 || kMAtoms == 2),
+                "warpspec: each consumer owns 64 or 128 rows (BM = 64..256 x CONSUMERS)");
+  static_assert(BN == 64 || BN == 128 || BN == 192 || BN == 256, "warpspec: BN in {64,128,192,256}");
+  static_assert(BM <= 256, "warpspec: a TMA box has at most 256 rows");
+  static_assert(BN % (8 * CLUSTER) == 0, "warpspec: the multicast W half must be whole 8-row groups");
+
+  static constexpr int kASlab = BM * 128;  // bytes of one K slab of the x tile
+  static constexpr int kBSlab = BN * 128;
+  static constexpr int kAStage = kKAtoms * kASlab;
+  static constexpr int kBStage = kKAtoms * kBSlab;
+  static constexpr int kStageBytes = kAStage + kBStage;
+  static constexpr int kRingBytes = STAGES * kStageBytes;
+  static constexpr int kBarBytes = 2 * STAGES * 8;
+  static constexpr int kKTiles = (Spec::K + BK - 1) / BK;
+  static constexpr int kWBoxRows = BN / CLUSTER;  // rows of W one CTA's TMA box covers
+
+  static constexpr int kRowTiles = (Spec::M + BM - 1) / BM;
+  static constexpr int kColTiles = (Spec::N + BN - 1) / BN;
+  static constexpr int kClusterRows = (kRowTiles + CLUSTER - 1) / CLUSTER;
+  static constexpr int kClusterTiles = kClusterRows * kColTiles;
+  static constexpr int kGroupM = Spec::GROUP_M / CLUSTER > 0 ? Spec::GROUP_M / CLUSTER : 1;
+  using Raster = GroupedRaster<kClusterRows, kColTiles, kGroupM>;
+
+  static constexpr bool kFragment = WarpspecFragmentEpilogue<Spec>::value;
+  using FragEpi = FragmentBnEpilogue<Spec, CONSUMERS, kMAtoms>;
+  using TileEpi = BnEpilogue<Spec, NT>;
+  using Tile = AccTile<BM, BN>;
+  static constexpr int kEpiBytes =
+      kFragment ? FragEpi::kScratchBytes : Tile::kBytes + TileEpi::kScratchBytes;
+  // A non-persistent CTA's AccTile may reuse the stage ring: every load has been consumed by
+  // then. Everything else gets its own space so the producer can keep loading.
+  static constexpr bool kAliasRing = !kFragment && !Spec::PERSISTENT;
+  static constexpr int kBarOffset =
+      kAliasRing ? ((kEpiBytes > kRingBytes ? kEpiBytes : kRingBytes) + 15) / 16 * 16 : kRingBytes;
+  static constexpr int kEpiOffset = kAliasRing ? 0 : (kBarOffset + kBarBytes + 15) / 16 * 16;
+  static constexpr int kUsedBytes = kAliasRing ? kBarOffset + kBarBytes : kEpiOffset + kEpiBytes;
+  // +1024: the dynamic shared memory base is only 16-byte aligned for sure, and the 128-byte
+  // swizzle pattern (TMA and wgmma agree on it only from a 1024-byte aligned base) needs more.
+  static constexpr int kSmemBytes = kUsedBytes + 1024;
+  static_assert(kSmemBytes <= 232448, "warpspec: tile and stages exceed 227 KB of shared memory");
+
+  // Registers per thread after the split (setmaxnreg, with two consumer warpgroups only: with
+  // one, the launch cap of 255 already leaves the consumers all they need).
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+
+  // grid.x for the launch (see the header comment).
+  static constexpr int grid_size(int sm_count) {
+    return CLUSTER * (Spec::PERSISTENT ? (kClusterTiles < sm_count / CLUSTER ? kClusterTiles
+                                                                             : sm_count / CLUSTER)
+                                       : kClusterTiles);
+  }
+
+  __device__ static void run(const Params& p, const TmaDescriptor& tx, const TmaDescriptor& tw) {
+    extern __shared__ __align__(1024) unsigned char fj_warpspec_smem[];
+    const unsigned raw = shared_addr(fj_warpspec_smem);
+    const unsigned base = (raw + 1023u) & ~1023u;
+    unsigned char* smem = fj_warpspec_smem + (base - raw);
+    const unsigned full0 = base + kBarOffset;
+    const unsigned empty0 = full0 + 8 * STAGES;
+    const int warpgroup = threadIdx.x / 128;
+    const unsigned rank = CLUSTER > 1 ? cluster_rank() : 0u;
+
+    if (threadIdx.x == 0) {
+      tma_prefetch(&tx);
+      tma_prefetch(&tw);
+      for (int s = 0; s < STAGES; ++s) {
+        mbar_init(full0 + 8 * s, 1);
+        // Every consumer warp of every CTA whose W half lands in this stage releases it.
+        mbar_init(empty0 + 8 * s, 4 * CONSUMERS * CLUSTER);
+      }
+      mbar_fence_init();
+    }
+    // Peers arrive on our barriers and multicast into our stages: all must be initialized
+    // cluster-wide before anyone issues.
+    if constexpr (CLUSTER > 1)
+      cluster_sync();
+    else
+      __syncthreads();
+
+    if (warpgroup == 0) {
+      if constexpr (CONSUMERS == 2) regs_release<kProducerRegs>();
+      if (threadIdx.x == 0) produce(tx, tw, base, full0, empty0, rank);
+    } else {
+      if constexpr (CONSUMERS == 2) regs_acquire<kConsumerRegs>();
+      consume(p, smem, base, full0, empty0, rank, threadIdx.x - 128);
+    }
+    // No CTA of a cluster may leave while its peer can still arrive on its barriers.
+    if constexpr (CLUSTER > 1) cluster_sync();
+  }
+
+ private:
+  struct TileCoord {
+    int row, m0, n0;
+  };
+  __device__ __forceinline__ static TileCoord coord(int cluster_tile, unsigned rank) {
+    const auto t = Raster::tile(cluster_tile);
+    const int row = t.row * CLUSTER + static_cast<int>(rank);
+    return {row, row * BM, t.col * BN};
+  }
+  __device__ __forceinline__ static int first_tile() {
+    return static_cast<int>(blockIdx.x) / CLUSTER;
+  }
+  __device__ __forceinline__ static int tile_stride() {
+    return Spec::PERSISTENT ? static_cast<int>(gridDim.x) / CLUSTER : kClusterTiles;
+  }
+
+  __device__ __forceinline__ static unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+  }
+  __device__ __forceinline__ static void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+                     : "memory");
+  }
+
+  __device__ static void produce(const TmaDescriptor& tx, const TmaDescriptor& tw, unsigned base,
+                                 unsigned full0, unsigned empty0, unsigned rank) {
+    int stage = 0;
+    unsigned phase = 0;
+    for (int ct = first_tile(); ct < kClusterTiles; ct += tile_stride()) {
+      const TileCoord t = coord(ct, rank);
+      for (int kt = 0; kt < kKTiles; ++kt) {
+        const unsigned full = full0 + 8 * stage, empty = empty0 + 8 * stage;
+        mbar_wait(empty, phase ^ 1u);
+        // The whole W tile arrives in every CTA of the cluster (half of it from the peer).
+        mbar_arrive_expect_tx(full, kStageBytes);
+        const unsigned a_dst = base + stage * kStageBytes;
+        const unsigned b_dst = a_dst + kAStage;
+#pragma unroll
+        for (int ka = 0; ka < kKAtoms; ++ka) {
+          const int k = kt * BK + ka * kAtomK;
+          tma_load_2d(a_dst + ka * kASlab, &tx, full, k, t.m0);
+          if constexpr (CLUSTER == 1) {
+            tma_load_2d(b_dst + ka * kBSlab, &tw, full, k, t.n0);
+          } else {
+            tma_load_2d_multicast(b_dst + ka * kBSlab + rank * kWBoxRows * 128, &tw, full, k,
+                                  t.n0 + static_cast<int>(rank) * kWBoxRows,
+                                  static_cast<unsigned short>((1u << CLUSTER) - 1u));
+          }
+        }
+        if (++stage == STAGES) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      }
+    }
+  }
+
+  using Acc = float[kMAtoms][BN / 2];
+
+  __device__ static void consume(const Params& p, unsigned char* smem, unsigned base,
+                                 unsigned full0, unsigned empty0, unsigned rank, int ctid) {
+    const int consumer = ctid / 128;
+    const int lane = ctid % 32;
+    int stage = 0;
+    unsigned phase = 0;
+    Acc acc;
+    for (int ct = first_tile(); ct < kClusterTiles; ct += tile_stride()) {
+      const TileCoord t = coord(ct, rank);
+#pragma unroll
+      for (int ma = 0; ma < kMAtoms; ++ma) wgmma_fence_operands(acc[ma]);
+      int prev = 0;
+      for (int kt = 0; kt < kKTiles; ++kt) {
+        mbar_wait(full0 + 8 * stage, phase);
+        const unsigned a_base = base + stage * kStageBytes + consumer * kWgM * 128;
+        const unsigned long long da = wgmma_desc_sw128(a_base);
+        const unsigned long long db = wgmma_desc_sw128(base + stage * kStageBytes + kAStage);
+        wgmma_fence();
+#pragma unroll
+        for (int ka = 0; ka < kKAtoms; ++ka)
+#pragma unroll
+          for (int ks = 0; ks < kKSteps; ++ks)
+#pragma unroll
+            for (int ma = 0; ma < kMAtoms; ++ma) {
+              // Descriptor addresses are in 16-byte units.
+              const unsigned a_off = (ka * kASlab + ma * 64 * 128 + ks * 32) >> 4;
+              const unsigned b_off = (ka * kBSlab + ks * 32) >> 4;
+              Wgmma<T, BN>::mma(acc[ma], da + a_off, db + b_off,
+                                (kt | ka | ks) != 0 ? 1 : 0);
+            }
+        wgmma_commit();
+        if (kt > 0) {
+          // The slice before this one is done: hand its stage back to the producer(s).
+          wgmma_wait<1>();
+          release(empty0 + 8 * prev, lane);
+        }
+        prev = stage;
+        if (++stage == STAGES) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      }
+      wgmma_wait<0>();
+      release(empty0 + 8 * prev, lane);
+#pragma unroll
+      for (int ma = 0; ma < kMAtoms; ++ma) wgmma_fence_operands(acc[ma]);
+
+      // A CTA of the last cluster row may sit past M when row_tiles is odd: it only fed W.
+      if (CLUSTER > 1 && t.m0 >= Spec::M) continue;
+      if constexpr (kFragment) {
+        FragEpi::run(p, acc, reinterpret_cast<char*>(smem + kEpiOffset), t.m0, t.n0, t.row, ctid);
+      } else {
+        tile_epilogue(p, acc, smem, t, ctid);
+      }
+    }
+    // Single-pass train with a fixed momentum: nobody reads num_batches_tracked, so one thread
+    // bumps it here (cumulative mode launches bump_batches after the GEMM instead).
+    if constexpr (Spec::TRAIN && Spec::SINGLE_PASS && !Spec::CUMULATIVE) {
+      if (blockIdx.x == 0 && ctid == 0 && p.num_batches_tracked) *p.num_batches_tracked += 1;
+    }
+  }
+
+  // Every warp of this consumer group has finished reading the stage (its wgmma completed).
+  __device__ __forceinline__ static void release(unsigned empty, int lane) {
+    if (lane == 0) {
+      if constexpr (CLUSTER == 1) {
+        mbar_arrive(empty);
+      } else {
+#pragma unroll
+        for (unsigned c = 0; c < CLUSTER; ++c) mbar_arrive_cluster(empty, c);
+      }
+    }
+  }
+
+  // Spills the accumulators into an fp32 AccTile and runs the shared BnEpilogue over it.
+  __device__ static void tile_epilogue(const Params& p, Acc& acc, unsigned char* smem,
+                                       const TileCoord& t, int ctid) {
+    using Bar = NamedBarrier<1, NT>;
+    const Tile tile{reinterpret_cast<float*>(smem + kEpiOffset)};
+    // Aliased ring: every consumer's wgmma must be done reading it. Own tile: the previous
+    // tile's epilogue must be done reading it.
+    Bar{}();
+    const int lane = ctid % 32;
+    const int row0 = (ctid / 128) * kWgM + ((ctid / 32) % 4) * 16 + lane / 4;
+    const int col0 = 2 * (lane % 4);
+#pragma unroll
+    for (int ma = 0; ma < kMAtoms; ++ma)
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<float2*>(&tile(row0 + 64 * ma + 8 * h, 8 * j + col0)) =
+              make_float2(acc[ma][4 * j + 2 * h], acc[ma][4 * j + 2 * h + 1]);
+    Bar{}();
+    TileEpi::run(p, tile, reinterpret_cast<float*>(smem + kEpiOffset + Tile::kBytes), t.m0, t.n0,
+                 t.row, ctid, Bar{});
+  }
+};
+
+}  // namespace fj

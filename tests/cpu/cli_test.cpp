@@ -1,0 +1,111 @@
+// The `fusejit` command: each verb's happy path, and bad arguments -> one line, exit code 2.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+#include <unistd.h>
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  const char* cli = std::getenv("FUSEJIT_CLI");
+  REQUIRE_MESSAGE(cli, "FUSEJIT_CLI is set by tests/CMakeLists.txt");
+  Result r;
+  FILE* f = popen((std::string(cli) + " " + args + " 2>&1").c_str(), "r");
+  REQUIRE(f);
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), f)) r.out += buf.data();
+  const int status = pclose(f);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string temp_dir(const char* tag) {
+  auto p = std::filesystem::temp_directory_path() /
+           (std::string("fusejit-cli-") + tag + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(p);
+  return p.string();
+}
+
+int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("info reports NVRTC, the GPU (or its absence) and the cache") {
+  const std::string dir = temp_dir("info");
+  const Result r = run("info --cache-dir " + dir);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("nvrtc:") != std::string::npos);
+  CHECK(r.out.find("gpu") != std::string::npos);
+  CHECK(r.out.find(dir) != std::string::npos);
+}
+
+TEST_CASE("compile warms the cache without a GPU; a second run hits; cache ls/verify/clear") {
+  const std::string dir = temp_dir("compile");
+  const std::string args = "compile --arch sm_80 --shapes 100x72x40,64x64x64 --dtypes bf16 "
+                           "--modes train,eval --cache-dir " + dir;
+  const Result first = run(args);
+  REQUIRE_MESSAGE(first.code == 0, first.out);
+  CHECK(first.out.find("4 kernel set(s): 0 hit, 4 compiled") != std::string::npos);
+  const Result second = run(args);
+  CHECK(second.code == 0);
+  CHECK_MESSAGE(second.out.find("4 kernel set(s): 4 hit, 0 compiled") != std::string::npos, second.out);
+  const Result ls = run("cache ls --cache-dir " + dir);
+  CHECK(ls.code == 0);
+  CHECK(ls.out.find("4 entries") != std::string::npos);
+  CHECK(run("cache verify --cache-dir " + dir).code == 0);
+  // Damage one entry: verify must notice and fail.
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() != ".fjc") continue;
+    std::filesystem::resize_file(e.path(), std::filesystem::file_size(e.path()) / 2);
+    break;
+  }
+  const Result bad = run("cache verify --cache-dir " + dir);
+  CHECK(bad.code == 1);
+  CHECK(bad.out.find("DAMAGED") != std::string::npos);
+  const Result cleared = run("cache clear --cache-dir " + dir);
+  CHECK(cleared.code == 0);
+  CHECK(run("cache ls --cache-dir " + dir).out.find("0 entries") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("bad arguments get one clear line and exit code 2") {
+  const std::string dir = temp_dir("bad");
+  struct Case {
+    std::string args, expect;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"compile --arch sm_80 --shape 10x10 --cache-dir " + dir, "shape"},
+           {"compile --arch sm_80 --shape 0x10x10 --cache-dir " + dir, "shape"},
+           {"compile --arch sm_80 --dtype fp64 --cache-dir " + dir, "dtype"},
+           {"compile --arch sm_80 --mode infer --cache-dir " + dir, "mode"},
+           {"compile --arch sm_75 --cache-dir " + dir, "arch"},
+           {"compile --arch sm_80 --variant fast --cache-dir " + dir, "variant"},
+           {"compile --arch sm_80 --shape 1x64x64 --mode train --cache-dir " + dir, "M"},
+           {"compile --arch sm_80 --momentum lots --cache-dir " + dir, "momentum"},
+           {"compile --arch sm_80 --bogus", "bogus"},
+           {"frobnicate", "frobnicate"},
+           {"", "subcommand"},
+           {"cache", "subcommand"},
+       }) {
+    CAPTURE(c.args);
+    const Result r = run(c.args);
+    CHECK(r.code == 2);
+    CHECK(lines(r.out) == 1);
+    CHECK_MESSAGE(r.out.find(c.expect) != std::string::npos, r.out);
+  }
+}

@@ -1,0 +1,120 @@
+// Every kernel variant compiles with NVRTC for every architecture fusejit supports: sm_80,
+// sm_86, sm_89, sm_90a and each newer arch this NVRTC lists. No GPU needed.
+#include <doctest/doctest.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <future>
+#include <thread>
+
+#include "fusejit/codegen/codegen.hpp"
+#include "fusejit/compile/compiler.hpp"
+#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/error.hpp"
+
+using namespace fusejit;
+
+namespace {
+
+// One problem per schedule: eval, train two-pass, train single-pass, single-pass cumulative;
+// odd sizes so the tail paths are instantiated too.
+std::vector<Problem> problems(DType d) {
+  std::vector<Problem> out;
+  for (int i = 0; i < 4; ++i) {
+    Problem p;
+    p.dtype = d;
+    p.M = i == 1 ? 1000 : 100;
+    p.N = 200;
+    p.K = 72;
+    p.mode = i == 0 ? Mode::eval : Mode::train;
+    if (i == 3) p.momentum = std::nullopt;
+    if (i == 2) p.param_dtype = storage_type(d);
+    out.push_back(p);
+  }
+  Problem odd;  // 2-byte aligned rows: the non-cp.async load path
+  odd.dtype = d, odd.M = 100, odd.N = 7, odd.K = 5, odd.mode = Mode::eval;
+  odd.alignment = static_cast<int>(storage_bytes(d));
+  out.push_back(odd);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("every variant compiles for every supported architecture") {
+  std::vector<std::string> archs;
+  for (int cc : nvrtc_supported_archs())
+    if (cc >= 80) archs.push_back(cc == 90 ? "sm_90a" : fmt::format("sm_{}", cc));
+  for (const char* must : {"sm_80", "sm_86", "sm_89", "sm_90a"})
+    REQUIRE(std::find(archs.begin(), archs.end(), std::string(must)) != archs.end());
+  struct Job {
+    std::string arch;
+    KernelSource src;
+  };
+  std::vector<Job> jobs;
+  for (const auto& arch : archs) {
+    const Device dev = Device::for_arch(arch);
+    for (DType d : {DType::fp32, DType::tf32, DType::fp16, DType::bf16}) {
+      for (const Problem& p : problems(d)) {
+        // Every variant that can run this problem here: the heuristic's tiled pick, and on
+        // sm_90a the warpspec pick.
+        for (Variant v : {Variant::tiled, Variant::warpspec}) {
+          KernelConfig c;
+          try {
+            c = default_config(p, dev, v);
+          } catch (const InvalidArgument&) {
+            continue;  // variant not available for this problem/arch (checked in config_test)
+          }
+          jobs.push_back({arch, generate(p, c)});
+        }
+      }
+    }
+  }
+  MESSAGE(jobs.size() << " kernel sets over " << archs.size() << " architectures");
+  const unsigned workers = std::max(2u, std::thread::hardware_concurrency());
+  std::vector<std::future<std::string>> futures;
+  std::atomic<std::size_t> next{0};
+  for (unsigned w = 0; w < workers; ++w)
+    futures.push_back(std::async(std::launch::async, [&] {
+      std::string failures;
+      for (std::size_t i = next++; i < jobs.size(); i = next++) {
+        try {
+          const CompiledKernel k = compile(jobs[i].src, jobs[i].arch);
+          if (k.binary.empty()) failures += jobs[i].src.name + " " + jobs[i].arch + ": empty\n";
+        } catch (const std::exception& e) {
+          failures += jobs[i].src.name + " " + jobs[i].arch + ": " + e.what() + "\n";
+        }
+      }
+      return failures;
+    }));
+  std::string failures;
+  for (auto& f : futures) failures += f.get();
+  CHECK_MESSAGE(failures.empty(), failures);
+}
+
+TEST_CASE("a compile error carries the log, the options and the offending line") {
+  KernelSource src;
+  src.name = "broken";
+  src.text = "extern \"C\" __global__ void k() {\n  int x = ;\n}\n";
+  src.options = {"--std=c++17"};
+  try {
+    compile(src, "sm_80");
+    FAIL("compile() accepted invalid source");
+  } catch (const CompileError& e) {
+    CHECK(e.log().find("error") != std::string::npos);
+    CHECK(e.options().find("--gpu-architecture=sm_80") != std::string::npos);
+    CHECK(std::string(e.what()).find("int x = ;") != std::string::npos);
+  }
+}
+
+TEST_CASE("an architecture newer than NVRTC knows gets PTX for the newest it knows") {
+  const int newest = nvrtc_supported_archs().back();
+  KernelSource src;
+  src.name = "tiny";
+  src.text = "extern \"C\" __global__ void k(int* p) { *p = 1; }\n";
+  const CompiledKernel k = compile(src, fmt::format("sm_{}", newest + 10));
+  CHECK(k.is_ptx);
+  const std::string text(k.binary.begin(), k.binary.end());
+  CHECK(text.find(fmt::format(".target sm_{}", newest)) != std::string::npos);
+}

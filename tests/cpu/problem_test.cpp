@@ -1,0 +1,99 @@
+#include <doctest/doctest.h>
+
+#include "fusejit/error.hpp"
+#include "fusejit/problem.hpp"
+
+using namespace fusejit;
+
+namespace {
+
+Problem base() {
+  Problem p;
+  p.M = 64, p.N = 80, p.K = 96;
+  return p;
+}
+
+std::string rejected_argument(const Problem& p) {
+  try {
+    p.validate();
+  } catch (const InvalidArgument& e) {
+    return e.argument();
+  }
+  return "(accepted)";
+}
+
+}  // namespace
+
+TEST_CASE("shapes parse as MxNxK and reject everything else") {
+  const Shape s = parse_shape("1024x8192x4096");
+  CHECK(s.M == 1024);
+  CHECK(s.N == 8192);
+  CHECK(s.K == 4096);
+  CHECK(format_shape(s) == "1024x8192x4096");
+  for (const char* bad : {"", "1024", "1x2", "1x2x", "x2x3", "1x2x3x4", "0x2x3", "-1x2x3", "1x2x3 ",
+                          "ax2x3", "1x2x99999999999", "1.5x2x3"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(parse_shape(bad), InvalidArgument);
+  }
+}
+
+TEST_CASE("validation names the offending argument") {
+  CHECK(rejected_argument(base()) == "(accepted)");
+  auto with = [](auto edit) {
+    Problem p = base();
+    edit(p);
+    return rejected_argument(p);
+  };
+  CHECK(with([](Problem& p) { p.M = 0; }) == "M");
+  CHECK(with([](Problem& p) { p.N = -3; }) == "N");
+  CHECK(with([](Problem& p) { p.K = 0; }) == "K");
+  CHECK(with([](Problem& p) { p.M = 1; }) == "M");  // train mode needs 2 rows
+  CHECK(with([](Problem& p) { p.M = 1, p.mode = Mode::eval; }) == "(accepted)");
+  CHECK(with([](Problem& p) { p.ldx = 95; }) == "ldx");
+  CHECK(with([](Problem& p) { p.ldw = 10; }) == "ldw");
+  CHECK(with([](Problem& p) { p.ldy = 79; }) == "ldy");
+  CHECK(with([](Problem& p) { p.eps = 0; }) == "eps");
+  CHECK(with([](Problem& p) { p.momentum = 1.5; }) == "momentum");
+  CHECK(with([](Problem& p) { p.momentum = std::nullopt; }) == "(accepted)");
+  CHECK(with([](Problem& p) { p.param_dtype = DType::fp16; }) == "param_dtype");  // x is bf16
+  CHECK(with([](Problem& p) { p.param_dtype = DType::bf16; }) == "(accepted)");
+  CHECK(with([](Problem& p) { p.alignment = 3; }) == "alignment");
+  CHECK(with([](Problem& p) { p.dtype = DType::fp32, p.alignment = 2; }) == "alignment");
+  // 16-byte alignment needs row strides that are multiples of 16 bytes (8 bf16 elements).
+  CHECK(with([](Problem& p) { p.K = 5; }) == "ldx");
+  CHECK(with([](Problem& p) { p.K = 5, p.alignment = 2; }) == "(accepted)");
+}
+
+TEST_CASE("the key names every field that changes kernels or results") {
+  const std::string k = base().key();
+  auto differs = [&](auto edit) {
+    Problem p = base();
+    edit(p);
+    return p.key() != k;
+  };
+  CHECK(base().key() == k);
+  CHECK(differs([](Problem& p) { p.M = 65; }));
+  CHECK(differs([](Problem& p) { p.N = 81; }));
+  CHECK(differs([](Problem& p) { p.K = 97; }));
+  CHECK(differs([](Problem& p) { p.dtype = DType::fp16; }));
+  CHECK(differs([](Problem& p) { p.param_dtype = DType::bf16; }));
+  CHECK(differs([](Problem& p) { p.mode = Mode::eval; }));
+  CHECK(differs([](Problem& p) { p.eps = 1e-3; }));
+  CHECK(differs([](Problem& p) { p.momentum = 0.2; }));
+  CHECK(differs([](Problem& p) { p.momentum = std::nullopt; }));
+  CHECK(differs([](Problem& p) { p.has_bias = false; }));
+  CHECK(differs([](Problem& p) { p.has_scale = false; }));
+  CHECK(differs([](Problem& p) { p.has_affine = false; }));
+  CHECK(differs([](Problem& p) { p.ldx = 104; }));
+  CHECK(differs([](Problem& p) { p.alignment = 8; }));
+  // Packed and explicit leading dimensions describe the same memory, so they share a key.
+  CHECK(!differs([](Problem& p) { p.ldx = p.K; }));
+}
+
+TEST_CASE("natural alignment is the widest the pointer and stride share") {
+  CHECK(natural_alignment(0x1000, 64) == 16);
+  CHECK(natural_alignment(0x1008, 64) == 8);
+  CHECK(natural_alignment(0x1000, 20) == 4);
+  CHECK(natural_alignment(0x1002, 64) == 2);
+  CHECK(natural_alignment(0x1001, 64) == 1);
+}
