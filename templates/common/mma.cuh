@@ -21,13 +21,16 @@ __device__ __forceinline__ void ldmatrix_x2(unsigned& r0, unsigned& r1, unsigned
                : "r"(addr));
 }
 
-// fp32 -> tf32 with round-to-nearest (ties away), like cuBLAS/PyTorch's conversion; the result is
-// an fp32 bit pattern whose low 13 mantissa bits are zero. Feeding raw fp32 bits instead would
-// make the tensor core truncate, which biases every product toward zero.
+// fp32 -> tf32, round to nearest with ties away from zero (what cvt.rna.tf32.f32 and cuBLAS's
+// conversion give), returned as the fp32 bit pattern the tf32 mma consumes. The tensor core
+// ignores the low 13 mantissa bits, so adding half a tf32 ulp (0x1000) and letting it truncate
+// rounds exactly like cvt.rna for every finite input, carries into the exponent included. It
+// costs 2 instructions; cvt.rna.tf32 is emulated in about 5 on sm_80/sm_90, which made the tf32
+// mainloop issue-bound. Inf and NaN are left as they are (adding to Inf would make a NaN).
+// Feeding raw fp32 bits instead (Spec::TF32_ROUND = false) truncates: biased toward zero.
 __device__ __forceinline__ unsigned to_tf32(unsigned f32_bits) {
-  unsigned r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(f32_bits)));
-  return r;
+  return fabsf(__uint_as_float(f32_bits)) < __uint_as_float(0x7f800000u) ? f32_bits + 0x1000u
+                                                                          : f32_bits;
 }
 
 // D = A * B + D for one 16x8 fp32 accumulator tile (row-major A 16xK, "col" B = [n][k] in

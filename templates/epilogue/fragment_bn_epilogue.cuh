@@ -18,7 +18,9 @@
 
 namespace fj {
 
-template <class Spec, int CONSUMERS, int M_ATOMS>
+// CONSUMERS warpgroups share the tile; they synchronize on named barriers BAR0 (all of them)
+// and BAR0 + 1 + wg (warpgroup wg alone), so two teams with different BAR0 can run side by side.
+template <class Spec, int CONSUMERS, int M_ATOMS, int BAR0 = 1>
 struct FragmentBnEpilogue {
   using T = typename Spec::T;
   static constexpr int BM = Spec::BM, BN = Spec::BN;
@@ -42,26 +44,43 @@ struct FragmentBnEpilogue {
 
   using Acc = float[M_ATOMS][kRegs];
 
+  // Eval coefficients of columns [n0, n0 + BN) into coef_a / coef_b (zero past N), computed by
+  // `count` threads starting at `tid`. Eval needs nothing from the accumulators, so a kernel can
+  // run this ahead of time on otherwise idle threads and pass the result to run().
+  __device__ __forceinline__ static void eval_coefficients(const Params& p, int n0, float* coef_a,
+                                                           float* coef_b, int tid, int count) {
+    const int cols = min(BN, Spec::N - n0);
+    for (int c = tid; c < BN; c += count) {
+      Affine f{0.f, 0.f};
+      if (c < cols) f = eval_affine<Spec>(p, n0 + c);
+      coef_a[c] = f.a;
+      coef_b[c] = f.b;
+    }
+  }
+
   // tid in [0, NT): the consumer threads, warpgroup-major. `scratch` is kScratchBytes of shared
-  // memory, 16-byte aligned, owned by this epilogue for the duration of the call.
+  // memory, 16-byte aligned, owned by this epilogue for the duration of the call. Eval only:
+  // `eval_coef` (non-null) holds eval_coefficients() of this tile, [0, BN) = A, [BN, 2 BN) = B,
+  // and the call then synchronizes only within each warpgroup.
   __device__ static void run(const Params& p, Acc& acc, char* scratch, int m0, int n0,
-                             int row_tile, int tid) {
+                             int row_tile, int tid, const float* eval_coef = nullptr) {
     float* red = reinterpret_cast<float*>(scratch);
     float* coef_a = red + kRedFloats;
     float* coef_b = coef_a + BN;
     char* staging = reinterpret_cast<char*>(coef_b + BN);
-    const int rows = min(BM, Spec::M - m0);
-    const int cols = min(BN, Spec::N - n0);
+    if constexpr (!Spec::TRAIN) {
+      if (eval_coef) {
+        store(p, acc, eval_coef, eval_coef + BN, staging, m0, n0, tid);
+        return;
+      }
+    }
     // The previous tile's epilogue may still be reading the coefficients.
     all_sync();
     if constexpr (!Spec::TRAIN) {
-      for (int c = tid; c < BN; c += NT) {
-        Affine f{0.f, 0.f};
-        if (c < cols) f = eval_affine<Spec>(p, n0 + c);
-        coef_a[c] = f.a;
-        coef_b[c] = f.b;
-      }
+      eval_coefficients(p, n0, coef_a, coef_b, tid, NT);
     } else {
+      const int rows = min(BM, Spec::M - m0);
+      const int cols = min(BN, Spec::N - n0);
       // Tile mean first, then the sum of squared deviations from it (as BnEpilogue does).
       column_partials<false>(acc, red, nullptr, rows, tid);
       all_sync();
@@ -99,10 +118,10 @@ struct FragmentBnEpilogue {
 
  private:
   __device__ __forceinline__ static void all_sync() {
-    asm volatile("bar.sync 1, %0;\n" ::"n"(NT) : "memory");
+    asm volatile("bar.sync %0, %1;\n" ::"n"(BAR0), "n"(NT) : "memory");
   }
   __device__ __forceinline__ static void group_sync(int wg) {
-    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
+    asm volatile("bar.sync %0, 128;\n" ::"r"(BAR0 + 1 + wg) : "memory");
   }
 
   __device__ __forceinline__ static float column_total(const float* red, int c) {
@@ -213,13 +232,14 @@ struct FragmentBnEpilogue {
         const int grow = row_base + r;
         const int gcol = col_base + u * kVec;
         if (grow < Spec::M && gcol < Spec::N) {
-          const uint4 val = *reinterpret_cast<const uint4*>(stage + r * kStageLd + u * 16);
+          const char* src = stage + r * kStageLd + u * 16;
           T* dst = y + static_cast<long long>(grow) * Spec::LDY + gcol;
           if (gcol + kVec <= Spec::N) {
-            *reinterpret_cast<uint4*>(dst) = val;
+            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
           } else {
-            const T* src = reinterpret_cast<const T*>(&val);
-            for (int e = 0; e < Spec::N - gcol; ++e) dst[e] = src[e];
+            // Column tail: element by element straight from shared memory (a register copy
+            // indexed at run time would live in local memory).
+            for (int e = 0; e < Spec::N - gcol; ++e) dst[e] = reinterpret_cast<const T*>(src)[e];
           }
         }
       }

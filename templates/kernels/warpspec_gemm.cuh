@@ -90,7 +90,8 @@ struct WarpspecGemm {
   static constexpr int kBStage = kKAtoms * kBSlab;
   static constexpr int kStageBytes = kAStage + kBStage;
   static constexpr int kRingBytes = STAGES * kStageBytes;
-  static constexpr int kBarBytes = 2 * STAGES * 8;
+  // full[STAGES], empty[STAGES], then coef_full[2], coef_empty[2] (eval coefficient handoff).
+  static constexpr int kBarBytes = (2 * STAGES + 4) * 8;
   static constexpr int kKTiles = (Spec::K + BK - 1) / BK;
   static constexpr int kWBoxRows = BN / CLUSTER;  // rows of W one CTA's TMA box covers
 
@@ -107,13 +108,20 @@ struct WarpspecGemm {
   using Tile = AccTile<BM, BN>;
   static constexpr int kEpiBytes =
       kFragment ? FragEpi::kScratchBytes : Tile::kBytes + TileEpi::kScratchBytes;
+  // Eval with the fragment epilogue: warp 1 of the producer warpgroup (otherwise idle) computes
+  // each tile's per-column affine while the consumers are still in the mainloop, into one of
+  // two buffers, so the parameter loads' latency stays off the epilogue's critical path.
+  static constexpr bool kCoefWarp = kFragment && !Spec::TRAIN;
+  static constexpr int kCoefBytes = kCoefWarp ? 2 * 2 * BN * 4 : 0;
   // A non-persistent CTA's AccTile may reuse the stage ring: every load has been consumed by
   // then. Everything else gets its own space so the producer can keep loading.
   static constexpr bool kAliasRing = !kFragment && !Spec::PERSISTENT;
   static constexpr int kBarOffset =
       kAliasRing ? ((kEpiBytes > kRingBytes ? kEpiBytes : kRingBytes) + 15) / 16 * 16 : kRingBytes;
   static constexpr int kEpiOffset = kAliasRing ? 0 : (kBarOffset + kBarBytes + 15) / 16 * 16;
-  static constexpr int kUsedBytes = kAliasRing ? kBarOffset + kBarBytes : kEpiOffset + kEpiBytes;
+  static constexpr int kCoefOffset = kEpiOffset + (kEpiBytes + 15) / 16 * 16;
+  static constexpr int kUsedBytes =
+      kAliasRing ? kBarOffset + kBarBytes : kCoefOffset + kCoefBytes;
   // +1024: the dynamic shared memory base is only 16-byte aligned for sure, and the 128-byte
   // swizzle pattern (TMA and wgmma agree on it only from a 1024-byte aligned base) needs more.
   static constexpr int kSmemBytes = kUsedBytes + 1024;
@@ -138,6 +146,8 @@ struct WarpspecGemm {
     unsigned char* smem = fj_warpspec_smem + (base - raw);
     const unsigned full0 = base + kBarOffset;
     const unsigned empty0 = full0 + 8 * STAGES;
+    const unsigned coef_full0 = empty0 + 8 * STAGES;
+    const unsigned coef_empty0 = coef_full0 + 16;
     const int warpgroup = threadIdx.x / 128;
     const unsigned rank = CLUSTER > 1 ? cluster_rank() : 0u;
 
@@ -148,6 +158,10 @@ struct WarpspecGemm {
         mbar_init(full0 + 8 * s, 1);
         // Every consumer warp of every CTA whose W half lands in this stage releases it.
         mbar_init(empty0 + 8 * s, 4 * CONSUMERS * CLUSTER);
+      }
+      for (int b = 0; b < 2; ++b) {
+        mbar_init(coef_full0 + 8 * b, 32);              // every lane of the coefficient warp
+        mbar_init(coef_empty0 + 8 * b, 4 * CONSUMERS);  // every consumer warp
       }
       mbar_fence_init();
     }
@@ -160,10 +174,15 @@ struct WarpspecGemm {
 
     if (warpgroup == 0) {
       if constexpr (CONSUMERS == 2) regs_release<kProducerRegs>();
-      if (threadIdx.x == 0) produce(tx, tw, base, full0, empty0, rank);
+      if (threadIdx.x == 0) {
+        produce(tx, tw, base, full0, empty0, rank);
+      } else if (kCoefWarp && threadIdx.x / 32 == 1) {
+        coefficients(p, reinterpret_cast<float*>(smem + kCoefOffset), coef_full0, coef_empty0,
+                     rank, threadIdx.x % 32);
+      }
     } else {
       if constexpr (CONSUMERS == 2) regs_acquire<kConsumerRegs>();
-      consume(p, smem, base, full0, empty0, rank, threadIdx.x - 128);
+      consume(p, smem, base, full0, empty0, coef_full0, coef_empty0, rank, threadIdx.x - 128);
     }
     // No CTA of a cluster may leave while its peer can still arrive on its barriers.
     if constexpr (CLUSTER > 1) cluster_sync();
@@ -228,14 +247,33 @@ struct WarpspecGemm {
     }
   }
 
+  // The coefficient warp: eval affine of every tile this CTA stores, double-buffered. Tiles
+  // are counted exactly as consume() counts the ones it runs the epilogue for.
+  __device__ static void coefficients(const Params& p, float* coef, unsigned coef_full0,
+                                      unsigned coef_empty0, unsigned rank, int lane) {
+    int epi = 0;
+    for (int ct = first_tile(); ct < kClusterTiles; ct += tile_stride()) {
+      const TileCoord t = coord(ct, rank);
+      if (CLUSTER > 1 && t.m0 >= Spec::M) continue;
+      const int buf = epi & 1;
+      mbar_wait(coef_empty0 + 8 * buf, ((epi >> 1) & 1) ^ 1u);
+      float* a = coef + buf * 2 * BN;
+      FragEpi::eval_coefficients(p, t.n0, a, a + BN, lane, 32);
+      mbar_arrive(coef_full0 + 8 * buf);  // release: our shared stores before the handoff
+      ++epi;
+    }
+  }
+
   using Acc = float[kMAtoms][BN / 2];
 
   __device__ static void consume(const Params& p, unsigned char* smem, unsigned base,
-                                 unsigned full0, unsigned empty0, unsigned rank, int ctid) {
+                                 unsigned full0, unsigned empty0, unsigned coef_full0,
+                                 unsigned coef_empty0, unsigned rank, int ctid) {
     const int consumer = ctid / 128;
     const int lane = ctid % 32;
     int stage = 0;
     unsigned phase = 0;
+    int epi = 0;  // tiles whose epilogue this CTA ran (the coefficient buffers' sequence)
     Acc acc;
     for (int ct = first_tile(); ct < kClusterTiles; ct += tile_stride()) {
       const TileCoord t = coord(ct, rank);
@@ -280,7 +318,18 @@ struct WarpspecGemm {
       // A CTA of the last cluster row may sit past M when row_tiles is odd: it only fed W.
       if (CLUSTER > 1 && t.m0 >= Spec::M) continue;
       if constexpr (kFragment) {
-        FragEpi::run(p, acc, reinterpret_cast<char*>(smem + kEpiOffset), t.m0, t.n0, t.row, ctid);
+        const float* coef = nullptr;
+        if constexpr (kCoefWarp) {
+          mbar_wait(coef_full0 + 8 * (epi & 1), (epi >> 1) & 1);
+          coef = reinterpret_cast<const float*>(smem + kCoefOffset) + (epi & 1) * 2 * BN;
+        }
+        FragEpi::run(p, acc, reinterpret_cast<char*>(smem + kEpiOffset), t.m0, t.n0, t.row, ctid,
+                     coef);
+        if constexpr (kCoefWarp) {
+          __syncwarp();  // every lane of this warp is done reading the buffer
+          if (lane == 0) mbar_arrive(coef_empty0 + 8 * (epi & 1));
+          ++epi;
+        }
       } else {
         tile_epilogue(p, acc, smem, t, ctid);
       }

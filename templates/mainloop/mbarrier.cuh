@@ -29,11 +29,14 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
 }
 
 // Arrives on a barrier of CTA `cta` in this cluster (the address is this CTA's offset; mapa
-// translates it to the peer's shared window).
+// translates it to the peer's shared window). Default (.release.cta) semantics on purpose: the
+// stage releases this is used for order only asynchronous-proxy reads that wgmma.wait_group has
+// already retired, and a .release.cluster arrive costs a full memory barrier (MEMBAR) per call,
+// which halved the mainloop's speed when every consumer warp paid it once per k-slice.
 __device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned cta) {
   asm volatile(
       "{ .reg .b32 r; mapa.shared::cluster.u32 r, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r]; }\n" ::"r"(bar),
+      "mbarrier.arrive.shared::cluster.b64 _, [r]; }\n" ::"r"(bar),
       "r"(cta)
       : "memory");
 }

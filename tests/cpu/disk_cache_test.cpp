@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fusejit/cache/disk_cache.hpp"
@@ -52,7 +54,9 @@ class TempDir {
   fs::path path_;
 };
 
-std::string key_for(const std::string& name) { return fusejit::Hasher().add(name).hex(); }
+std::string key_for(const std::string& name) {
+  return fusejit::Hasher().add(name).hex();
+}
 
 // Random bytes, none of them zero, so a payload of zeros can never pass by accident.
 std::vector<char> payload(std::size_t size, unsigned seed) {
@@ -251,6 +255,52 @@ TEST_CASE("a flipped byte in the payload is caught") {
   CHECK(cache.load(key) == bytes);
 }
 
+TEST_CASE("parse_cache_entry rejects every truncation without reading past the buffer") {
+  const auto bytes = payload(300, 18);
+  const auto entry = fusejit::serialize_cache_entry(bytes, "desc");
+  const auto parsed = fusejit::parse_cache_entry(entry);
+  REQUIRE(parsed.has_value());
+  CHECK(std::vector<char>(parsed->payload.begin(), parsed->payload.end()) == bytes);
+  CHECK(parsed->description == "desc");
+  for (std::size_t size = 0; size < entry.size(); ++size) {
+    CAPTURE(size);
+    // An exact-size heap copy, so an over-read is out of bounds (and caught under ASan).
+    const std::vector<char> prefix(entry.begin(), entry.begin() + static_cast<long>(size));
+    std::string problem;
+    CHECK_FALSE(fusejit::parse_cache_entry(prefix, &problem).has_value());
+    CHECK_FALSE(problem.empty());
+  }
+  // A header that claims a huge payload or description is rejected, not trusted.
+  auto huge = entry;
+  huge[16 + 7] = static_cast<char>(0x7f);  // payload length high byte
+  CHECK_FALSE(fusejit::parse_cache_entry(huge).has_value());
+  huge = entry;
+  huge[12 + 3] = static_cast<char>(0x7f);  // description length high byte
+  CHECK_FALSE(fusejit::parse_cache_entry(huge).has_value());
+}
+
+TEST_CASE("threads of one process storing and loading one key at once all succeed") {
+  TempDir tmp;
+  const DiskCache cache(tmp.path());
+  const std::string key = key_for("threads");
+  const auto bytes = payload(64 * 1024, 19);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      for (int round = 0; round < 20; ++round) {
+        if (!cache.store(key, bytes, "threads")) ++failures;
+        const auto loaded = cache.load(key);
+        if (!loaded || *loaded != bytes) ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(failures.load() == 0);
+  CHECK(count_temp_files(cache.dir()) == 0);
+  CHECK(cache.list().size() == 1);
+}
+
 TEST_CASE("a foreign file or a directory under an entry's name is never returned") {
   TempDir tmp;
   const DiskCache cache(tmp.path());
@@ -322,8 +372,10 @@ TEST_CASE("16 processes storing and loading one key at once all succeed") {
       for (int round = 0; round < kRounds && code == 0; ++round) {
         if (!cache.store(key, bytes, "contended")) code = 1;
         const auto loaded = cache.load(key);
-        if (!loaded) code = 2;
-        else if (*loaded != bytes) code = 3;
+        if (!loaded)
+          code = 2;
+        else if (*loaded != bytes)
+          code = 3;
       }
       ::_exit(code);
     }
@@ -385,8 +437,9 @@ TEST_CASE("a read-only directory: store fails with one warning, existing entries
     }
   } restore{cache.dir()};
   if (running_as_root_ignores_modes(cache.dir())) {
-    MESSAGE("running as root: mode 0555 does not stop writes; the unwritable case is covered "
-            "by the directory-under-a-file test");
+    MESSAGE(
+        "running as root: mode 0555 does not stop writes; the unwritable case is covered "
+        "by the directory-under-a-file test");
     return;
   }
   const int code = in_child([&] {
@@ -441,13 +494,14 @@ TEST_CASE("clear() removes entries and stale temp files and nothing else") {
   const std::vector<fs::path> keep = {
       tmp.path() / "notes.txt",
       tmp.path() / (std::string(32, 'A') + ".fjc"),  // not a key: uppercase
-      tmp.path() / "abc.fjc",                          // not a key: too short
+      tmp.path() / "abc.fjc",                        // not a key: too short
       tmp.path() / (k + ".fjc.bak"),
       tmp.path() / ".foo.tmp",
       tmp.path() / (k + ".tmp"),
   };
   for (const auto& p : keep) write_bytes(p, {'u'});
-  for (const auto& p : keep) fs::last_write_time(p, fs::file_time_type::clock::now() - std::chrono::hours(2));
+  for (const auto& p : keep)
+    fs::last_write_time(p, fs::file_time_type::clock::now() - std::chrono::hours(2));
   const fs::path dir_named_like_entry = tmp.path() / (key_for("dir") + ".fjc");
   fs::create_directory(dir_named_like_entry);
   const fs::path link_named_like_entry = tmp.path() / (key_for("link") + ".fjc");

@@ -26,9 +26,9 @@ bool is_lower_hex(const std::string& s) {
   return true;
 }
 
-const std::vector<std::string> kFields = {
-    "fusejit-cache-v1", "13.0", "sm_90a", "-std=c++17 -O3 --use_fast_math",
-    std::string(20000, 'k') + "__global__ void k() {}"};
+const std::vector<std::string> kFields = {"fusejit-cache-v1", "13.0", "sm_90a",
+                                          "-std=c++17 -O3 --use_fast_math",
+                                          std::string(20000, 'k') + "__global__ void k() {}"};
 
 }  // namespace
 

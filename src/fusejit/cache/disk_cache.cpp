@@ -63,7 +63,9 @@ bool is_decimal(std::string_view text) {
          std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-bool is_key(std::string_view key) { return key.size() == kKeyDigits && is_hex_digits(key); }
+bool is_key(std::string_view key) {
+  return key.size() == kKeyDigits && is_hex_digits(key);
+}
 
 void require_key(const std::string& key) {
   if (!is_key(key)) {
@@ -98,7 +100,8 @@ bool is_temp_name(std::string_view name) {
 std::string hex64(std::uint64_t value) {
   static constexpr char kDigits[] = "0123456789abcdef";
   std::string out(16, '0');
-  for (int i = 15; i >= 0; --i, value >>= 4) out[static_cast<std::size_t>(i)] = kDigits[value & 0xF];
+  for (int i = 15; i >= 0; --i, value >>= 4)
+    out[static_cast<std::size_t>(i)] = kDigits[value & 0xF];
   return out;
 }
 
@@ -110,8 +113,8 @@ std::uint64_t random_u64() {
   // Without entropy the name is still unique per process and thread (pid, tid, counter);
   // O_EXCL catches the rest.
   static std::atomic<std::uint64_t> counter{0};
-  const auto now = static_cast<std::uint64_t>(
-      std::chrono::steady_clock::now().time_since_epoch().count());
+  const auto now =
+      static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   return now ^ (counter.fetch_add(1, std::memory_order_relaxed) * 0x9E3779B97F4A7C15ull);
 }
 
@@ -120,7 +123,9 @@ std::string temp_name(const std::string& key) {
          hex64(random_u64()) + std::string(kTempSuffix);
 }
 
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+std::string errno_text(int err) {
+  return std::error_code(err, std::generic_category()).message();
+}
 
 class Fd {
  public:
@@ -175,9 +180,9 @@ int write_all(int fd, std::span<const char> data) {
 }
 
 struct FileRead {
-  bool opened = false;     // false: missing (or unreadable: see error)
-  bool regular = false;    // a directory or device under our name is not ours to judge
-  struct stat st {};       // identity of what was read, to remove only that file
+  bool opened = false;   // false: missing (or unreadable: see error)
+  bool regular = false;  // a directory or device under our name is not ours to judge
+  struct stat st {};     // identity of what was read, to remove only that file
   std::vector<char> bytes;
   std::string error;       // why reading failed (empty when it did not)
   bool too_large = false;  // damage, unlike error
@@ -349,8 +354,8 @@ std::optional<std::vector<char>> DiskCache::load(const std::string& key) const {
     std::optional<CacheEntryView> entry;
     if (!file.too_large) entry = parse_cache_entry(file.bytes, &problem);
     if (!entry) {
-      log_quietly(spdlog::level::warn, "damaged cache entry {} ({}); removing it",
-                  path.string(), problem);
+      log_quietly(spdlog::level::warn, "damaged cache entry {} ({}); removing it", path.string(),
+                  problem);
       remove_damaged(path, file.st);
       return std::nullopt;
     }
@@ -378,8 +383,9 @@ bool DiskCache::store(const std::string& key, const std::vector<char>& payload,
       }
     }
 
-    const std::string_view text = std::string_view(description).substr(
-        0, std::min<std::size_t>(description.size(), kMaxCacheDescriptionBytes));
+    const std::string_view text =
+        std::string_view(description)
+            .substr(0, std::min<std::size_t>(description.size(), kMaxCacheDescriptionBytes));
     const std::vector<char> header = cache_entry_header(payload, text);
 
     // O_EXCL: the name is meant to be unique already; never write into someone else's file.

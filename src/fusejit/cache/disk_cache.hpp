@@ -27,11 +27,14 @@ class DiskCache {
   static std::filesystem::path default_dir();
 
   // Never throws: an unusable directory turns the cache into a no-op that warns once.
+  // An empty `dir` means default_dir().
   explicit DiskCache(std::filesystem::path dir = default_dir());
 
   const std::filesystem::path& dir() const { return dir_; }
 
-  // The verified payload stored under `key`, or nullopt (miss, or damaged entry removed).
+  // load/store throw InvalidArgument("key") for a key that is not 32 lowercase hex digits
+  // (their only exception). The verified payload under `key`, or nullopt (miss, or damaged
+  // entry removed).
   std::optional<std::vector<char>> load(const std::string& key) const;
   // Stores atomically; returns false (after one warning per process) when the directory
   // cannot be written (read-only, no permission, disk full). Leaves no temp file behind.
@@ -40,7 +43,8 @@ class DiskCache {
 
   // Every entry, checksums verified (entries from other tools in the dir are ignored).
   std::vector<CacheEntryInfo> list() const;
-  // Removes every entry (and stale temp files); returns how many files were removed.
+  // Removes every entry and our temp files older than 10 minutes (younger ones may be another
+  // process's write in flight); returns how many files were removed.
   std::size_t clear() const;
 
  private:

@@ -58,11 +58,11 @@ std::vector<char> serialize_cache_entry(std::span<const char> payload,
   return entry;
 }
 
-std::optional<CacheEntryView> parse_cache_entry(std::span<const char> bytes,
-                                                std::string* problem) {
+std::optional<CacheEntryView> parse_cache_entry(std::span<const char> bytes, std::string* problem) {
   const std::size_t size = bytes.size();
   if (size < kCacheEntryFixedBytes) {
-    return reject(problem, "truncated: " + std::to_string(size) + " bytes, the header alone needs " +
+    return reject(problem, "truncated: " + std::to_string(size) +
+                               " bytes, the header alone needs " +
                                std::to_string(kCacheEntryFixedBytes));
   }
   if (std::memcmp(bytes.data(), kCacheEntryMagic.data(), kCacheEntryMagic.size()) != 0) {

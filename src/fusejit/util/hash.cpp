@@ -30,9 +30,13 @@ std::array<unsigned char, 8> little_endian(std::uint64_t value) {
 
 }  // namespace
 
-Hasher::Hasher() : state_(std::make_unique<State>()) { check(XXH3_128bits_reset(&state_->xxh)); }
+Hasher::Hasher() : state_(std::make_unique<State>()) {
+  check(XXH3_128bits_reset(&state_->xxh));
+}
 
-Hasher::Hasher(const Hasher& other) : Hasher() { *this = other; }
+Hasher::Hasher(const Hasher& other) : Hasher() {
+  *this = other;
+}
 
 Hasher& Hasher::operator=(const Hasher& other) {
   if (this == &other) return *this;
@@ -55,7 +59,9 @@ Hasher& Hasher::add(const void* data, std::size_t size) {
   return *this;
 }
 
-Hasher& Hasher::add(std::string_view bytes) { return add(bytes.data(), bytes.size()); }
+Hasher& Hasher::add(std::string_view bytes) {
+  return add(bytes.data(), bytes.size());
+}
 
 Hasher& Hasher::add(std::uint64_t value) {
   const auto bytes = little_endian(value);
@@ -76,6 +82,8 @@ std::string Hasher::hex() const {
   return out;
 }
 
-std::uint64_t xxh3_64(const void* data, std::size_t size) { return XXH3_64bits(data, size); }
+std::uint64_t xxh3_64(const void* data, std::size_t size) {
+  return XXH3_64bits(data, size);
+}
 
 }  // namespace fusejit

@@ -43,8 +43,8 @@ std::optional<spdlog::level::level_enum> parse_level(std::string text) {
 std::shared_ptr<spdlog::logger> make_logger() {
   auto stderr_sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
   auto counter = std::make_shared<WarningCounter>();
-  auto logger = std::make_shared<spdlog::logger>(
-      "fusejit", spdlog::sinks_init_list{stderr_sink, counter});
+  auto logger =
+      std::make_shared<spdlog::logger>("fusejit", spdlog::sinks_init_list{stderr_sink, counter});
   logger->set_pattern("[%n] [%l] %v");
 
   const char* env = std::getenv("FUSEJIT_LOG_LEVEL");
@@ -68,6 +68,8 @@ std::shared_ptr<spdlog::logger> log() {
   return *logger;
 }
 
-std::uint64_t log_warning_count() { return g_warnings.load(std::memory_order_relaxed); }
+std::uint64_t log_warning_count() {
+  return g_warnings.load(std::memory_order_relaxed);
+}
 
 }  // namespace fusejit

@@ -5,15 +5,7 @@
 #include <cstdint>
 #include <memory>
 
-// Code built against spdlog's CMake target (the library, the CLI) gets the whole logger so
-// `log()->warn(...)` just works. Anything else (tests link only fusejit) gets the declaration:
-// spdlog's headers alone would compile its header-only mode into that binary, which then
-// needs libfmt on its link line.
-#ifdef SPDLOG_COMPILED_LIB
 #include <spdlog/logger.h>
-#else
-#include <spdlog/fwd.h>
-#endif
 
 namespace fusejit {
 

@@ -1,0 +1,698 @@
+#include "fusejit/check/sweep.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "fusejit/device/device.hpp"
+#include "fusejit/error.hpp"
+#include "fusejit/plan/plan.hpp"
+#include "fusejit/reference/cublaslt_reference.hpp"
+
+namespace fusejit {
+
+namespace {
+
+constexpr double kDefaultMomentum = 0.1;
+constexpr double kDefaultEps = 1e-5;
+
+// The widest alignment the case's strides allow (cuMemAlloc'ed bases are 256-byte aligned).
+int stride_alignment(const Problem& p) {
+  const auto eb = static_cast<std::int64_t>(storage_bytes(p.dtype));
+  int a = 16;
+  for (std::int64_t ld : {p.lda_x(), p.lda_w(), p.lda_y()})
+    a = std::min(a, natural_alignment(0, ld * eb));
+  return a;
+}
+
+std::vector<std::string_view> tokens(std::string_view line) {
+  std::vector<std::string_view> out;
+  std::size_t i = 0;
+  while (i < line.size()) {
+    while (i < line.size() && std::isspace(static_cast<unsigned char>(line[i]))) ++i;
+    std::size_t j = i;
+    while (j < line.size() && !std::isspace(static_cast<unsigned char>(line[j]))) ++j;
+    if (j > i) out.push_back(line.substr(i, j - i));
+    i = j;
+  }
+  return out;
+}
+
+std::string_view strip_comment(std::string_view line) {
+  const auto hash = line.find('#');
+  return hash == std::string_view::npos ? line : line.substr(0, hash);
+}
+
+std::int64_t parse_int(std::string_view flag, std::string_view v) {
+  std::int64_t out = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc() || p != v.data() + v.size() || v.empty())
+    throw InvalidArgument("sweep", fmt::format("{}: expected an integer; got '{}'", flag, v));
+  return out;
+}
+
+double parse_double(std::string_view flag, std::string_view v) {
+  const std::string s(v);
+  char* end = nullptr;
+  const double out = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0')
+    throw InvalidArgument("sweep", fmt::format("{}: expected a number; got '{}'", flag, v));
+  return out;
+}
+
+bool is_dtype_name(std::string_view s) {
+  return s == "fp32" || s == "tf32" || s == "fp16" || s == "bf16" || s == "same";
+}
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Independent streams for a case's tensors from one case seed.
+std::uint64_t sub_seed(std::uint64_t seed, std::uint64_t k) {
+  return splitmix64(seed ^ (k << 56) ^ k);
+}
+
+void poison_padding(HostTensor& t, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+  const float nan = std::nanf("");
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = cols; c < ld; ++c) t.set(static_cast<std::size_t>(r * ld + c), nan);
+}
+
+HostTensor param_tensor(const Problem& p, bool present) {
+  return present ? HostTensor(p.param_dtype, static_cast<std::size_t>(p.N)) : HostTensor();
+}
+
+void upload(DeviceBuffer& b, const HostTensor& h) {
+  if (!h.empty()) b.upload(h.data(), h.bytes());
+}
+
+DeviceBuffer alloc_like(const HostTensor& h) {
+  return h.empty() ? DeviceBuffer() : DeviceBuffer(h.bytes());
+}
+
+std::vector<double> download_param(const DeviceBuffer& b, DType dtype, std::int64_t n) {
+  HostTensor h(dtype, static_cast<std::size_t>(n));
+  b.download(h.data(), h.bytes());
+  return h.to_doubles();
+}
+
+std::vector<double> download_floats(const DeviceBuffer& b, std::int64_t n) {
+  const auto f = b.download_as<float>(static_cast<std::size_t>(n));
+  return {f.begin(), f.end()};
+}
+
+bool all_finite(const std::vector<double>& v) {
+  return std::all_of(v.begin(), v.end(), [](double d) { return std::isfinite(d); });
+}
+
+// The case generator's flags for the i-th case: every choice cycles with a different period,
+// so the cross covers the combinations without taking their product.
+SweepCase builtin_case(Shape s, DType dtype, Mode mode, int i) {
+  SweepCase c;
+  Problem& p = c.problem;
+  p.M = s.M, p.N = s.N, p.K = s.K;
+  p.dtype = dtype;
+  p.mode = mode;
+  const auto eb = static_cast<std::int64_t>(storage_bytes(dtype));
+  p.param_dtype = eb == 2 && i % 4 == 1 ? storage_type(dtype) : DType::fp32;
+  p.has_bias = i % 3 != 1;
+  p.has_scale = i % 4 != 2;
+  p.has_affine = i % 5 != 3;
+  if (i % 6 == 5)
+    p.momentum = std::nullopt;
+  else if (i % 6 == 2)
+    p.momentum = 0.3;
+  else if (i % 11 == 10)
+    p.momentum = 1.0;
+  if (i % 7 == 6) p.eps = 1e-3;
+  const std::int64_t per16 = 16 / eb;  // elements per 16 bytes
+  auto round_up = [&](std::int64_t v) { return (v + per16 - 1) / per16 * per16; };
+  if (i % 5 == 4) {
+    // Odd strides: only element alignment remains.
+    p.ldx = p.K + 3;
+    p.ldw = p.K + 1;
+    p.ldy = p.N + 5;
+  } else if (i % 8 == 3) {
+    // Padded but still 16-byte aligned rows.
+    p.ldx = round_up(p.K) + per16;
+    p.ldw = round_up(p.K) + 2 * per16;
+    p.ldy = round_up(p.N) + per16;
+  }
+  p.alignment = stride_alignment(p);
+  if (i % 13 == 12) p.alignment = static_cast<int>(eb);  // promise no more than the element size
+  c.distribution = i % 2 ? Distribution::non_centred : Distribution::centred;
+  c.track_running_stats = !(mode == Mode::train && i % 9 == 7);
+  p.validate();
+  return c;
+}
+
+class SweepOp {
+ public:
+  virtual ~SweepOp() = default;
+  virtual void run(CUstream stream, const Tensors& t) const = 0;
+  virtual std::string describe() const = 0;
+};
+
+class PlanOp final : public SweepOp {
+ public:
+  PlanOp(const Problem& p, const PlanOptions& o) : plan_(p, o) {}
+  void run(CUstream stream, const Tensors& t) const override { plan_.run(stream, t); }
+  std::string describe() const override { return plan_.config().key(); }
+
+ private:
+  Plan plan_;
+};
+
+class ReferenceSweepOp final : public SweepOp {
+ public:
+  ReferenceSweepOp(const Problem& p, const ReferenceOpOptions& o) : op_(p, o) {}
+  void run(CUstream stream, const Tensors& t) const override { op_.run(stream, t); }
+  std::string describe() const override { return op_.description(); }
+
+ private:
+  ReferenceOp op_;
+};
+
+struct Built {
+  std::unique_ptr<SweepOp> op;
+  std::string skip;   // the forced variant cannot run this case
+  std::string error;  // building failed
+};
+
+Built build(const SweepCase& c, const SweepOptions& o) {
+  Built b;
+  try {
+    if (o.implementation == Implementation::plan) {
+      PlanOptions po;
+      po.device = o.device;
+      po.variant = o.variant;
+      po.cache_dir = o.cache_dir;
+      b.op = std::make_unique<PlanOp>(c.problem, po);
+    } else {
+      ReferenceOpOptions ro;
+      ro.device = o.device;
+      ro.cache_dir = o.cache_dir;
+      b.op = std::make_unique<ReferenceSweepOp>(c.problem, ro);
+    }
+  } catch (const InvalidArgument& e) {
+    (o.variant && e.argument() == "variant" ? b.skip : b.error) = e.what();
+  } catch (const std::exception& e) {
+    b.error = e.what();
+  }
+  return b;
+}
+
+CaseResult run_built(const SweepCase& c, const Built& b, std::uint64_t seed) {
+  CaseResult r;
+  r.c = c;
+  r.seed = seed;
+  r.threshold = sweep_threshold(c.problem.dtype);
+  if (!b.skip.empty()) {
+    r.status = CaseResult::Status::skipped;
+    r.message = b.skip;
+    return r;
+  }
+  if (!b.op) {
+    r.status = CaseResult::Status::failed;
+    r.message = b.error;
+    return r;
+  }
+  r.config = b.op->describe();
+  try {
+    const CaseInputs in = make_case_inputs(c, seed);
+    DeviceCase dev(in);
+    const Stream stream;
+    b.op->run(stream, dev.tensors());
+    stream.synchronize();
+    const CaseOutputs got = dev.download();
+    const ReferenceOutputs ref = reference_forward(
+        reference_inputs(in), reference_settings(c.problem, in.num_batches_tracked));
+    r.errors = compare(in, got, ref);
+    r.measured = true;
+    const bool ok = !r.errors.non_finite && r.errors.counter_ok && r.errors.padding_ok &&
+                    r.errors.worst() < r.threshold;
+    r.status = ok ? CaseResult::Status::passed : CaseResult::Status::failed;
+    auto note = [&r](const char* what) {
+      r.message += (r.message.empty() ? "" : "; ") + std::string(what);
+    };
+    if (r.errors.non_finite) note("NaN or inf in the output");
+    if (!r.errors.counter_ok) note("num_batches_tracked did not advance by exactly 1");
+    if (!r.errors.padding_ok) note("y was written past column N (ldy padding)");
+  } catch (const std::exception& e) {
+    r.status = CaseResult::Status::failed;
+    r.message = e.what();
+  }
+  return r;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Cases
+
+std::string SweepCase::text() const {
+  const Problem& p = problem;
+  std::string s = fmt::format("{} {} {} {}", format_shape(p.shape()), name(p.dtype), name(p.mode),
+                              name(p.param_dtype));
+  if (!p.has_bias) s += " nobias";
+  if (!p.has_scale) s += " noscale";
+  if (!p.has_affine) s += " noaffine";
+  if (!p.momentum)
+    s += " momentum=none";
+  else if (*p.momentum != kDefaultMomentum)
+    s += fmt::format(" momentum={}", *p.momentum);
+  if (p.eps != kDefaultEps) s += fmt::format(" eps={}", p.eps);
+  if (p.ldx) s += fmt::format(" ldx={}", p.ldx);
+  if (p.ldw) s += fmt::format(" ldw={}", p.ldw);
+  if (p.ldy) s += fmt::format(" ldy={}", p.ldy);
+  if (p.alignment != stride_alignment(p)) s += fmt::format(" align={}", p.alignment);
+  if (distribution == Distribution::non_centred) s += " non_centred";
+  if (p.mode == Mode::train && !track_running_stats) s += " notrack";
+  return s;
+}
+
+SweepCase parse_sweep_line(std::string_view line) {
+  const auto tok = tokens(strip_comment(line));
+  if (tok.size() < 3)
+    throw InvalidArgument("sweep", fmt::format("expected 'MxNxK dtype mode [param_dtype] [flags]'; "
+                                               "got '{}'",
+                                               line));
+  SweepCase c;
+  Problem& p = c.problem;
+  const Shape s = parse_shape(tok[0]);
+  p.M = s.M, p.N = s.N, p.K = s.K;
+  p.dtype = parse_dtype(tok[1]);
+  p.mode = parse_mode(tok[2]);
+  std::size_t i = 3;
+  if (i < tok.size() && is_dtype_name(tok[i])) {
+    p.param_dtype = tok[i] == "same" ? storage_type(p.dtype) : parse_dtype(tok[i]);
+    ++i;
+  }
+  int align = 0;
+  for (; i < tok.size(); ++i) {
+    const std::string_view t = tok[i];
+    const auto eq = t.find('=');
+    const std::string_view key = t.substr(0, eq);
+    const std::string_view val =
+        eq == std::string_view::npos ? std::string_view{} : t.substr(eq + 1);
+    if (t == "nobias") {
+      p.has_bias = false;
+    } else if (t == "noscale") {
+      p.has_scale = false;
+    } else if (t == "noaffine") {
+      p.has_affine = false;
+    } else if (t == "notrack") {
+      c.track_running_stats = false;
+    } else if (t == "centred" || t == "non_centred") {
+      c.distribution = parse_distribution(t);
+    } else if (key == "momentum" && !val.empty()) {
+      if (val == "none")
+        p.momentum = std::nullopt;
+      else
+        p.momentum = parse_double(key, val);
+    } else if (key == "eps" && !val.empty()) {
+      p.eps = parse_double(key, val);
+    } else if (key == "ldx" && !val.empty()) {
+      p.ldx = parse_int(key, val);
+    } else if (key == "ldw" && !val.empty()) {
+      p.ldw = parse_int(key, val);
+    } else if (key == "ldy" && !val.empty()) {
+      p.ldy = parse_int(key, val);
+    } else if (key == "align" && !val.empty()) {
+      align = static_cast<int>(parse_int(key, val));
+    } else {
+      throw InvalidArgument("sweep", fmt::format("unknown flag '{}' (expected nobias, noscale, "
+                                                 "noaffine, notrack, centred, non_centred, "
+                                                 "momentum=, eps=, ldx=, ldw=, ldy= or align=)",
+                                                 t));
+    }
+  }
+  const int natural = stride_alignment(p);
+  if (align > natural)
+    throw InvalidArgument(
+        "sweep", fmt::format("align={} exceeds the {} bytes the strides allow", align, natural));
+  p.alignment = align ? align : natural;
+  p.validate();
+  return c;
+}
+
+std::vector<SweepCase> read_sweep_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw InvalidArgument("sweep", fmt::format("cannot read sweep file '{}'", path));
+  std::vector<SweepCase> out;
+  std::string line;
+  for (int n = 1; std::getline(f, line); ++n) {
+    if (tokens(strip_comment(line)).empty()) continue;
+    try {
+      out.push_back(parse_sweep_line(line));
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument("sweep", fmt::format("{}:{}: {}", path, n, e.what()));
+    }
+  }
+  if (out.empty()) throw InvalidArgument("sweep", fmt::format("'{}' holds no cases", path));
+  return out;
+}
+
+std::vector<SweepCase> builtin_sweep(bool full, DType dtype, Mode mode) {
+  static constexpr std::int64_t kM[] = {2, 3, 17, 64, 127, 128, 129, 1000};
+  static constexpr std::int64_t kN[] = {1, 7, 8, 64, 200, 512};
+  static constexpr std::int64_t kK[] = {1, 5, 8, 64, 1000};
+  std::vector<Shape> shapes;
+  // Every M, N and K value at least once...
+  for (int i = 0; i < 8; ++i) shapes.push_back({kM[i], kN[(5 * i + 1) % 6], kK[(3 * i + 2) % 5]});
+  // ...then a fixed pseudo-random cross. mt19937's output is fixed by the standard, so the list
+  // is the same on every platform; it differs per (dtype, mode) to cover more pairs overall.
+  std::mt19937 pick(0x5EED0u + 16u * static_cast<unsigned>(dtype) + static_cast<unsigned>(mode));
+  for (int i = 0; i < 36; ++i) shapes.push_back({kM[pick() % 8], kN[pick() % 6], kK[pick() % 5]});
+  shapes.push_back({128, 512, 1024});  // KernelBench's small shape
+  if (mode == Mode::eval) {
+    shapes.push_back({1, 64, 64});  // one row is fine without batch statistics
+    shapes.push_back({1, 7, 1000});
+  }
+  if (full) {
+    for (std::int64_t m : {1024, 4096})
+      for (auto [n, k] :
+           {std::pair<std::int64_t, std::int64_t>{4096, 4096}, {512, 4096}, {4096, 1000}})
+        shapes.push_back({m, n, k});
+    shapes.push_back({1024, 8192, 8192});  // KernelBench's first shape
+    static constexpr std::int64_t kMx[] = {2, 3, 17, 64, 127, 128, 129, 1000, 1024, 4096};
+    static constexpr std::int64_t kNx[] = {1, 7, 8, 64, 200, 512, 4096};
+    static constexpr std::int64_t kKx[] = {1, 5, 8, 64, 1000, 4096};
+    // Bounded so the float64 reference stays within seconds.
+    for (int added = 0; added < 24;) {
+      const Shape s{kMx[pick() % 10], kNx[pick() % 7], kKx[pick() % 6]};
+      if (s.M * s.N * s.K > (std::int64_t{1} << 32)) continue;
+      shapes.push_back(s);
+      ++added;
+    }
+  }
+  std::vector<SweepCase> out;
+  out.reserve(shapes.size());
+  for (std::size_t i = 0; i < shapes.size(); ++i)
+    out.push_back(builtin_case(shapes[i], dtype, mode, static_cast<int>(i)));
+  return out;
+}
+
+std::vector<SweepCase> sweep_cases(const std::string& which, const std::vector<DType>& dtypes,
+                                   const std::vector<Mode>& modes) {
+  std::vector<SweepCase> out;
+  if (which == "quick" || which == "full") {
+    for (DType d : dtypes)
+      for (Mode m : modes) {
+        auto cs = builtin_sweep(which == "full", d, m);
+        out.insert(out.end(), cs.begin(), cs.end());
+      }
+    return out;
+  }
+  for (auto& c : read_sweep_file(which)) {
+    const bool dtype_ok = std::find(dtypes.begin(), dtypes.end(), c.problem.dtype) != dtypes.end();
+    const bool mode_ok = std::find(modes.begin(), modes.end(), c.problem.mode) != modes.end();
+    if (dtype_ok && mode_ok) out.push_back(std::move(c));
+  }
+  return out;
+}
+
+double sweep_threshold(DType dtype) {
+  switch (dtype) {
+    case DType::fp32:
+      return 2e-5;
+    case DType::tf32:
+      return 2e-3;
+    default:
+      return 1e-2;
+  }
+}
+
+double relative_error(const std::vector<double>& got, const std::vector<double>& ref) {
+  if (got.size() != ref.size() || !all_finite(got)) return INFINITY;
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double d = got[i] - ref[i];
+    diff += d * d;
+    norm += ref[i] * ref[i];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inputs
+
+bool CaseInputs::count_batches() const {
+  return c.problem.mode == Mode::train && (c.track_running_stats || !c.problem.momentum);
+}
+
+HostTensor make_x(const SweepCase& c, std::uint64_t seed) {
+  const Problem& p = c.problem;
+  HostTensor x(p.dtype, static_cast<std::size_t>(p.M * p.lda_x()));
+  fill_random(x, c.distribution, seed);
+  poison_padding(x, p.M, p.K, p.lda_x());
+  return x;
+}
+
+CaseInputs make_case_inputs(const SweepCase& c, std::optional<std::uint64_t> seed) {
+  const Problem& p = c.problem;
+  CaseInputs in;
+  in.c = c;
+  in.seed = seed ? *seed : fresh_seed();
+  const double bound = 1.0 / std::sqrt(static_cast<double>(p.K));
+  in.x = make_x(c, sub_seed(in.seed, 1));
+  in.w = HostTensor(p.dtype, static_cast<std::size_t>(p.N * p.lda_w()));
+  fill_uniform(in.w, -bound, bound, sub_seed(in.seed, 2));
+  poison_padding(in.w, p.N, p.K, p.lda_w());
+  in.bias = param_tensor(p, p.has_bias);
+  if (p.has_bias) fill_uniform(in.bias, -bound, bound, sub_seed(in.seed, 3));
+  in.scale = param_tensor(p, p.has_scale);
+  if (p.has_scale) fill_normal(in.scale, 0.0, 1.0, sub_seed(in.seed, 4));
+  in.gamma = param_tensor(p, p.has_affine);
+  in.beta = param_tensor(p, p.has_affine);
+  if (p.has_affine) {
+    fill_normal(in.gamma, 1.0, 0.25, sub_seed(in.seed, 5));
+    fill_normal(in.beta, 0.0, 0.5, sub_seed(in.seed, 6));
+  }
+  const bool tracked = p.mode == Mode::eval || c.track_running_stats;
+  in.running_mean = param_tensor(p, tracked);
+  in.running_var = param_tensor(p, tracked);
+  if (tracked) {
+    fill_normal(in.running_mean, 0.0, 0.5, sub_seed(in.seed, 7));
+    fill_uniform(in.running_var, 0.5, 1.5, sub_seed(in.seed, 8));
+  }
+  in.num_batches_tracked = static_cast<std::int64_t>(sub_seed(in.seed, 9) % 10);
+  return in;
+}
+
+ReferenceInputs reference_inputs(const CaseInputs& in) {
+  const Problem& p = in.c.problem;
+  ReferenceInputs r;
+  r.M = p.M, r.N = p.N, r.K = p.K;
+  r.x = in.x.packed(static_cast<std::size_t>(p.M), static_cast<std::size_t>(p.K),
+                    static_cast<std::size_t>(p.lda_x()));
+  r.w = in.w.packed(static_cast<std::size_t>(p.N), static_cast<std::size_t>(p.K),
+                    static_cast<std::size_t>(p.lda_w()));
+  r.bias = in.bias.to_doubles();
+  r.scale = in.scale.to_doubles();
+  r.gamma = in.gamma.to_doubles();
+  r.beta = in.beta.to_doubles();
+  r.running_mean = in.running_mean.to_doubles();
+  r.running_var = in.running_var.to_doubles();
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device side
+
+DeviceCase::DeviceCase(const CaseInputs& in) : c_(in.c), count_(in.count_batches()) {
+  const Problem& p = c_.problem;
+  current_or_primary_context(0);
+  x_ = alloc_like(in.x);
+  w_ = alloc_like(in.w);
+  y_ = DeviceBuffer(static_cast<std::size_t>(p.M * p.lda_y()) * storage_bytes(p.dtype));
+  bias_ = alloc_like(in.bias);
+  scale_ = alloc_like(in.scale);
+  gamma_ = alloc_like(in.gamma);
+  beta_ = alloc_like(in.beta);
+  rm_ = alloc_like(in.running_mean);
+  rv_ = alloc_like(in.running_var);
+  if (count_) nbt_ = DeviceBuffer(sizeof(std::int64_t));
+  if (p.mode == Mode::train) {
+    save_mean_ = DeviceBuffer(static_cast<std::size_t>(p.N) * sizeof(float));
+    save_invstd_ = DeviceBuffer(static_cast<std::size_t>(p.N) * sizeof(float));
+  }
+  reset(in);
+}
+
+void DeviceCase::reset(const CaseInputs& in) {
+  upload(x_, in.x);
+  upload(w_, in.w);
+  upload(bias_, in.bias);
+  upload(scale_, in.scale);
+  upload(gamma_, in.gamma);
+  upload(beta_, in.beta);
+  upload(rm_, in.running_mean);
+  upload(rv_, in.running_var);
+  if (count_) nbt_.upload(&in.num_batches_tracked, sizeof(std::int64_t));
+  y_.fill_words(nan_word(c_.problem.dtype));
+  save_mean_.fill_words(nan_word(DType::fp32));
+  save_invstd_.fill_words(nan_word(DType::fp32));
+}
+
+void DeviceCase::upload_x(const HostTensor& x) {
+  if (x.bytes() != x_.size())
+    throw InvalidArgument("x", fmt::format("expected {} bytes; got {}", x_.size(), x.bytes()));
+  upload(x_, x);
+}
+
+Tensors DeviceCase::tensors() const {
+  Tensors t;
+  t.x = x_.get();
+  t.w = w_.get();
+  t.y = y_.get();
+  t.bias = bias_.get();
+  t.scale = scale_.get();
+  t.gamma = gamma_.get();
+  t.beta = beta_.get();
+  t.running_mean = rm_.get();
+  t.running_var = rv_.get();
+  t.num_batches_tracked = nbt_.as<std::int64_t>();
+  t.save_mean = save_mean_.as<float>();
+  t.save_invstd = save_invstd_.as<float>();
+  return t;
+}
+
+CaseOutputs DeviceCase::download() const {
+  const Problem& p = c_.problem;
+  CaseOutputs out;
+  HostTensor y(p.dtype, static_cast<std::size_t>(p.M * p.lda_y()));
+  y_.download(y.data(), y.bytes());
+  out.y = y.packed(static_cast<std::size_t>(p.M), static_cast<std::size_t>(p.N),
+                   static_cast<std::size_t>(p.lda_y()));
+  HostTensor poison(p.dtype, 1);
+  poison.poison();
+  const std::size_t eb = storage_bytes(p.dtype);
+  const auto* bytes = static_cast<const unsigned char*>(y.data());
+  for (std::int64_t r = 0; r < p.M && out.y_padding_intact; ++r)
+    for (std::int64_t c = p.N; c < p.lda_y(); ++c)
+      if (std::memcmp(bytes + static_cast<std::size_t>(r * p.lda_y() + c) * eb, poison.data(),
+                      eb)) {
+        out.y_padding_intact = false;
+        break;
+      }
+  if (!rm_.empty()) {
+    out.running_mean = download_param(rm_, p.param_dtype, p.N);
+    out.running_var = download_param(rv_, p.param_dtype, p.N);
+  }
+  if (!save_mean_.empty()) {
+    out.save_mean = download_floats(save_mean_, p.N);
+    out.save_invstd = download_floats(save_invstd_, p.N);
+  }
+  if (count_) nbt_.download(&out.num_batches_tracked, sizeof(std::int64_t));
+  return out;
+}
+
+double CaseErrors::worst() const {
+  return std::max({y, running_mean, running_var, save_mean, save_invstd});
+}
+
+CaseErrors compare(const CaseInputs& in, const CaseOutputs& got, const ReferenceOutputs& ref) {
+  const bool train = in.c.problem.mode == Mode::train;
+  CaseErrors e;
+  e.y = relative_error(got.y, ref.y);
+  e.non_finite = !all_finite(got.y);
+  if (!in.running_mean.empty()) {
+    e.running_mean = relative_error(got.running_mean, ref.running_mean);
+    e.running_var = relative_error(got.running_var, ref.running_var);
+    e.non_finite |= !all_finite(got.running_mean) || !all_finite(got.running_var);
+  }
+  if (train) {
+    e.save_mean = relative_error(got.save_mean, ref.save_mean);
+    e.save_invstd = relative_error(got.save_invstd, ref.save_invstd);
+    e.non_finite |= !all_finite(got.save_mean) || !all_finite(got.save_invstd);
+  }
+  e.counter_ok = !in.count_batches() || got.num_batches_tracked == ref.num_batches_tracked;
+  e.padding_ok = got.y_padding_intact;
+  return e;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running
+
+std::string_view name(Implementation i) {
+  return i == Implementation::plan ? "fused" : "reference";
+}
+
+std::string format_result(const CaseResult& r) {
+  const char* status = r.status == CaseResult::Status::passed    ? "PASS"
+                       : r.status == CaseResult::Status::skipped ? "SKIP"
+                                                                 : "FAIL";
+  std::string s = fmt::format("{} {}", status, r.c.text());
+  if (r.status == CaseResult::Status::skipped) return s + " -- " + r.message;
+  if (!r.config.empty()) s += fmt::format(" [{}]", r.config);
+  const CaseErrors& e = r.errors;
+  if (r.measured) {
+    const bool train = r.c.problem.mode == Mode::train;
+    s += fmt::format(" y={:.2e}", e.y);
+    if (!train || r.c.track_running_stats)
+      s += fmt::format(" rm={:.2e} rv={:.2e}", e.running_mean, e.running_var);
+    if (train) s += fmt::format(" save_mean={:.2e} save_invstd={:.2e}", e.save_mean, e.save_invstd);
+    s += fmt::format(" (threshold {:.0e})", r.threshold);
+  }
+  s += fmt::format(" seed={:#x}", r.seed);
+  if (!r.message.empty()) s += " -- " + r.message;
+  return s;
+}
+
+CaseResult run_case(const SweepCase& c, const SweepOptions& options) {
+  const std::uint64_t seed = options.seed ? *options.seed : fresh_seed();
+  primary_context(options.device);
+  return run_built(c, build(c, options), seed);
+}
+
+SweepReport run_sweep(const std::vector<SweepCase>& cases, const SweepOptions& o) {
+  SweepReport report;
+  primary_context(o.device);
+  const unsigned workers =
+      o.build_threads ? o.build_threads : std::max(1u, std::thread::hardware_concurrency());
+  // Codegen and NVRTC dominate a sweep's time and are thread-safe: build ops ahead on worker
+  // threads while the GPU runs and the float64 references of earlier cases proceed here.
+  std::vector<std::future<Built>> pending(cases.size());
+  std::size_t next = 0;
+  auto start = [&](std::size_t i) {
+    pending[i] = std::async(std::launch::async, [&c = cases[i], &o] { return build(c, o); });
+  };
+  for (; next < cases.size() && next < workers; ++next) start(next);
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    Built b = pending[i].get();
+    if (next < cases.size()) start(next++);
+    const std::uint64_t seed = o.seed ? *o.seed + i : fresh_seed();
+    CaseResult r = run_built(cases[i], b, seed);
+    SweepSummary& s = report.summary;
+    ++s.cases;
+    if (r.status == CaseResult::Status::passed) ++s.passed;
+    if (r.status == CaseResult::Status::failed) ++s.failed;
+    if (r.status == CaseResult::Status::skipped) ++s.skipped;
+    if (r.status != CaseResult::Status::skipped) {
+      // A case that failed without figures (an exception) counts as infinitely wrong.
+      double& w = s.worst[cases[i].problem.dtype];
+      w = std::max(w, r.measured && !r.errors.non_finite ? r.errors.worst() : INFINITY);
+    }
+    if (o.on_result) o.on_result(r);
+    report.results.push_back(std::move(r));
+  }
+  return report;
+}
+
+}  // namespace fusejit

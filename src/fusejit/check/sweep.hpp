@@ -1,0 +1,171 @@
+// The regression sweep, as a product feature (`fusejit check`, the GPU tests): run the op on
+// many problems with fresh random inputs and poisoned outputs, and compare every output with the
+// float64 reference computed from the same rounded inputs.
+//
+// Sweep files hold one case per line (blank lines and text after '#' are ignored):
+//
+//     MxNxK dtype mode [param_dtype] [flag ...]
+//
+//   dtype        fp32 | tf32 | fp16 | bf16
+//   mode         train | eval
+//   param_dtype  fp32 (default) | same | the input's storage type (storage of bias, scale,
+//                gamma, beta and the running stats)
+//   flags        nobias | noscale | noaffine    the parameter is absent
+//                momentum=X | momentum=none     BatchNorm momentum (default 0.1); none: cumulative
+//                eps=X                          BatchNorm eps (default 1e-5)
+//                ldx=N | ldw=N | ldy=N          row strides in elements (default packed); the
+//                                               padding of x and W holds NaN, which must not leak
+//                align=B                        promise only B-byte alignment (16, 8, 4, 2, 1;
+//                                               default: the widest the strides allow)
+//                centred | non_centred          x ~ N(0,1) (default) or U[0,1) (KernelBench)
+//                notrack                        train without running stats
+//   e.g.  "1000x200x64 bf16 train same noscale momentum=none ldx=72 non_centred"
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fusejit/check/cpu_reference.hpp"
+#include "fusejit/check/device_buffer.hpp"
+#include "fusejit/check/host_tensor.hpp"
+#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/plan/tensors.hpp"
+#include "fusejit/problem.hpp"
+
+namespace fusejit {
+
+struct SweepCase {
+  Problem problem;  // alignment: what the case's strides allow (or less, with align=)
+  Distribution distribution = Distribution::centred;
+  bool track_running_stats = true;  // train: pass running_mean/var (eval always does)
+
+  // The case in sweep-file syntax; parse_sweep_line(text()) gives the case back.
+  std::string text() const;
+};
+
+// One line of a sweep file. Throws InvalidArgument("sweep", ...) naming the bad token, or the
+// InvalidArgument of Problem::validate for a problem that cannot run.
+SweepCase parse_sweep_line(std::string_view line);
+// Every case of a file; errors name the file and line.
+std::vector<SweepCase> read_sweep_file(const std::string& path);
+
+// The built-in sweeps for one (dtype, mode). quick: a fixed cross of M in {2, 3, 17, 64, 127,
+// 128, 129, 1000} (and 1 in eval), N in {1, 7, 8, 64, 200, 512}, K in {1, 5, 8, 64, 1000} where
+// every value occurs, plus 128x512x1024, varying bias/scale/affine presence, momentum (and
+// None), eps, param dtype, packed/odd/padded strides, tracking and both input distributions.
+// full: quick plus M in {1024, 4096}, N = 4096, K = 4096 crosses, more small crosses and the
+// KernelBench shape 1024x8192x8192. The same every call (no randomness in the case list).
+std::vector<SweepCase> builtin_sweep(bool full, DType dtype, Mode mode);
+// "quick", "full" or a sweep file; file cases are kept when their dtype and mode are listed.
+std::vector<SweepCase> sweep_cases(const std::string& which, const std::vector<DType>& dtypes,
+                                   const std::vector<Mode>& modes);
+
+// Largest relative error a case may show in y, the running stats and the saved stats:
+// fp32 2e-5, tf32 2e-3, fp16/bf16 1e-2.
+double sweep_threshold(DType dtype);
+
+// ||got - ref|| / ||ref|| (2-norms; ||got - ref|| when ref is all zero); +inf when got holds a
+// NaN or inf, or the sizes differ.
+double relative_error(const std::vector<double>& got, const std::vector<double>& ref);
+
+// A case's host inputs in their storage formats: what the GPU is given, bit for bit.
+struct CaseInputs {
+  SweepCase c;
+  std::uint64_t seed = 0;
+  HostTensor x, w;                       // [M][ldx], [N][ldw]; padding holds NaN
+  HostTensor bias, scale, gamma, beta;   // [N] in param dtype; empty when absent
+  HostTensor running_mean, running_var;  // [N]; empty in train without tracking
+  std::int64_t num_batches_tracked = 0;  // the counter's value before the run
+  bool count_batches() const;  // train with tracking or cumulative momentum: pass the counter
+};
+// Fresh random inputs (fresh_seed() unless `seed` is given). x per the case's distribution;
+// W and bias ~ U(-1/sqrt(K), 1/sqrt(K)) (nn.Linear's init), scale ~ N(0, 1), gamma ~ N(1, 0.25),
+// beta ~ N(0, 0.5), running_mean ~ N(0, 0.5), running_var ~ U[0.5, 1.5), counter in [0, 9].
+CaseInputs make_case_inputs(const SweepCase& c, std::optional<std::uint64_t> seed = {});
+// A fresh x of the same shape and stride (for multi-step tests).
+HostTensor make_x(const SweepCase& c, std::uint64_t seed);
+// The inputs as the float64 reference takes them (packed, exactly the rounded values).
+ReferenceInputs reference_inputs(const CaseInputs& in);
+
+// What one run produced, decoded to doubles.
+struct CaseOutputs {
+  std::vector<double> y;                          // [M][N], packed
+  std::vector<double> running_mean, running_var;  // empty when not passed
+  std::vector<double> save_mean, save_invstd;     // train only
+  std::int64_t num_batches_tracked = 0;           // when counted
+  bool y_padding_intact = true;                   // columns N..ldy-1 of y still hold the poison
+};
+
+// Device buffers for one case: inputs uploaded, y and the saved stats poisoned with NaN.
+class DeviceCase {
+ public:
+  explicit DeviceCase(const CaseInputs& in);
+  // Uploads every input and running stat again and re-poisons the outputs.
+  void reset(const CaseInputs& in);
+  void upload_x(const HostTensor& x);
+  Tensors tensors() const;
+  CaseOutputs download() const;
+
+ private:
+  SweepCase c_;
+  bool count_ = false;
+  DeviceBuffer x_, w_, y_, bias_, scale_, gamma_, beta_, rm_, rv_, nbt_, save_mean_, save_invstd_;
+};
+
+struct CaseErrors {
+  // Relative errors (relative_error); 0 for outputs the case does not have.
+  double y = 0, running_mean = 0, running_var = 0, save_mean = 0, save_invstd = 0;
+  bool non_finite = false;  // a NaN or inf where a number was expected
+  bool counter_ok = true;   // num_batches_tracked advanced by exactly one (train)
+  bool padding_ok = true;   // nothing written past column N of y
+  double worst() const;
+};
+CaseErrors compare(const CaseInputs& in, const CaseOutputs& got, const ReferenceOutputs& ref);
+
+enum class Implementation { plan, reference_op };
+std::string_view name(Implementation);
+
+struct CaseResult {
+  enum class Status { passed, failed, skipped };
+  SweepCase c;
+  Status status = Status::failed;
+  bool measured = false;  // the op ran and `errors` holds its figures
+  CaseErrors errors;
+  double threshold = 0;
+  std::uint64_t seed = 0;
+  std::string config;   // the plan's config key, or the reference op's description
+  std::string message;  // why it failed beyond the figures (exception text), or was skipped
+};
+// One line: status, case, config, error figures, threshold, seed and message.
+std::string format_result(const CaseResult& r);
+
+struct SweepOptions {
+  Implementation implementation = Implementation::plan;
+  std::optional<Variant> variant;  // plan: force a variant; cases it cannot run are skipped
+  int device = 0;
+  std::string cache_dir;
+  // Case i's inputs use seed + i; without a seed every case draws a fresh one.
+  std::optional<std::uint64_t> seed;
+  // Ops are built (codegen + NVRTC) this many at a time ahead of the runs; 0: one per core.
+  unsigned build_threads = 0;
+  // Called after every case, in order (progress output).
+  std::function<void(const CaseResult&)> on_result;
+};
+
+struct SweepSummary {
+  std::size_t cases = 0, passed = 0, failed = 0, skipped = 0;
+  std::map<DType, double> worst;  // worst figure of any case that ran, per dtype
+};
+struct SweepReport {
+  std::vector<CaseResult> results;
+  SweepSummary summary;
+};
+
+CaseResult run_case(const SweepCase& c, const SweepOptions& options);
+SweepReport run_sweep(const std::vector<SweepCase>& cases, const SweepOptions& options);
+
+}  // namespace fusejit

@@ -1,0 +1,468 @@
+#include "fusejit/reference/cublaslt_reference.hpp"
+
+#include <cublasLt.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "fusejit/check/device_buffer.hpp"
+#include "fusejit/codegen/codegen.hpp"
+#include "fusejit/compile/compiler.hpp"
+#include "fusejit/device/device.hpp"
+#include "fusejit/device/driver.hpp"
+#include "fusejit/error.hpp"
+#include "fusejit/plan/launch.hpp"
+#include "fusejit/plan/plan_core.hpp"
+#include "fusejit/runtime/module.hpp"
+#include "reference/ref_params.h"
+
+namespace fusejit {
+
+namespace {
+
+// What cuBLASLt's documentation recommends for Hopper; older GPUs need less, and the heuristic
+// reports how much the chosen algorithm really uses (that is what gets allocated).
+constexpr std::size_t kMaxLtWorkspace = std::size_t{32} << 20;
+
+void check_lt(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  throw CudaError(
+      fmt::format("{} failed: {} ({})", what, cublasLtGetStatusName(s), cublasLtGetStatusString(s)),
+      static_cast<int>(s));
+}
+
+#define FJ_LT(call) check_lt((call), #call)
+
+struct HandleDeleter {
+  void operator()(cublasLtContext* h) const { cublasLtDestroy(h); }
+};
+struct DescDeleter {
+  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
+};
+struct LayoutDeleter {
+  void operator()(cublasLtMatrixLayoutOpaque_t* l) const { cublasLtMatrixLayoutDestroy(l); }
+};
+struct PreferenceDeleter {
+  void operator()(cublasLtMatmulPreferenceOpaque_t* p) const { cublasLtMatmulPreferenceDestroy(p); }
+};
+using HandlePtr = std::unique_ptr<cublasLtContext, HandleDeleter>;
+using DescPtr = std::unique_ptr<cublasLtMatmulDescOpaque_t, DescDeleter>;
+using LayoutPtr = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter>;
+using PreferencePtr = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceDeleter>;
+
+HandlePtr make_handle() {
+  cublasLtHandle_t h = nullptr;
+  FJ_LT(cublasLtCreate(&h));
+  return HandlePtr(h);
+}
+
+cudaDataType_t lt_type(DType d) {
+  switch (storage_type(d)) {
+    case DType::fp16:
+      return CUDA_R_16F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+const char* lt_type_name(cudaDataType_t t) {
+  switch (t) {
+    case CUDA_R_16F:
+      return "fp16";
+    case CUDA_R_16BF:
+      return "bf16";
+    case CUDA_R_32F:
+      return "fp32";
+    default:
+      return "?";
+  }
+}
+
+cublasComputeType_t lt_compute(DType d) {
+  // fp32 is strict (no TF32 anywhere), as PyTorch's default; tf32 opts in like allow_tf32.
+  return d == DType::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+CUcontext context_for(int device) {
+  return device >= 0 ? primary_context(device) : current_or_primary_context(0);
+}
+
+void make_current(CUcontext ctx) {
+  CUcontext cur = nullptr;
+  FJ_CU(cuCtxGetCurrent(&cur));
+  if (cur != ctx) FJ_CU(cuCtxSetCurrent(ctx));
+}
+
+// One GEMM as cuBLASLt sees it. Row-major y[M][ldy] = x[M][ldx] W[N][ldw]^T is, column-major,
+// D (N x M, ld ldd) = W^T (op T of the K x N matrix W, ld ldw) * x (K x M, ld ldx): the "TN"
+// layout every cuBLASLt tensor-core kernel supports.
+struct GemmSpec {
+  std::int64_t M = 0, N = 0, K = 0, ldx = 0, ldw = 0, ldd = 0;
+  cudaDataType_t ab_type = CUDA_R_32F, d_type = CUDA_R_32F;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  unsigned ab_alignment = 16, d_alignment = 16;
+  // Bias epilogue (bias of D's type, one value per feature = per row of D). Its pointer is set
+  // per run; the heuristic derives the alignment it may assume from the pointer it is shown,
+  // so it is shown a 16-byte (not 32-byte) aligned dummy and such runs only use this GEMM
+  // with 16-byte aligned biases.
+  bool bias_epilogue = false;
+};
+
+constexpr std::uintptr_t kBiasAlignmentHint = 16;
+
+class LtGemm {
+ public:
+  // Null when cuBLASLt has no algorithm for `s`.
+  static std::unique_ptr<LtGemm> make(cublasLtHandle_t h, const GemmSpec& s) {
+    auto g = std::unique_ptr<LtGemm>(new LtGemm);
+    g->spec_ = s;
+    cublasLtMatmulDesc_t desc = nullptr;
+    FJ_LT(cublasLtMatmulDescCreate(&desc, s.compute, CUDA_R_32F));
+    g->desc_.reset(desc);
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    FJ_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    FJ_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (s.bias_epilogue) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      FJ_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+      const void* hint = reinterpret_cast<const void*>(kBiasAlignmentHint);
+      FJ_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &hint,
+                                           sizeof hint));
+    }
+    g->a_ = layout(s.ab_type, s.K, s.N, s.ldw);
+    g->b_ = layout(s.ab_type, s.K, s.M, s.ldx);
+    g->d_ = layout(s.d_type, s.N, s.M, s.ldd);
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    FJ_LT(cublasLtMatmulPreferenceCreate(&pref));
+    const PreferencePtr pref_owner(pref);
+    const std::uint64_t ws = kMaxLtWorkspace;
+    FJ_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                               sizeof ws));
+    const std::uint32_t al_ab = s.ab_alignment, al_d = s.d_alignment;
+    FJ_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                               &al_ab, sizeof al_ab));
+    FJ_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                               &al_ab, sizeof al_ab));
+    FJ_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                               &al_d, sizeof al_d));
+    FJ_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                               &al_d, sizeof al_d));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+        h, desc, g->a_.get(), g->b_.get(), g->d_.get(), g->d_.get(), pref, 1, &result, &found);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0))
+      return nullptr;
+    check_lt(st, "cublasLtMatmulAlgoGetHeuristic");
+    check_lt(result.state, "cublasLtMatmulAlgoGetHeuristic (result state)");
+    g->algo_ = result.algo;
+    g->workspace_ = result.workspaceSize;
+    return g;
+  }
+
+  static std::unique_ptr<LtGemm> require(cublasLtHandle_t h, const GemmSpec& s) {
+    auto g = make(h, s);
+    if (!g)
+      throw CudaError(fmt::format("cuBLASLt has no algorithm for {}x{}x{} {} -> {} (ldx {}, ldw "
+                                  "{}, ldd {}, alignment {}/{}){}",
+                                  s.M, s.N, s.K, lt_type_name(s.ab_type), lt_type_name(s.d_type),
+                                  s.ldx, s.ldw, s.ldd, s.ab_alignment, s.d_alignment,
+                                  s.bias_epilogue ? " with a bias epilogue" : ""),
+                      CUBLAS_STATUS_NOT_SUPPORTED);
+    return g;
+  }
+
+  std::size_t workspace() const { return workspace_; }
+  const GemmSpec& spec() const { return spec_; }
+
+  // D := W^T x (+ bias) on `stream`. `bias` must be given iff the spec has the bias epilogue.
+  void run(cublasLtHandle_t h, CUstream stream, const void* x, const void* w, void* d,
+           const void* bias, void* ws, std::size_t ws_bytes) const {
+    if (spec_.bias_epilogue)
+      FJ_LT(cublasLtMatmulDescSetAttribute(desc_.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                           sizeof bias));
+    const float alpha = 1.0f, beta = 0.0f;
+    FJ_LT(cublasLtMatmul(h, desc_.get(), &alpha, w, a_.get(), x, b_.get(), &beta, d, d_.get(), d,
+                         d_.get(), &algo_, ws, ws_bytes, stream));
+  }
+
+ private:
+  LtGemm() = default;
+
+  static LayoutPtr layout(cudaDataType_t t, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+    cublasLtMatrixLayout_t l = nullptr;
+    FJ_LT(cublasLtMatrixLayoutCreate(&l, t, static_cast<std::uint64_t>(rows),
+                                     static_cast<std::uint64_t>(cols), ld));
+    return LayoutPtr(l);
+  }
+
+  GemmSpec spec_;
+  DescPtr desc_;
+  LayoutPtr a_, b_, d_;
+  cublasLtMatmulAlgo_t algo_{};
+  std::size_t workspace_ = 0;
+};
+
+GemmSpec gemm_spec(const Problem& p) {
+  GemmSpec s;
+  s.M = p.M, s.N = p.N, s.K = p.K;
+  s.ldx = p.lda_x(), s.ldw = p.lda_w(), s.ldd = p.lda_y();
+  s.ab_type = s.d_type = lt_type(p.dtype);
+  s.compute = lt_compute(p.dtype);
+  s.ab_alignment = s.d_alignment = static_cast<unsigned>(p.alignment);
+  return s;
+}
+
+void require_aligned(const void* ptr, const char* arg, int alignment) {
+  if (!ptr) throw InvalidArgument(arg, "expected a device pointer; got null");
+  if (reinterpret_cast<std::uintptr_t>(ptr) % static_cast<std::uintptr_t>(alignment))
+    throw InvalidArgument(arg, fmt::format("expected a {}-byte aligned pointer (the problem's "
+                                           "alignment); got {}",
+                                           alignment, ptr));
+}
+
+const char* storage_type_name(DType d) {
+  switch (storage_type(d)) {
+    case DType::fp16:
+      return "fj::half_t";
+    case DType::bf16:
+      return "fj::bf16_t";
+    default:
+      return "float";
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// BareGemm
+
+struct BareGemm::Impl {
+  Problem problem;
+  CUcontext ctx = nullptr;
+  HandlePtr handle;
+  std::unique_ptr<LtGemm> gemm;
+  DeviceBuffer workspace;
+};
+
+BareGemm::BareGemm(const Problem& problem, int device) : impl_(std::make_unique<Impl>()) {
+  Problem p = problem;
+  p.mode = Mode::eval;  // a bare GEMM has no batch statistics: M = 1 is fine
+  p.validate();
+  impl_->problem = problem;
+  impl_->ctx = context_for(device);
+  impl_->handle = make_handle();
+  impl_->gemm = LtGemm::require(impl_->handle.get(), gemm_spec(p));
+  impl_->workspace = DeviceBuffer(impl_->gemm->workspace());
+}
+
+BareGemm::~BareGemm() = default;
+BareGemm::BareGemm(BareGemm&&) noexcept = default;
+BareGemm& BareGemm::operator=(BareGemm&&) noexcept = default;
+
+void BareGemm::run(CUstream stream, const void* x, const void* w, void* y) const {
+  const Impl& m = *impl_;
+  require_aligned(x, "x", m.problem.alignment);
+  require_aligned(w, "w", m.problem.alignment);
+  require_aligned(y, "y", m.problem.alignment);
+  make_current(m.ctx);
+  m.gemm->run(m.handle.get(), stream, x, w, y, nullptr, m.workspace.get(), m.workspace.size());
+}
+
+const Problem& BareGemm::problem() const {
+  return impl_->problem;
+}
+std::size_t BareGemm::workspace_size() const {
+  return impl_->workspace.size();
+}
+
+std::string BareGemm::description() const {
+  const GemmSpec& s = impl_->gemm->spec();
+  return fmt::format("cuBLASLt {} TN, compute {}, workspace {} B", lt_type_name(s.ab_type),
+                     s.compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? "32F_FAST_TF32" : "32F",
+                     impl_->workspace.size());
+}
+
+// ---------------------------------------------------------------------------------------------
+// ReferenceOp
+
+KernelSource reference_kernel_source(DType dtype, DType param_dtype) {
+  KernelSource src;
+  src.name = fmt::format("fj.reference.{}.p{}", name(storage_type(dtype)),
+                         name(storage_type(param_dtype)));
+  std::string& t = src.text;
+  t += fmt::format("// fusejit reference kernels: {}\n", src.name);
+  t += "#include \"common/types.cuh\"\n";
+  t += fmt::format("struct Spec {{\n  using T = {};\n  using P = {};\n}};\n",
+                   storage_type_name(dtype), storage_type_name(param_dtype));
+  t += "#include \"reference/plain_bn.cuh\"\n";
+  t += "extern \"C\" __global__ void __launch_bounds__(fj::kRefStatsThreads)\n"
+       "fj_ref_stats(const fj::RefParams p) { fj::ref_stats<Spec>(p); }\n";
+  t += "extern \"C\" __global__ void __launch_bounds__(fj::kRefCoefThreads)\n"
+       "fj_ref_eval_coef(const fj::RefParams p) { fj::ref_eval_coef<Spec>(p); }\n";
+  t += "extern \"C\" __global__ void __launch_bounds__(fj::kRefApplyThreads)\n"
+       "fj_ref_apply(const fj::RefParams p) { fj::ref_apply<Spec>(p); }\n";
+  src.kernels = {"fj_ref_stats", "fj_ref_eval_coef", "fj_ref_apply"};
+  src.options = {"--std=c++17", "-DNDEBUG"};
+  // Only the headers these kernels include, so edits to the fused kernels' templates do not
+  // change this source's cache key.
+  for (const auto& h : template_headers())
+    if (h.first == "common/types.cuh" || h.first.starts_with("reference/"))
+      src.headers.push_back(h);
+  return src;
+}
+
+struct ReferenceOp::Impl {
+  Problem problem;
+  CUcontext ctx = nullptr;
+  Device device;
+  // Tensor checks are Plan's own (validate_tensors), which reads only the core's problem.
+  PlanCore checker;
+  HandlePtr handle;
+  std::unique_ptr<LtGemm> gemm_plain;  // bias (if any) added by the plain kernels
+  std::unique_ptr<LtGemm> gemm_bias;   // bias epilogue; null when not applicable or unsupported
+  DeviceBuffer workspace;
+  DeviceBuffer g;     // fp32 GEMM output when y is 16-bit; y itself holds it when y is fp32
+  DeviceBuffer cols;  // col_mean, col_mul, col_add: [3][N] fp32
+  std::shared_ptr<const Module> module;
+  CUfunction stats = nullptr, eval_coef = nullptr, apply = nullptr;
+  unsigned apply_grid = 1;
+};
+
+ReferenceOp::ReferenceOp(const Problem& problem, const ReferenceOpOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  problem.validate();
+  Impl& m = *impl_;
+  m.problem = problem;
+  m.checker.problem = problem;
+  m.ctx = context_for(options.device);
+  m.device = Device::current();
+  m.handle = make_handle();
+
+  // The GEMM writes fp32 so the statistics see the unrounded products (as the fused kernels'
+  // epilogues do); for fp32 problems that is y itself.
+  const bool into_y = storage_type(problem.dtype) == DType::fp32;
+  GemmSpec s = gemm_spec(problem);
+  s.d_type = CUDA_R_32F;
+  if (!into_y) {
+    s.ldd = problem.N;
+    s.d_alignment = 256;  // our own cuMemAlloc'ed buffer
+  }
+  m.gemm_plain = LtGemm::require(m.handle.get(), s);
+  // cuBLASLt's bias is of D's type (fp32), so the epilogue can take it only when the
+  // parameters are fp32; 16-bit parameters are added by the plain kernels instead.
+  if (problem.has_bias && problem.param_dtype == DType::fp32) {
+    GemmSpec sb = s;
+    sb.bias_epilogue = true;
+    m.gemm_bias = LtGemm::make(m.handle.get(), sb);
+  }
+  m.workspace =
+      DeviceBuffer(std::max(m.gemm_plain->workspace(), m.gemm_bias ? m.gemm_bias->workspace() : 0));
+  if (!into_y)
+    m.g = DeviceBuffer(static_cast<std::size_t>(problem.M) * static_cast<std::size_t>(problem.N) *
+                       sizeof(float));
+  m.cols = DeviceBuffer(3 * static_cast<std::size_t>(problem.N) * sizeof(float));
+
+  const KernelSource src = reference_kernel_source(problem.dtype, problem.param_dtype);
+  const std::string arch = m.device.arch();
+  const std::string key = cache_key(src, arch, nvrtc_version());
+  m.module = Module::find(key);
+  if (!m.module)
+    m.module = Module::get(key, compile_cached(src, arch, options.cache_dir), src.kernels);
+  m.stats = m.module->function("fj_ref_stats");
+  m.eval_coef = m.module->function("fj_ref_eval_coef");
+  m.apply = m.module->function("fj_ref_apply");
+  const std::size_t total =
+      static_cast<std::size_t>(problem.M) * static_cast<std::size_t>(problem.N);
+  const std::size_t blocks = (total + fj::kRefApplyThreads - 1) / fj::kRefApplyThreads;
+  m.apply_grid = static_cast<unsigned>(std::clamp<std::size_t>(
+      blocks, 1, static_cast<std::size_t>(std::max(1, m.device.sm_count)) * 8));
+}
+
+ReferenceOp::~ReferenceOp() = default;
+ReferenceOp::ReferenceOp(ReferenceOp&&) noexcept = default;
+ReferenceOp& ReferenceOp::operator=(ReferenceOp&&) noexcept = default;
+
+const Problem& ReferenceOp::problem() const {
+  return impl_->problem;
+}
+
+void ReferenceOp::validate(const Tensors& t) const {
+  validate_tensors(impl_->checker, t);
+}
+
+void ReferenceOp::run(CUstream stream, const Tensors& t) const {
+  const Impl& m = *impl_;
+  const Problem& p = m.problem;
+  validate(t);
+  make_current(m.ctx);
+  const bool train = p.mode == Mode::train;
+  const bool bias_in_gemm =
+      m.gemm_bias && reinterpret_cast<std::uintptr_t>(t.bias) % kBiasAlignmentHint == 0;
+  const LtGemm& gemm = bias_in_gemm ? *m.gemm_bias : *m.gemm_plain;
+  void* g = m.g.empty() ? t.y : m.g.get();
+  gemm.run(m.handle.get(), stream, t.x, t.w, g, bias_in_gemm ? t.bias : nullptr, m.workspace.get(),
+           m.workspace.size());
+
+  fj::RefParams prm{};
+  prm.g = static_cast<const float*>(g);
+  prm.ldg = m.g.empty() ? p.lda_y() : p.N;
+  prm.y = t.y;
+  prm.ldy = p.lda_y();
+  prm.bias = bias_in_gemm ? nullptr : t.bias;
+  prm.scale = t.scale;
+  prm.gamma = t.gamma;
+  prm.beta = t.beta;
+  prm.running_mean = t.running_mean;
+  prm.running_var = t.running_var;
+  prm.num_batches_tracked = reinterpret_cast<long long*>(t.num_batches_tracked);
+  prm.save_mean = t.save_mean;
+  prm.save_invstd = t.save_invstd;
+  float* cols = m.cols.as<float>();
+  prm.col_mean = cols;
+  prm.col_mul = cols + p.N;
+  prm.col_add = cols + 2 * p.N;
+  prm.M = p.M;
+  prm.N = static_cast<int>(p.N);
+  prm.train = train ? 1 : 0;
+  prm.cumulative = train && !p.momentum ? 1 : 0;
+  prm.eps = p.eps;
+  prm.momentum = p.momentum.value_or(0.0);
+  void* args[] = {&prm};
+  const Driver& d = driver();
+  const auto col_blocks = [&](int per_block) {
+    return static_cast<unsigned>((p.N + per_block - 1) / per_block);
+  };
+  if (train)
+    check(d.cuLaunchKernel(m.stats, col_blocks(fj::kRefStatsCols), 1, 1, fj::kRefStatsThreads, 1, 1,
+                           0, stream, args, nullptr),
+          "cuLaunchKernel(fj_ref_stats)");
+  else
+    check(d.cuLaunchKernel(m.eval_coef, col_blocks(fj::kRefCoefThreads), 1, 1, fj::kRefCoefThreads,
+                           1, 1, 0, stream, args, nullptr),
+          "cuLaunchKernel(fj_ref_eval_coef)");
+  check(d.cuLaunchKernel(m.apply, m.apply_grid, 1, 1, fj::kRefApplyThreads, 1, 1, 0, stream, args,
+                         nullptr),
+        "cuLaunchKernel(fj_ref_apply)");
+}
+
+std::vector<std::string> ReferenceOp::kernel_names() const {
+  if (impl_->problem.mode == Mode::train) return {"cublasLtMatmul", "fj_ref_stats", "fj_ref_apply"};
+  return {"cublasLtMatmul", "fj_ref_eval_coef", "fj_ref_apply"};
+}
+
+std::string ReferenceOp::description() const {
+  const Impl& m = *impl_;
+  const char* bias = !m.problem.has_bias ? "no bias"
+                     : m.gemm_bias       ? "bias epilogue"
+                                         : "bias in plain kernel";
+  return fmt::format("cuBLASLt {} TN -> fp32 ({}) + plain {} BatchNorm",
+                     lt_type_name(lt_type(m.problem.dtype)), bias, name(m.problem.mode));
+}
+
+}  // namespace fusejit

@@ -1,0 +1,122 @@
+// The reference op's scale + BatchNorm, after a cuBLASLt GEMM left G = x W^T (+ bias) in fp32.
+// Deliberately plain: each kernel states the formula of reference_model.py directly, with
+// float64 statistics, so it can stand as an independent check of the fused kernels.
+//   z = (G + bias) * scale                        (bias here only if the GEMM did not add it)
+//   train: mean = sum z / M; var = sum (z - mean)^2 / M   (two passes: no cancellation)
+//   eval : mean = running_mean; var = running_var
+//   y = (z - mean) / sqrt(var + eps) * gamma + beta
+// Spec provides T (the storage type of y) and P (the parameters' storage type).
+#pragma once
+#include "common/types.cuh"
+#include "reference/ref_params.h"
+
+namespace fj {
+
+template <class Spec>
+__device__ __forceinline__ float ref_z(const RefParams& p, long long m, int n) {
+  using P = typename Spec::P;
+  float v = p.g[m * p.ldg + n];
+  if (p.bias) v += to_float(static_cast<const P*>(p.bias)[n]);
+  if (p.scale) v *= to_float(static_cast<const P*>(p.scale)[n]);
+  return v;
+}
+
+template <class Spec>
+__device__ __forceinline__ void ref_write_coef(const RefParams& p, int n, double mean,
+                                               double invstd) {
+  using P = typename Spec::P;
+  const double gamma = p.gamma ? to_float(static_cast<const P*>(p.gamma)[n]) : 1.0;
+  const double beta = p.beta ? to_float(static_cast<const P*>(p.beta)[n]) : 0.0;
+  p.col_mean[n] = static_cast<float>(mean);
+  p.col_mul[n] = static_cast<float>(invstd * gamma);
+  p.col_add[n] = static_cast<float>(beta);
+}
+
+// Train: batch mean and biased variance of every column of z, the running-stat update (with
+// the unbiased variance), the saved stats and the column coefficients. One block per 32
+// columns; grid = ceil(N / 32).
+template <class Spec>
+__device__ void ref_stats(const RefParams& p) {
+  using P = typename Spec::P;
+  __shared__ double part[kRefStatsRowGroups][kRefStatsCols];
+  __shared__ double col_mean[kRefStatsCols];
+  const int c = threadIdx.x % kRefStatsCols;
+  const int g = threadIdx.x / kRefStatsCols;
+  const int n = blockIdx.x * kRefStatsCols + c;
+  const bool live = n < p.N;
+  const double rows = static_cast<double>(p.M);
+
+  double sum = 0.0;
+  if (live)
+    for (long long m = g; m < p.M; m += kRefStatsRowGroups) sum += ref_z<Spec>(p, m, n);
+  part[g][c] = sum;
+  __syncthreads();
+  if (g == 0) {
+    double t = 0.0;
+    for (int k = 0; k < kRefStatsRowGroups; ++k) t += part[k][c];
+    col_mean[c] = t / rows;
+  }
+  __syncthreads();
+  const double mean = col_mean[c];
+
+  double sq = 0.0;
+  if (live) {
+    for (long long m = g; m < p.M; m += kRefStatsRowGroups) {
+      const double d = static_cast<double>(ref_z<Spec>(p, m, n)) - mean;
+      sq += d * d;
+    }
+  }
+  // Group 0 finished reading `part` before the barrier above, so it can be reused.
+  part[g][c] = sq;
+  __syncthreads();
+  if (g != 0 || !live) return;
+  double m2 = 0.0;
+  for (int k = 0; k < kRefStatsRowGroups; ++k) m2 += part[k][c];
+  const double var = m2 / rows;  // biased: what the batch is normalized with
+  if (p.running_mean) {
+    // Every block reads num_batches_tracked; ref_apply (a later launch) increments it.
+    const double factor =
+        p.cumulative ? 1.0 / static_cast<double>(*p.num_batches_tracked + 1) : p.momentum;
+    P* rm = static_cast<P*>(p.running_mean);
+    P* rv = static_cast<P*>(p.running_var);
+    const double unbiased = var * rows / (rows - 1.0);
+    rm[n] = from_float<P>(static_cast<float>((1.0 - factor) * to_float(rm[n]) + factor * mean));
+    rv[n] = from_float<P>(static_cast<float>((1.0 - factor) * to_float(rv[n]) + factor * unbiased));
+  }
+  const double invstd = 1.0 / sqrt(var + p.eps);
+  if (p.save_mean) p.save_mean[n] = static_cast<float>(mean);
+  if (p.save_invstd) p.save_invstd[n] = static_cast<float>(invstd);
+  ref_write_coef<Spec>(p, n, mean, invstd);
+}
+
+// Eval: the column coefficients from the running stats. One thread per column.
+template <class Spec>
+__device__ void ref_eval_coef(const RefParams& p) {
+  using P = typename Spec::P;
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= p.N) return;
+  const double rm = to_float(static_cast<const P*>(p.running_mean)[n]);
+  const double rv = to_float(static_cast<const P*>(p.running_var)[n]);
+  ref_write_coef<Spec>(p, n, rm, 1.0 / sqrt(rv + p.eps));
+}
+
+// y = (z - mean) * (invstd * gamma) + beta for every element; grid-stride over M x N. In train
+// mode one thread also counts the batch: this launch runs after ref_stats, the last reader.
+template <class Spec>
+__device__ void ref_apply(const RefParams& p) {
+  using T = typename Spec::T;
+  if (p.train && p.num_batches_tracked && blockIdx.x == 0 && threadIdx.x == 0)
+    *p.num_batches_tracked += 1;
+  T* y = static_cast<T*>(p.y);
+  const long long total = p.M * p.N;
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
+    const long long m = i / p.N;
+    const int n = static_cast<int>(i - m * p.N);
+    const float z = ref_z<Spec>(p, m, n);
+    y[m * p.ldy + n] = from_float<T>((z - p.col_mean[n]) * p.col_mul[n] + p.col_add[n]);
+  }
+}
+
+}  // namespace fj
