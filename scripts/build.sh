@@ -8,4 +8,4 @@ prefix=$("$here/scripts/deps.sh")
 args=(-S "$here" -B "$build" -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} -DFUSEJIT_WERROR=ON)
 [ -n "$prefix" ] && args+=(-DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_INCLUDE_PATH="$prefix/include")
 cmake "${args[@]}" "$@" >/dev/null
-cmake --build "$build" -j "$(nproc)"
+cmake --build "$build" -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS}

@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
   fusejit::cli::add_info(app, action);
   fusejit::cli::add_compile(app, action);
   fusejit::cli::add_cache(app, action);
+  fusejit::cli::add_check(app, action);
+  fusejit::cli::add_bench(app, action);
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     std::string verbs;

@@ -12,5 +12,7 @@ using Action = std::function<int()>;
 void add_info(CLI::App& app, Action& action);
 void add_compile(CLI::App& app, Action& action);
 void add_cache(CLI::App& app, Action& action);
+void add_check(CLI::App& app, Action& action);
+void add_bench(CLI::App& app, Action& action);
 
 }  // namespace fusejit::cli

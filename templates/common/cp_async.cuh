@@ -25,15 +25,17 @@ __device__ __forceinline__ void cp_async(unsigned dst, const void* src, int src_
                  "r"(src_bytes)
                  : "memory");
   } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src),
-                 "n"(BYTES), "r"(src_bytes)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(BYTES),
+                 "r"(src_bytes)
                  : "memory");
   }
 }
 
 // Closes the current group of cp.async operations (an empty group is legal and keeps the
 // group count in step with the pipeline stage count).
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 
 // Waits until at most N of this thread's committed groups are still in flight. Only orders this
 // thread's copies: a __syncthreads() must follow before other threads read the data.

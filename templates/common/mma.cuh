@@ -30,7 +30,7 @@ __device__ __forceinline__ void ldmatrix_x2(unsigned& r0, unsigned& r1, unsigned
 // Feeding raw fp32 bits instead (Spec::TF32_ROUND = false) truncates: biased toward zero.
 __device__ __forceinline__ unsigned to_tf32(unsigned f32_bits) {
   return fabsf(__uint_as_float(f32_bits)) < __uint_as_float(0x7f800000u) ? f32_bits + 0x1000u
-                                                                          : f32_bits;
+                                                                         : f32_bits;
 }
 
 // D = A * B + D for one 16x8 fp32 accumulator tile (row-major A 16xK, "col" B = [n][k] in

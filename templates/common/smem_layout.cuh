@@ -26,10 +26,14 @@ struct SwizzledTile {
   // chunk's low 3 bits. Shorter rows share a line (8 / CPR rows per line): the key is the line
   // index, taken modulo just enough to separate the lines that 8 consecutive rows touch.
   __device__ __forceinline__ static int key(int row) {
-    if constexpr (CPR >= 8) return row & 7;
-    else if constexpr (CPR == 4) return (row >> 1) & 7;
-    else if constexpr (CPR == 2) return (row >> 2) & 1;
-    else return 0;
+    if constexpr (CPR >= 8)
+      return row & 7;
+    else if constexpr (CPR == 4)
+      return (row >> 1) & 7;
+    else if constexpr (CPR == 2)
+      return (row >> 2) & 1;
+    else
+      return 0;
   }
   // Byte offset of logical (row, chunk) inside the tile.
   __device__ __forceinline__ static int offset(int row, int chunk) {

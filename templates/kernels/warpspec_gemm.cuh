@@ -16,9 +16,12 @@
 //
 // Options: PERSISTENT (CTAs loop over tiles; the producer runs ahead into the next tile while
 // the consumers run the epilogue), CLUSTER_M = 2 (two CTAs on vertically adjacent row tiles
-// share each W slice: each loads half and multicasts it to both), and the epilogue flavour
-// (optional Spec::FRAGMENT_EPILOGUE, default true: FragmentBnEpilogue from registers; false:
-// the shared BnEpilogue over an fp32 AccTile in shared memory).
+// share each W slice: each loads half and multicasts it to both), and two optional Spec
+// fields: FRAGMENT_EPILOGUE (default true: FragmentBnEpilogue from registers; false: the
+// shared BnEpilogue over an fp32 AccTile in shared memory) and PINGPONG (default false;
+// persistent, two consumers, fragment epilogue): instead of splitting each tile's rows, the
+// two consumer warpgroups take alternate tiles of BM x BN whole, so one group's epilogue runs
+// while the other keeps the tensor cores busy with the next tile.
 //
 // Host launch contract (WarpspecGemm<Spec>::grid_size):
 //   row_tiles = ceil(M / BM), col_tiles = ceil(N / BN),
@@ -50,6 +53,15 @@ template <class S>
 struct WarpspecFragmentEpilogue<S, decltype(void(S::FRAGMENT_EPILOGUE))> {
   static constexpr bool value = S::FRAGMENT_EPILOGUE;
 };
+// Spec::PINGPONG when the Spec declares it, else false.
+template <class S, class = void>
+struct WarpspecPingpong {
+  static constexpr bool value = false;
+};
+template <class S>
+struct WarpspecPingpong<S, decltype(void(S::PINGPONG))> {
+  static constexpr bool value = S::PINGPONG;
+};
 
 template <class Spec>
 struct WarpspecGemm {
@@ -76,10 +88,16 @@ struct WarpspecGemm {
   static_assert(BK % kAtomK == 0, "warpspec: BK * sizeof(T) must be a multiple of 128 bytes");
   static constexpr int kMmaK = 32 / kElem;  // k16 for 16-bit inputs, k8 for tf32
   static constexpr int kKSteps = kAtomK / kMmaK;
-  static constexpr int kWgM = BM / CONSUMERS;
+  static constexpr bool kFragment = WarpspecFragmentEpilogue<Spec>::value;
+  static constexpr bool kPingpong = WarpspecPingpong<Spec>::value;
+  static_assert(!kPingpong || (CONSUMERS == 2 && Spec::PERSISTENT && kFragment),
+                "warpspec: PINGPONG needs two consumers, PERSISTENT and the fragment epilogue");
+  // Warpgroups that share one tile (and the epilogue team size in warpgroups).
+  static constexpr int kTeam = kPingpong ? 1 : CONSUMERS;
+  static constexpr int kWgM = BM / kTeam;
   static constexpr int kMAtoms = kWgM / 64;
   static_assert(kWgM % 64 == 0 && (kMAtoms == 1 || kMAtoms == 2),
-                "warpspec: each consumer owns 64 or 128 rows (BM = 64..256 x CONSUMERS)");
+                "warpspec: each consumer owns 64 or 128 rows of a tile");
   static_assert(BN == 64 || BN == 128 || BN == 192 || BN == 256, "warpspec: BN in {64,128,192,256}");
   static_assert(BM <= 256, "warpspec: a TMA box has at most 256 rows");
   static_assert(BN % (8 * CLUSTER) == 0, "warpspec: the multicast W half must be whole 8-row groups");
@@ -102,12 +120,14 @@ struct WarpspecGemm {
   static constexpr int kGroupM = Spec::GROUP_M / CLUSTER > 0 ? Spec::GROUP_M / CLUSTER : 1;
   using Raster = GroupedRaster<kClusterRows, kColTiles, kGroupM>;
 
-  static constexpr bool kFragment = WarpspecFragmentEpilogue<Spec>::value;
-  using FragEpi = FragmentBnEpilogue<Spec, CONSUMERS, kMAtoms>;
+  // Team g's fragment epilogue (pingpong: one per consumer warpgroup, on their own barriers).
+  template <int G>
+  using FragEpiOf = FragmentBnEpilogue<Spec, kTeam, kMAtoms, 1 + G * (kTeam + 1)>;
+  using FragEpi = FragEpiOf<0>;
   using TileEpi = BnEpilogue<Spec, NT>;
   using Tile = AccTile<BM, BN>;
-  static constexpr int kEpiBytes =
-      kFragment ? FragEpi::kScratchBytes : Tile::kBytes + TileEpi::kScratchBytes;
+  static constexpr int kEpiBytes = kFragment ? FragEpi::kScratchBytes * (CONSUMERS / kTeam)
+                                             : Tile::kBytes + TileEpi::kScratchBytes;
   // Eval with the fragment epilogue: warp 1 of the producer warpgroup (otherwise idle) computes
   // each tile's per-column affine while the consumers are still in the mainloop, into one of
   // two buffers, so the parameter loads' latency stays off the epilogue's critical path.
@@ -157,11 +177,11 @@ struct WarpspecGemm {
       for (int s = 0; s < STAGES; ++s) {
         mbar_init(full0 + 8 * s, 1);
         // Every consumer warp of every CTA whose W half lands in this stage releases it.
-        mbar_init(empty0 + 8 * s, 4 * CONSUMERS * CLUSTER);
+        mbar_init(empty0 + 8 * s, 4 * kTeam * CLUSTER);
       }
       for (int b = 0; b < 2; ++b) {
-        mbar_init(coef_full0 + 8 * b, 32);              // every lane of the coefficient warp
-        mbar_init(coef_empty0 + 8 * b, 4 * CONSUMERS);  // every consumer warp
+        mbar_init(coef_full0 + 8 * b, 32);         // every lane of the coefficient warp
+        mbar_init(coef_empty0 + 8 * b, 4 * kTeam);  // every warp of the team that used it
       }
       mbar_fence_init();
     }
@@ -247,20 +267,38 @@ struct WarpspecGemm {
     }
   }
 
-  // The coefficient warp: eval affine of every tile this CTA stores, double-buffered. Tiles
-  // are counted exactly as consume() counts the ones it runs the epilogue for.
+  // Which coefficient buffer the epilogue of a CTA's tile uses, and how many times that
+  // buffer was used before (its phase parity). Cooperative: buffers alternate over the tiles
+  // whose epilogue runs. Pingpong: buffer g belongs to consumer g, which takes alternate tiles.
+  struct CoefSlot {
+    int buf, use;
+  };
+  __device__ __forceinline__ static CoefSlot coef_slot(int local, int runs, int runs_g) {
+    if constexpr (kPingpong)
+      return {local & 1, runs_g};
+    else
+      return {runs & 1, runs >> 1};
+  }
+
+  // The coefficient warp: eval affine of every tile this CTA stores, double-buffered. It walks
+  // the tiles exactly as consume() does and skips the same ones.
   __device__ static void coefficients(const Params& p, float* coef, unsigned coef_full0,
                                       unsigned coef_empty0, unsigned rank, int lane) {
-    int epi = 0;
-    for (int ct = first_tile(); ct < kClusterTiles; ct += tile_stride()) {
+    int runs = 0, runs0 = 0, runs1 = 0;
+    int local = 0;
+    for (int ct = first_tile(); ct < kClusterTiles; ct += tile_stride(), ++local) {
       const TileCoord t = coord(ct, rank);
       if (CLUSTER > 1 && t.m0 >= Spec::M) continue;
-      const int buf = epi & 1;
-      mbar_wait(coef_empty0 + 8 * buf, ((epi >> 1) & 1) ^ 1u);
-      float* a = coef + buf * 2 * BN;
+      const CoefSlot slot = coef_slot(local, runs, (local & 1) ? runs1 : runs0);
+      mbar_wait(coef_empty0 + 8 * slot.buf, (slot.use & 1) ^ 1u);
+      float* a = coef + slot.buf * 2 * BN;
       FragEpi::eval_coefficients(p, t.n0, a, a + BN, lane, 32);
-      mbar_arrive(coef_full0 + 8 * buf);  // release: our shared stores before the handoff
-      ++epi;
+      mbar_arrive(coef_full0 + 8 * slot.buf);  // release: our shared stores before the handoff
+      ++runs;
+      if (local & 1)
+        ++runs1;
+      else
+        ++runs0;
     }
   }
 
@@ -269,20 +307,27 @@ struct WarpspecGemm {
   __device__ static void consume(const Params& p, unsigned char* smem, unsigned base,
                                  unsigned full0, unsigned empty0, unsigned coef_full0,
                                  unsigned coef_empty0, unsigned rank, int ctid) {
-    const int consumer = ctid / 128;
+    const int group = ctid / 128;  // consumer warpgroup
     const int lane = ctid % 32;
-    int stage = 0;
-    unsigned phase = 0;
-    int epi = 0;  // tiles whose epilogue this CTA ran (the coefficient buffers' sequence)
+    // Rows of the stage's x tile this group multiplies, and its rank in its epilogue team.
+    const int a_row0 = kPingpong ? 0 : group * kWgM;
+    const int etid = kPingpong ? ctid % 128 : ctid;
+    unsigned slice = 0;  // k-slices of this CTA's ring so far (all tiles, whoever used them)
+    int runs = 0;        // epilogues this group ran
+    int local = 0;       // this CTA's tiles so far
     Acc acc;
-    for (int ct = first_tile(); ct < kClusterTiles; ct += tile_stride()) {
+    for (int ct = first_tile(); ct < kClusterTiles; ct += tile_stride(), ++local) {
+      if (kPingpong && (local & 1) != group) {
+        slice += kKTiles;  // the other group's tile
+        continue;
+      }
       const TileCoord t = coord(ct, rank);
 #pragma unroll
       for (int ma = 0; ma < kMAtoms; ++ma) wgmma_fence_operands(acc[ma]);
-      int prev = 0;
-      for (int kt = 0; kt < kKTiles; ++kt) {
-        mbar_wait(full0 + 8 * stage, phase);
-        const unsigned a_base = base + stage * kStageBytes + consumer * kWgM * 128;
+      for (int kt = 0; kt < kKTiles; ++kt, ++slice) {
+        const unsigned stage = slice % STAGES;
+        mbar_wait(full0 + 8 * stage, (slice / STAGES) & 1u);
+        const unsigned a_base = base + stage * kStageBytes + a_row0 * 128;
         const unsigned long long da = wgmma_desc_sw128(a_base);
         const unsigned long long db = wgmma_desc_sw128(base + stage * kStageBytes + kAStage);
         wgmma_fence();
@@ -302,34 +347,35 @@ struct WarpspecGemm {
         if (kt > 0) {
           // The slice before this one is done: hand its stage back to the producer(s).
           wgmma_wait<1>();
-          release(empty0 + 8 * prev, lane);
-        }
-        prev = stage;
-        if (++stage == STAGES) {
-          stage = 0;
-          phase ^= 1u;
+          release(empty0 + 8 * ((slice - 1) % STAGES), lane);
         }
       }
       wgmma_wait<0>();
-      release(empty0 + 8 * prev, lane);
+      release(empty0 + 8 * ((slice - 1) % STAGES), lane);
 #pragma unroll
       for (int ma = 0; ma < kMAtoms; ++ma) wgmma_fence_operands(acc[ma]);
 
       // A CTA of the last cluster row may sit past M when row_tiles is odd: it only fed W.
       if (CLUSTER > 1 && t.m0 >= Spec::M) continue;
       if constexpr (kFragment) {
+        const CoefSlot slot = coef_slot(local, runs, runs);
         const float* coef = nullptr;
         if constexpr (kCoefWarp) {
-          mbar_wait(coef_full0 + 8 * (epi & 1), (epi >> 1) & 1);
-          coef = reinterpret_cast<const float*>(smem + kCoefOffset) + (epi & 1) * 2 * BN;
+          mbar_wait(coef_full0 + 8 * slot.buf, slot.use & 1);
+          coef = reinterpret_cast<const float*>(smem + kCoefOffset) + slot.buf * 2 * BN;
         }
-        FragEpi::run(p, acc, reinterpret_cast<char*>(smem + kEpiOffset), t.m0, t.n0, t.row, ctid,
-                     coef);
+        char* scratch = reinterpret_cast<char*>(smem + kEpiOffset);
+        if (kPingpong && group == 1) {
+          FragEpiOf<kPingpong ? 1 : 0>::run(p, acc, scratch + FragEpi::kScratchBytes, t.m0, t.n0,
+                                            t.row, etid, coef);
+        } else {
+          FragEpi::run(p, acc, scratch, t.m0, t.n0, t.row, etid, coef);
+        }
         if constexpr (kCoefWarp) {
           __syncwarp();  // every lane of this warp is done reading the buffer
-          if (lane == 0) mbar_arrive(coef_empty0 + 8 * (epi & 1));
-          ++epi;
+          if (lane == 0) mbar_arrive(coef_empty0 + 8 * slot.buf);
         }
+        ++runs;
       } else {
         tile_epilogue(p, acc, smem, t, ctid);
       }

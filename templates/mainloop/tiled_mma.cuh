@@ -43,7 +43,9 @@ struct Tf32Round<S, decltype(void(S::TF32_ROUND))> {
   static constexpr bool value = S::TF32_ROUND;
 };
 
-__device__ __forceinline__ int clamp_bytes(int v, int hi) { return v < 0 ? 0 : (v > hi ? hi : v); }
+__device__ __forceinline__ int clamp_bytes(int v, int hi) {
+  return v < 0 ? 0 : (v > hi ? hi : v);
+}
 
 // Copies ROWS x BK slices of a K-contiguous matrix [NROWS][LD] (first row `row0`) into one
 // swizzled stage. Thread t owns chunk column t % CPR of rows t / CPR + i * kRowStep, so a warp
@@ -149,10 +151,10 @@ struct TiledMmaMainloop {
   static_assert(MT * NT * 4 <= 128,
                 "warp tile too large: over 128 fp32 accumulators per thread would spill");
 
-  using LoaderA = detail::OperandLoader<T, BM, BK, Spec::M, Spec::K, Spec::LDX, Spec::VEC_BYTES,
-                                        THREADS>;
-  using LoaderB = detail::OperandLoader<T, BN, BK, Spec::N, Spec::K, Spec::LDW, Spec::VEC_BYTES,
-                                        THREADS>;
+  using LoaderA =
+      detail::OperandLoader<T, BM, BK, Spec::M, Spec::K, Spec::LDX, Spec::VEC_BYTES, THREADS>;
+  using LoaderB =
+      detail::OperandLoader<T, BN, BK, Spec::N, Spec::K, Spec::LDW, Spec::VEC_BYTES, THREADS>;
   using LayoutA = typename LoaderA::Layout;
   using LayoutB = typename LoaderB::Layout;
   static constexpr int CPR = LoaderA::CPR;

@@ -52,7 +52,7 @@ TEST_CASE("every candidate is valid for its device, and pruning says why") {
   unaligned.alignment = 2;
   CHECK(ws.why_invalid(unaligned, Device::for_arch("sm_90a")).find("16-byte") != std::string::npos);
   // A config whose shared memory exceeds the device's limit is pruned.
-  KernelConfig huge = KernelConfig::parse("tiled.256x256x64.w4x2.s8.g8");
+  KernelConfig huge = KernelConfig::parse("tiled.128x256x64.w2x4.s3.g8");
   CHECK(huge.why_invalid(problem(DType::bf16, Mode::eval), Device::for_arch("sm_86"))
             .find("shared memory") != std::string::npos);
   CHECK_THROWS_AS(default_config(problem(DType::bf16, Mode::eval), Device::for_arch("sm_80"),
@@ -69,4 +69,19 @@ TEST_CASE("architectures parse and older than sm_80 are refused") {
   CHECK(Device::for_arch("sm_89").arch() == "sm_89");
   CHECK_THROWS_AS(parse_arch("sm_75"), InvalidArgument);
   CHECK_THROWS_AS(parse_arch("hopper"), InvalidArgument);
+}
+
+TEST_CASE("pruning mirrors the mainloops' static limits") {
+  const Device dev = Device::for_arch("sm_90a");
+  Problem p = problem(DType::bf16, Mode::eval);
+  // 64x128 warp tile: 256 accumulators per thread.
+  CHECK(KernelConfig::parse("tiled.128x256x64.w2x2.s3.g8").why_invalid(p, dev).find("128 accumulators") !=
+        std::string::npos);
+  // 24 bf16 = 48 bytes per k-row: not a power of two.
+  CHECK(KernelConfig::parse("tiled.128x128x24.w2x2.s3.g8").why_invalid(p, dev).find("power of two") !=
+        std::string::npos);
+  p.dtype = DType::fp32;
+  CHECK(KernelConfig::parse("tiled.128x128x16.w4x4.s3.g8").why_invalid(p, dev).find("2048") !=
+        std::string::npos);
+  CHECK(KernelConfig::parse("tiled.128x128x16.w4x2.s3.g8").valid_for(p, dev));
 }

@@ -62,15 +62,14 @@ TEST_CASE("nvcc compiles the mainloop harness for sm_80 and sm_90a") {
     MESSAGE("nvcc not found on PATH or in /usr/local/cuda/bin: nothing to check");
     return;
   }
-  const fs::path obj = fs::temp_directory_path() /
-                       ("fusejit-mainloop-harness-" + std::to_string(::getpid()) + ".o");
+  const fs::path obj =
+      fs::temp_directory_path() / ("fusejit-mainloop-harness-" + std::to_string(::getpid()) + ".o");
   // Both targets in one nvcc call, assembled in parallel (--threads): ptxas dominates the time.
   // Device-side ptxas at -O1: still a full assembly of every instruction, in about half the time.
-  const std::string cmd = "'" + nvcc + "' -std=c++17 -c --threads 2 -Xptxas -O1 -Werror all-warnings" +
-                          " -gencode arch=compute_80,code=sm_80" +
-                          " -gencode arch=compute_90a,code=sm_90a -I'" +
-                          (src / "templates").string() + "' '" + harness.string() + "' -o '" +
-                          obj.string() + "'";
+  const std::string cmd =
+      "'" + nvcc + "' -std=c++17 -c --threads 2 -Xptxas -O1 -Werror all-warnings" +
+      " -gencode arch=compute_80,code=sm_80" + " -gencode arch=compute_90a,code=sm_90a -I'" +
+      (src / "templates").string() + "' '" + harness.string() + "' -o '" + obj.string() + "'";
   const Run r = run(cmd);
   INFO("command: " << cmd);
   INFO("output:\n" << r.out);

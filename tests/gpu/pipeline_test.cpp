@@ -6,8 +6,8 @@
 #include <random>
 #include <vector>
 
-#include "fusejit/compile/compiler.hpp"
 #include "fusejit/codegen/codegen.hpp"
+#include "fusejit/compile/compiler.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/plan/plan.hpp"
 #include "gpu_required.hpp"
@@ -56,9 +56,9 @@ double rel_err(const std::vector<float>& got, const std::vector<double>& ref) {
 
 // y, new running mean/var for fp32 inputs (float64 arithmetic).
 void reference(const Problem& p, const std::vector<float>& x, const std::vector<float>& w,
-               const std::vector<float>& b, const std::vector<float>& s, const std::vector<float>& g,
-               const std::vector<float>& be, std::vector<double>& rm, std::vector<double>& rv,
-               std::vector<double>& y) {
+               const std::vector<float>& b, const std::vector<float>& s,
+               const std::vector<float>& g, const std::vector<float>& be, std::vector<double>& rm,
+               std::vector<double>& rv, std::vector<double>& y) {
   const auto M = static_cast<std::size_t>(p.M), N = static_cast<std::size_t>(p.N),
              K = static_cast<std::size_t>(p.K);
   std::vector<double> z(M * N);
@@ -96,12 +96,13 @@ void check_problem(Problem p, double tol) {
   // Non-centred inputs (uniform [0,1)) as KernelBench draws them.
   auto x = random_vector(M * K, rng, 0.f, 1.f);
   auto w = random_vector(N * K, rng, -1.f / std::sqrt(float(K)), 1.f / std::sqrt(float(K)));
-  auto b = random_vector(N, rng, -1, 1), s = random_vector(N, rng, 0.5f, 2), g = random_vector(N, rng, 0.5f, 1.5f),
-       be = random_vector(N, rng, -1, 1), rm = random_vector(N, rng, -0.5f, 0.5f), rv = random_vector(N, rng, 0.5f, 2);
+  auto b = random_vector(N, rng, -1, 1), s = random_vector(N, rng, 0.5f, 2),
+       g = random_vector(N, rng, 0.5f, 1.5f), be = random_vector(N, rng, -1, 1),
+       rm = random_vector(N, rng, -0.5f, 0.5f), rv = random_vector(N, rng, 0.5f, 2);
   Buffer dx(M * K * 4), dw(N * K * 4), dy(M * N * 4), db(N * 4), ds(N * 4), dg(N * 4), dbe(N * 4),
       drm(N * 4), drv(N * 4);
-  dx.upload(x), dw.upload(w), db.upload(b), ds.upload(s), dg.upload(g), dbe.upload(be), drm.upload(rm),
-      drv.upload(rv);
+  dx.upload(x), dw.upload(w), db.upload(b), ds.upload(s), dg.upload(g), dbe.upload(be),
+      drm.upload(rm), drv.upload(rv);
   FJ_CU(cuMemsetD32(dy.ptr, 0x7fc00000u, M * N));  // NaN: unwritten outputs fail
   Plan plan(p);
   Tensors t;

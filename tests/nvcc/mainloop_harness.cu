@@ -9,7 +9,7 @@
 // padding columns and the memory past their ends hold NaN (so any read past K shows up), and the
 // column padding of C must still be NaN afterwards (so any write past N shows up). Timed cases
 // write the output in the storage type, like cuBLAS, and are compared with cublasGemmEx on the
-// same shape (median of 20 after warmup). Options: --quick skips the timed cases; --list.
+// same shape (median of 20 after warmup). Option: --quick skips the timed cases.
 //
 // Compiled with -c by tests/cpu/template_nvcc_test.cpp (no GPU needed) to prove the templates are
 // valid CUDA C++ for sm_80 and sm_90a.
@@ -34,23 +34,21 @@
 #include "mainloop/simt_fp32.cuh"
 #include "mainloop/tiled_mma.cuh"
 
-#define CK(call)                                                                       \
-  do {                                                                                 \
-    cudaError_t e_ = (call);                                                           \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,               \
-                   cudaGetErrorString(e_));                                            \
-      std::exit(2);                                                                    \
-    }                                                                                  \
+#define CK(call)                                                                                  \
+  do {                                                                                            \
+    cudaError_t e_ = (call);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                               \
+    }                                                                                             \
   } while (0)
-#define CKB(call)                                                                          \
-  do {                                                                                     \
-    cublasStatus_t s_ = (call);                                                            \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                     \
-      std::fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #call,     \
-                   int(s_));                                                               \
-      std::exit(2);                                                                        \
-    }                                                                                      \
+#define CKB(call)                                                                                \
+  do {                                                                                           \
+    cublasStatus_t s_ = (call);                                                                  \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                           \
+      std::fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #call, int(s_)); \
+      std::exit(2);                                                                              \
+    }                                                                                            \
   } while (0)
 
 namespace {
@@ -104,7 +102,9 @@ __device__ __forceinline__ void store4(T* p, float4 v, bool vec) {
     p[2] = fj::from_float<T>(v.z), p[3] = fj::from_float<T>(v.w);
   }
 }
-__device__ __forceinline__ void store1(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store1(float* p, float v) {
+  *p = v;
+}
 template <class T>
 __device__ __forceinline__ void store1(T* p, float v) {
   *p = fj::from_float<T>(v);
@@ -152,8 +152,9 @@ __global__ void __launch_bounds__(128) mma_peak_kernel(float* out, int iters) {
   unsigned a[4][4], b[8][2];
   float acc[4][8][4];
   // 1.0 in bf16/fp16 pairs, or a small fp32: finite sums however long the loop.
-  const unsigned one = MATH == fj::kMathBf16 ? 0x3f803f80u : MATH == fj::kMathFp16 ? 0x3c003c00u
-                                                                                  : 0x3f800000u;
+  const unsigned one = MATH == fj::kMathBf16   ? 0x3f803f80u
+                       : MATH == fj::kMathFp16 ? 0x3c003c00u
+                                               : 0x3f800000u;
   for (int i = 0; i < 4; ++i)
     for (int j = 0; j < 4; ++j) a[i][j] = one ^ (threadIdx.x & 1);
   for (int i = 0; i < 8; ++i) b[i][0] = b[i][1] = one;
@@ -182,7 +183,8 @@ void launch(const fj::Params& p, OutT* C, int ldc, cudaStream_t s) {
                             smem));
     configured = true;
   }
-  constexpr int grid = ((Spec::M + Spec::BM - 1) / Spec::BM) * ((Spec::N + Spec::BN - 1) / Spec::BN);
+  constexpr int grid =
+      ((Spec::M + Spec::BM - 1) / Spec::BM) * ((Spec::N + Spec::BN - 1) / Spec::BN);
   gemm_kernel<Spec, OutT><<<grid, Spec::THREADS, smem, s>>>(p, C, ldc);
   CK(cudaGetLastError());
 }
@@ -206,10 +208,14 @@ uint16_t half_bits(float f) {  // exact for the values we generate (normal, <= 1
 
 const char* math_name(int m) {
   switch (m) {
-    case fj::kMathSimtFp32: return "fp32";
-    case fj::kMathTf32: return "tf32";
-    case fj::kMathFp16: return "fp16";
-    default: return "bf16";
+    case fj::kMathSimtFp32:
+      return "fp32";
+    case fj::kMathTf32:
+      return "tf32";
+    case fj::kMathFp16:
+      return "fp16";
+    default:
+      return "bf16";
   }
 }
 
@@ -311,9 +317,12 @@ struct DevMatrix {
 
 cudaDataType_t cuda_type(int math) {
   switch (math) {
-    case fj::kMathBf16: return CUDA_R_16BF;
-    case fj::kMathFp16: return CUDA_R_16F;
-    default: return CUDA_R_32F;
+    case fj::kMathBf16:
+      return CUDA_R_16BF;
+    case fj::kMathFp16:
+      return CUDA_R_16F;
+    default:
+      return CUDA_R_32F;
   }
 }
 
@@ -375,8 +384,8 @@ void run_case(const char* label, bool timed, bool quick) {
   const double tf32_tol = Spec::TF32_ROUND && K >= 256 ? 4e-4 : 2e-3;
   const double tol = MATH == fj::kMathSimtFp32 ? 1e-5 : MATH == fj::kMathTf32 ? tf32_tol : 5e-3;
   Result res{name, M, N, K, err, tol, nan_count, nan_count == 0 && err < tol};
-  std::printf("%-4s %-62s relerr %.3e (tol %.0e) bad %lld\n", res.pass ? "ok" : "FAIL", name,
-              err, tol, nan_count);
+  std::printf("%-4s %-62s relerr %.3e (tol %.0e) bad %lld\n", res.pass ? "ok" : "FAIL", name, err,
+              tol, nan_count);
 
   if (timed) {
     T* Y;
@@ -391,8 +400,8 @@ void run_case(const char* label, bool timed, bool quick) {
     const double cms = time_ms(
         [&] {
           CKB(cublasGemmEx(g_cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w.dev,
-                           cuda_type(MATH), Spec::LDW, x.dev, cuda_type(MATH), Spec::LDX, &zero,
-                           Y, cuda_type(MATH), N, ct, CUBLAS_GEMM_DEFAULT));
+                           cuda_type(MATH), Spec::LDW, x.dev, cuda_type(MATH), Spec::LDX, &zero, Y,
+                           cuda_type(MATH), N, ct, CUBLAS_GEMM_DEFAULT));
         },
         nullptr);
     CK(cudaFree(Y));
@@ -425,8 +434,10 @@ int main(int argc, char** argv) {
 
   // --- correctness: tails, alignments, odd configs ----------------------------------------
   // T, MATH, M, N, K, LDX, LDW, VEC, BM, BN, BK, WARPS_M, WARPS_N, STAGES
-  run_case<HSpec<bf16, BF, 129, 200, 1000, 1000, 1000, 16, 128, 128, 32, 2, 2, 4>>("tail", 0, quick);
-  run_case<HSpec<bf16, BF, 129, 200, 1000, 1000, 1000, 16, 128, 256, 32, 2, 4, 3>>("tail", 0, quick);
+  run_case<HSpec<bf16, BF, 129, 200, 1000, 1000, 1000, 16, 128, 128, 32, 2, 2, 4>>("tail", 0,
+                                                                                   quick);
+  run_case<HSpec<bf16, BF, 129, 200, 1000, 1000, 1000, 16, 128, 256, 32, 2, 4, 3>>("tail", 0,
+                                                                                   quick);
   run_case<HSpec<bf16, BF, 129, 200, 1000, 1004, 1004, 8, 128, 128, 32, 2, 4, 4>>("tail", 0, quick);
   run_case<HSpec<f16, FH, 129, 200, 1000, 1002, 1002, 4, 128, 128, 32, 2, 4, 4>>("tail", 0, quick);
   run_case<HSpec<bf16, BF, 3, 7, 5, 5, 5, 2, 128, 128, 32, 2, 4, 4>>("tiny", 0, quick);
@@ -434,19 +445,28 @@ int main(int argc, char** argv) {
   run_case<HSpec<bf16, BF, 33, 17, 1, 1, 1, 2, 128, 128, 32, 2, 4, 4>>("K=1", 0, quick);
   run_case<HSpec<f16, FH, 300, 1, 64, 64, 64, 16, 64, 64, 16, 2, 2, 2>>("N=1", 0, quick);
   run_case<HSpec<bf16, BF, 200, 129, 333, 333, 333, 2, 64, 96, 32, 2, 4, 5>>("oddNT", 0, quick);
-  run_case<HSpec<bf16, BF, 1024, 1024, 1024, 1024, 1024, 16, 128, 128, 32, 2, 4, 4>>("sq", 0, quick);
+  run_case<HSpec<bf16, BF, 1024, 1024, 1024, 1024, 1024, 16, 128, 128, 32, 2, 4, 4>>("sq", 0,
+                                                                                     quick);
   run_case<HSpec<f16, FH, 1024, 1024, 1024, 1024, 1024, 16, 128, 256, 32, 2, 4, 3>>("sq", 0, quick);
-  run_case<HSpec<bf16, BF, 1024, 1024, 1024, 1024, 1024, 16, 256, 128, 64, 4, 2, 3>>("sq", 0, quick);
-  run_case<HSpec<float, TF, 129, 200, 1000, 1000, 1000, 16, 128, 128, 16, 2, 4, 4>>("tail", 0, quick);
-  run_case<HSpec<float, TF, 129, 200, 1000, 1001, 1001, 4, 128, 128, 32, 2, 2, 3>>("tail", 0, quick);
-  run_case<HSpec<float, TF, 129, 200, 1000, 1001, 1001, 4, 128, 128, 32, 2, 2, 3, false>>("tail", 0, quick);
+  run_case<HSpec<bf16, BF, 1024, 1024, 1024, 1024, 1024, 16, 256, 128, 64, 4, 2, 3>>("sq", 0,
+                                                                                     quick);
+  run_case<HSpec<float, TF, 129, 200, 1000, 1000, 1000, 16, 128, 128, 16, 2, 4, 4>>("tail", 0,
+                                                                                    quick);
+  run_case<HSpec<float, TF, 129, 200, 1000, 1001, 1001, 4, 128, 128, 32, 2, 2, 3>>("tail", 0,
+                                                                                   quick);
+  run_case<HSpec<float, TF, 129, 200, 1000, 1001, 1001, 4, 128, 128, 32, 2, 2, 3, false>>("tail", 0,
+                                                                                          quick);
   run_case<HSpec<float, TF, 3, 7, 5, 5, 5, 4, 64, 64, 8, 2, 2, 3>>("tiny", 0, quick);
-  run_case<HSpec<float, TF, 1024, 1024, 1024, 1024, 1024, 16, 128, 128, 32, 2, 4, 3>>("sq", 0, quick);
-  run_case<HSpec<float, TF, 1024, 1024, 1024, 1024, 1024, 16, 128, 128, 32, 2, 4, 3, false>>("sq", 0, quick);
-  run_case<HSpec<float, SF, 129, 200, 1000, 1000, 1000, 16, 128, 128, 8, 2, 4, 2>>("tail", 0, quick);
+  run_case<HSpec<float, TF, 1024, 1024, 1024, 1024, 1024, 16, 128, 128, 32, 2, 4, 3>>("sq", 0,
+                                                                                      quick);
+  run_case<HSpec<float, TF, 1024, 1024, 1024, 1024, 1024, 16, 128, 128, 32, 2, 4, 3, false>>(
+      "sq", 0, quick);
+  run_case<HSpec<float, SF, 129, 200, 1000, 1000, 1000, 16, 128, 128, 8, 2, 4, 2>>("tail", 0,
+                                                                                   quick);
   run_case<HSpec<float, SF, 3, 7, 5, 5, 5, 4, 128, 128, 8, 2, 4, 3>>("tiny", 0, quick);
   run_case<HSpec<float, SF, 130, 70, 77, 78, 78, 8, 64, 128, 16, 2, 2, 4>>("tail", 0, quick);
-  run_case<HSpec<float, SF, 1024, 1024, 1024, 1024, 1024, 16, 128, 128, 8, 4, 2, 3>>("sq", 0, quick);
+  run_case<HSpec<float, SF, 1024, 1024, 1024, 1024, 1024, 16, 128, 128, 8, 4, 2, 3>>("sq", 0,
+                                                                                     quick);
 
   // --- timed: square 4096, and the product's target shapes ---------------------------------
   if (!quick) {
@@ -455,24 +475,42 @@ int main(int argc, char** argv) {
                 mma_peak_tflops<FH>(prop.multiProcessorCount),
                 mma_peak_tflops<TF>(prop.multiProcessorCount));
   }
-  run_case<HSpec<bf16, BF, 4096, 4096, 4096, 4096, 4096, 16, 128, 256, 64, 2, 4, 3>>("big", 1, quick);
-  run_case<HSpec<bf16, BF, 4096, 4096, 4096, 4096, 4096, 16, 128, 256, 128, 2, 4, 2>>("big", 1, quick);
-  run_case<HSpec<bf16, BF, 4096, 4096, 4096, 4096, 4096, 16, 128, 128, 64, 2, 2, 3>>("big", 1, quick);
-  run_case<HSpec<bf16, BF, 4096, 4096, 4096, 4096, 4096, 16, 128, 128, 32, 2, 4, 4>>("big", 1, quick);
-  run_case<HSpec<bf16, BF, 1024, 8192, 8192, 8192, 8192, 16, 128, 256, 64, 2, 4, 3>>("target", 1, quick);
-  run_case<HSpec<bf16, BF, 1024, 8192, 8192, 8192, 8192, 16, 128, 128, 64, 2, 2, 3>>("target", 1, quick);
-  run_case<HSpec<bf16, BF, 16384, 4096, 4096, 4096, 4096, 16, 128, 256, 64, 2, 4, 3>>("target", 1, quick);
-  run_case<HSpec<bf16, BF, 16384, 4096, 4096, 4096, 4096, 16, 128, 128, 64, 2, 2, 3>>("target", 1, quick);
-  run_case<HSpec<f16, FH, 4096, 4096, 4096, 4096, 4096, 16, 128, 256, 64, 2, 4, 3>>("big", 1, quick);
-  run_case<HSpec<float, TF, 4096, 4096, 4096, 4096, 4096, 16, 128, 128, 32, 2, 2, 3>>("big", 1, quick);
-  run_case<HSpec<float, TF, 4096, 4096, 4096, 4096, 4096, 16, 128, 256, 32, 2, 4, 3>>("big", 1, quick);
-  run_case<HSpec<float, TF, 4096, 4096, 4096, 4096, 4096, 16, 128, 256, 32, 2, 4, 3, false>>("big", 1, quick);
-  run_case<HSpec<float, TF, 4096, 4096, 4096, 4096, 4096, 16, 256, 128, 32, 4, 2, 3>>("big", 1, quick);
-  run_case<HSpec<float, TF, 4096, 4096, 4096, 4096, 4096, 16, 128, 128, 16, 2, 4, 4>>("big", 1, quick);
-  run_case<HSpec<float, SF, 4096, 4096, 4096, 4096, 4096, 16, 128, 128, 8, 2, 4, 2>>("big", 1, quick);
-  run_case<HSpec<float, SF, 4096, 4096, 4096, 4096, 4096, 16, 128, 128, 16, 2, 4, 3>>("big", 1, quick);
-  run_case<HSpec<float, SF, 4096, 4096, 4096, 4096, 4096, 16, 128, 128, 16, 4, 2, 3>>("big", 1, quick);
-  run_case<HSpec<float, SF, 1024, 8192, 8192, 8192, 8192, 16, 128, 128, 16, 4, 2, 3>>("target", 1, quick);
+  run_case<HSpec<bf16, BF, 4096, 4096, 4096, 4096, 4096, 16, 128, 256, 64, 2, 4, 3>>("big", 1,
+                                                                                     quick);
+  run_case<HSpec<bf16, BF, 4096, 4096, 4096, 4096, 4096, 16, 128, 256, 128, 2, 4, 2>>("big", 1,
+                                                                                      quick);
+  run_case<HSpec<bf16, BF, 4096, 4096, 4096, 4096, 4096, 16, 128, 128, 64, 2, 2, 3>>("big", 1,
+                                                                                     quick);
+  run_case<HSpec<bf16, BF, 4096, 4096, 4096, 4096, 4096, 16, 128, 128, 32, 2, 4, 4>>("big", 1,
+                                                                                     quick);
+  run_case<HSpec<bf16, BF, 1024, 8192, 8192, 8192, 8192, 16, 128, 256, 64, 2, 4, 3>>("target", 1,
+                                                                                     quick);
+  run_case<HSpec<bf16, BF, 1024, 8192, 8192, 8192, 8192, 16, 128, 128, 64, 2, 2, 3>>("target", 1,
+                                                                                     quick);
+  run_case<HSpec<bf16, BF, 16384, 4096, 4096, 4096, 4096, 16, 128, 256, 64, 2, 4, 3>>("target", 1,
+                                                                                      quick);
+  run_case<HSpec<bf16, BF, 16384, 4096, 4096, 4096, 4096, 16, 128, 128, 64, 2, 2, 3>>("target", 1,
+                                                                                      quick);
+  run_case<HSpec<f16, FH, 4096, 4096, 4096, 4096, 4096, 16, 128, 256, 64, 2, 4, 3>>("big", 1,
+                                                                                    quick);
+  run_case<HSpec<float, TF, 4096, 4096, 4096, 4096, 4096, 16, 128, 128, 32, 2, 2, 3>>("big", 1,
+                                                                                      quick);
+  run_case<HSpec<float, TF, 4096, 4096, 4096, 4096, 4096, 16, 128, 256, 32, 2, 4, 3>>("big", 1,
+                                                                                      quick);
+  run_case<HSpec<float, TF, 4096, 4096, 4096, 4096, 4096, 16, 128, 256, 32, 2, 4, 3, false>>(
+      "big", 1, quick);
+  run_case<HSpec<float, TF, 4096, 4096, 4096, 4096, 4096, 16, 256, 128, 32, 4, 2, 3>>("big", 1,
+                                                                                      quick);
+  run_case<HSpec<float, TF, 4096, 4096, 4096, 4096, 4096, 16, 128, 128, 16, 2, 4, 4>>("big", 1,
+                                                                                      quick);
+  run_case<HSpec<float, SF, 4096, 4096, 4096, 4096, 4096, 16, 128, 128, 8, 2, 4, 2>>("big", 1,
+                                                                                     quick);
+  run_case<HSpec<float, SF, 4096, 4096, 4096, 4096, 4096, 16, 128, 128, 16, 2, 4, 3>>("big", 1,
+                                                                                      quick);
+  run_case<HSpec<float, SF, 4096, 4096, 4096, 4096, 4096, 16, 128, 128, 16, 4, 2, 3>>("big", 1,
+                                                                                      quick);
+  run_case<HSpec<float, SF, 1024, 8192, 8192, 8192, 8192, 16, 128, 128, 16, 4, 2, 3>>("target", 1,
+                                                                                      quick);
 
   CKB(cublasDestroy(g_cublas));
   int fails = 0;

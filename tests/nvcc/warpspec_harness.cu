@@ -12,7 +12,8 @@
 // y is poisoned with NaN first: every valid element must be overwritten, and the padding
 // columns (LDY > N) and the guard rows past M must still be NaN afterwards. Big shapes are also
 // timed against cuBLASLt's bare GEMM with the same inputs and storage-type output (median of 20
-// after warm-up, CUDA events). Options: --quick (small shapes only), --no-time.
+// after warm-up, CUDA events). Options: --quick (small shapes only), --no-time, --filter TEXT
+// (only cases whose "config dtype MxNxK mode" contains TEXT).
 //
 // tests/cpu/warpspec_ptx_test.cpp compiles this file to PTX (no GPU needed) and checks that the
 // wgmma / TMA / setmaxnreg instructions are really there.
@@ -85,7 +86,7 @@ constexpr int math_of() {
 enum Mode { kEval, kTrain2, kTrain1 };
 
 template <class T_, int M_, int N_, int K_, int LDY_, int MODE_, int BM_, int BN_, int STAGES_,
-          int CONS_, bool PERS_, bool FRAG_, int CLUSTER_ = 1>
+          int CONS_, bool PERS_, bool FRAG_, int CLUSTER_ = 1, bool PP_ = false>
 struct WsSpec {
   using T = T_;
   using P = float;
@@ -102,6 +103,7 @@ struct WsSpec {
   static constexpr bool HAS_BIAS = true, HAS_SCALE = true, HAS_AFFINE = true;
   static constexpr bool CUMULATIVE = false;
   static constexpr bool FRAGMENT_EPILOGUE = FRAG_;
+  static constexpr bool PINGPONG = PP_;
   static constexpr int kMode = MODE_;
 };
 
@@ -212,6 +214,7 @@ CUtensorMap make_map(CUtensorMapDataType type, int elem, const void* base, int64
 }
 
 struct Ctx {
+  const char* filter = nullptr;  // run only cases whose "name dtype MxNxK mode" contains this
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
   void* lt_ws = nullptr;
@@ -412,6 +415,12 @@ void run_case(Ctx& ctx, const char* name, bool timed) {
   using S = typename H::S;
   using G = fj::WarpspecGemm<Spec>;
   constexpr int M = Spec::M, N = Spec::N, K = Spec::K, LDY = Spec::LDY;
+  if (ctx.filter) {
+    const std::string id = std::string(name) + " " + H::kName + " " + std::to_string(M) + "x" +
+                           std::to_string(N) + "x" + std::to_string(K) + " " +
+                           (Spec::kMode == kEval ? "eval" : Spec::kMode == kTrain2 ? "train2" : "train1");
+    if (id.find(ctx.filter) == std::string::npos) return;
+  }
   const std::string key = std::string(H::kName) + ":" + std::to_string(M) + "x" +
                           std::to_string(N) + "x" + std::to_string(K);
   if (!g_shape || g_shape->key != key) {
@@ -477,7 +486,9 @@ void run_case(Ctx& ctx, const char* name, bool timed) {
 
   CK(cudaFuncSetAttribute(ws_gemm<Spec>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           G::kSmemBytes));
-  const int grid = G::grid_size(ctx.sm_count);
+  // Untimed (small) cases pretend the GPU has 4 SMs, so that persistent CTAs walk several
+  // tiles each (and pingpong groups alternate) even on shapes with few tiles.
+  const int grid = G::grid_size(timed ? ctx.sm_count : 4);
   auto launch_gemm = [&] {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(grid);
@@ -621,18 +632,27 @@ void small_cases(Ctx& c) {
   run_case<WsSpec<f16, 200, 300, 1000, 304, kTrain2, 128, 128, 5, 2, false, true>>(c, "frag", false);
   run_case<WsSpec<float, 200, 300, 1000, 304, kEval, 128, 128, 4, 2, true, true>>(c, "frag-pers", false);
   run_case<WsSpec<float, 200, 300, 1000, 304, kTrain2, 128, 256, 4, 2, false, true>>(c, "frag", false);
+  run_case<WsSpec<bf16, 200, 300, 1000, 304, kEval, 128, 128, 5, 2, true, true, 1, true>>(c, "pp", false);
+  run_case<WsSpec<bf16, 200, 300, 1000, 304, kTrain2, 128, 128, 5, 2, true, true, 1, true>>(c, "pp", false);
+  run_case<WsSpec<bf16, 100, 300, 1000, 304, kTrain1, 128, 128, 5, 2, true, true, 1, true>>(c, "pp", false);
+  run_case<WsSpec<bf16, 200, 300, 1000, 304, kEval, 128, 128, 5, 2, true, true, 2, true>>(c, "pp-cl2", false);
+  run_case<WsSpec<bf16, 600, 300, 1000, 304, kTrain2, 128, 128, 5, 2, true, true, 2, true>>(c, "pp-cl2", false);
+  run_case<WsSpec<bf16, 200, 300, 1000, 304, kTrain2, 64, 256, 4, 2, true, true, 1, true>>(c, "pp64", false);
+  run_case<WsSpec<f16, 200, 300, 1000, 304, kEval, 64, 256, 4, 2, true, true, 2, true>>(c, "pp64-cl2", false);
+  run_case<WsSpec<float, 200, 300, 1000, 304, kTrain2, 128, 128, 5, 2, true, true, 1, true>>(c, "pp", false);
 }
 
 // Big shapes: checked against the cuBLAS fp32 reference and timed against cuBLASLt.
 template <int M, int N, int K>
 void big_cases(Ctx& c) {
-  run_case<WsSpec<bf16, M, N, K, N, kEval, 128, 256, 4, 2, false, true>>(c, "frag", true);
   run_case<WsSpec<bf16, M, N, K, N, kEval, 128, 256, 4, 2, true, true>>(c, "frag-pers", true);
   run_case<WsSpec<bf16, M, N, K, N, kEval, 128, 256, 4, 2, true, true, 2>>(c, "frag-pers-cl2", true);
-  run_case<WsSpec<bf16, M, N, K, N, kEval, 128, 256, 4, 2, false, true, 2>>(c, "frag-cl2", true);
-  run_case<WsSpec<bf16, M, N, K, N, kEval, 128, 256, 4, 2, false, false>>(c, "acctile", true);
-  run_case<WsSpec<bf16, M, N, K, N, kTrain2, 128, 256, 4, 2, true, true>>(c, "frag-pers", true);
+  run_case<WsSpec<bf16, M, N, K, N, kEval, 128, 128, 5, 2, true, true, 1, true>>(c, "pp", true);
+  run_case<WsSpec<bf16, M, N, K, N, kEval, 128, 128, 5, 2, true, true, 2, true>>(c, "pp-cl2", true);
+  run_case<WsSpec<bf16, M, N, K, N, kEval, 64, 256, 4, 2, true, true, 2, true>>(c, "pp64-cl2", true);
   run_case<WsSpec<bf16, M, N, K, N, kTrain2, 128, 256, 4, 2, true, true, 2>>(c, "frag-pers-cl2", true);
+  run_case<WsSpec<bf16, M, N, K, N, kTrain2, 128, 128, 5, 2, true, true, 1, true>>(c, "pp", true);
+  run_case<WsSpec<bf16, M, N, K, N, kTrain2, 128, 128, 5, 2, true, true, 2, true>>(c, "pp-cl2", true);
 }
 
 }  // namespace
@@ -643,6 +663,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--no-time")) ctx.time = false;
+    if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) ctx.filter = argv[++i];
   }
   CK(cudaSetDevice(0));
   cudaDeviceProp prop{};
@@ -657,7 +678,7 @@ int main(int argc, char** argv) {
   small_cases(ctx);
   if (!quick) {
     big_cases<1024, 8192, 8192>(ctx);
-    run_case<WsSpec<f16, 4096, 4096, 4096, 4096, kEval, 128, 256, 4, 2, true, true>>(ctx, "frag-pers", true);
+    run_case<WsSpec<f16, 4096, 4096, 4096, 4096, kEval, 128, 128, 5, 2, true, true, 2, true>>(ctx, "pp-cl2", true);
     big_cases<4096, 4096, 4096>(ctx);
     big_cases<16384, 4096, 4096>(ctx);
   }

@@ -23,6 +23,7 @@
 
 #include "fusejit/cache/entry_format.hpp"
 #include "fusejit/error.hpp"
+#include "fusejit/util/fault.hpp"
 #include "fusejit/util/log.hpp"
 
 namespace fusejit {
@@ -393,6 +394,11 @@ bool DiskCache::store(const std::string& key, const std::vector<char>& payload,
     int fd_value = -1;
     for (int attempt = 0; attempt < 8 && fd_value < 0; ++attempt) {
       temp = dir_ / temp_name(key);
+      // Test-only (util/fault.hpp): a directory we may not write into.
+      if (fault::fire(Fault::disk_read_only)) {
+        errno = EACCES;
+        break;
+      }
       fd_value = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
       if (fd_value < 0 && errno != EEXIST) break;
     }
@@ -407,7 +413,8 @@ bool DiskCache::store(const std::string& key, const std::vector<char>& payload,
       report_unusable(dir_, "cannot write: " + errno_text(err));
       return false;
     }
-    if (int err = write_all(fd.get(), payload); err != 0) {
+    // Test-only (util/fault.hpp): the disk filling up halfway through the entry.
+    if (int err = fault::fire(Fault::disk_full) ? ENOSPC : write_all(fd.get(), payload); err != 0) {
       report_unusable(dir_, "cannot write: " + errno_text(err));
       return false;
     }

@@ -517,7 +517,6 @@ ReferenceInputs reference_inputs(const CaseInputs& in) {
 
 DeviceCase::DeviceCase(const CaseInputs& in) : c_(in.c), count_(in.count_batches()) {
   const Problem& p = c_.problem;
-  current_or_primary_context(0);
   x_ = alloc_like(in.x);
   w_ = alloc_like(in.w);
   y_ = DeviceBuffer(static_cast<std::size_t>(p.M * p.lda_y()) * storage_bytes(p.dtype));

@@ -12,6 +12,7 @@
 #include "fusejit/cache/disk_cache.hpp"
 #include "fusejit/device/device.hpp"
 #include "fusejit/error.hpp"
+#include "fusejit/util/fault.hpp"
 #include "fusejit/util/hash.hpp"
 #include "fusejit/util/log.hpp"
 
@@ -111,11 +112,16 @@ CompiledKernel compile(const KernelSource& src, const std::string& arch) {
   const auto opts = compile_options(src, arch);
   std::vector<const char*> copts;
   for (const auto& o : opts) copts.push_back(o.c_str());
-  const nvrtcResult r = nvrtcCompileProgram(prog, static_cast<int>(copts.size()), copts.data());
+  // Test-only (util/fault.hpp): fail as NVRTC does on bad source, without the compile time.
+  const bool injected = fault::fire(Fault::nvrtc_compile);
+  const nvrtcResult r =
+      injected ? NVRTC_ERROR_COMPILATION
+               : nvrtcCompileProgram(prog, static_cast<int>(copts.size()), copts.data());
   std::size_t log_size = 0;
   nvrtcGetProgramLogSize(prog, &log_size);
   std::string log(log_size, '\0');
   if (log_size > 1) nvrtcGetProgramLog(prog, log.data());
+  if (injected) log = "injected fault nvrtc_compile (fusejit/util/fault.hpp or FUSEJIT_FAULTS)";
   while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
   std::string joined;
   for (const auto& o : opts) joined += (joined.empty() ? "" : " ") + o;

@@ -29,7 +29,7 @@ int KernelConfig::smem_bytes(const Problem& p) const {
   const int tpc = nt >= bn ? nt / bn : 1;
   const int epilogue = bm * (bn + 8) * 4 + (2 * bn + tpc * bn) * 4;
   const int ring = p.dtype == DType::fp32 && variant == Variant::tiled
-                       ? 2 * (bm + bn) * (bk + 4) * 4
+                       ? stages * bk * (bm + bn + 8) * 4
                        : stages * (bm + bn) * bk * eb + (variant == Variant::warpspec ? 1024 : 0);
   return std::max(ring, epilogue);
 }
@@ -46,8 +46,22 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
   } else {
     if (cluster_m != 1 || persistent) return "tiled has no clusters or persistent scheduling";
     if (warps_m < 1 || warps_n < 1 || threads() > 1024) return "tiled: bad warp layout";
-    if (!strict_fp32 && (bm % (16 * warps_m) != 0 || bn % (8 * warps_n) != 0))
-      return "tiled: the warp tile must be a multiple of the 16x8 mma shape";
+    const int wtm = bm / warps_m, wtn = bn / warps_n;  // warp tile
+    if (bm % warps_m != 0 || bn % warps_n != 0) return "tiled: warps must divide the tile";
+    if (strict_fp32) {
+      // SIMT: each lane owns an 8x8 block, so a warp tile is exactly 32 such blocks.
+      if (wtm % 8 != 0 || wtn % 8 != 0 || wtm * wtn != 32 * 64)
+        return "tiled fp32: the warp tile must be 2048 elements in 8x8 lane blocks";
+      if (bk > 32 || (bk & (bk - 1)) != 0) return "tiled fp32: bk must be a power of two <= 32";
+    } else {
+      const int kbytes = bk * static_cast<int>(storage_bytes(p.dtype));
+      if (wtm % 16 != 0 || wtn % 8 != 0)
+        return "tiled: the warp tile must be a multiple of the 16x8 mma shape";
+      if ((wtm / 16) * (wtn / 8) * 4 > 128)
+        return "tiled: more than 128 accumulators per thread (warp tile above 64x64)";
+      if (kbytes < 32 || kbytes > 512 || (kbytes & (kbytes - 1)) != 0)
+        return "tiled: bk * element size must be a power of two from 32 to 512 bytes";
+    }
   }
   if (bm <= 0 || bn <= 0 || bk <= 0 || stages < 2 || group_m < 1) return "non-positive tile field";
   const int smem = smem_bytes(p);
@@ -112,21 +126,25 @@ KernelConfig warpspec(int bm, int bn, int bk, int consumers, int stages, bool pe
   return c;
 }
 
-// Tiled configs per math kind, heuristic's favourite first. Small-M problems get a short tile
-// so that train mode can finish in one kernel (M <= BM) without wasting most of the tile.
+// Tiled configs per math kind, heuristic's favourite first (measured on H100, see
+// docs/performance.md: BK=64 and 64x64 warp tiles pay for bf16/fp16; 4 stages never helped).
+// Small-M problems get a short tile so train mode finishes in one kernel (M <= BM) without
+// wasting most of the tile. Devices with ~100 KiB of shared memory fall through to the
+// smaller tiles by pruning.
 std::vector<KernelConfig> tiled_candidates(const Problem& p) {
   std::vector<KernelConfig> out;
   switch (p.dtype) {
     case DType::fp32:
-      out = {tiled(128, 128, 8, 2, 4, 2), tiled(64, 128, 8, 2, 4, 2), tiled(128, 64, 8, 2, 4, 2)};
+      out = {tiled(128, 128, 16, 4, 2, 3), tiled(64, 128, 16, 2, 2, 3), tiled(128, 128, 8, 2, 4, 2)};
       break;
     case DType::tf32:
-      out = {tiled(128, 128, 16, 2, 4, 4), tiled(64, 128, 16, 2, 4, 4), tiled(128, 256, 16, 2, 4, 3)};
+      out = {tiled(128, 128, 32, 2, 2, 3), tiled(64, 128, 32, 2, 2, 3), tiled(128, 256, 32, 2, 4, 3),
+             tiled(128, 128, 16, 2, 4, 3)};
       break;
     case DType::fp16:
     case DType::bf16:
-      out = {tiled(128, 128, 32, 2, 4, 4), tiled(64, 128, 32, 2, 4, 4), tiled(128, 256, 32, 2, 4, 3),
-             tiled(256, 128, 32, 4, 2, 3)};
+      out = {tiled(128, 256, 64, 2, 4, 3), tiled(64, 128, 64, 2, 2, 3), tiled(128, 128, 64, 2, 2, 3),
+             tiled(128, 128, 32, 2, 2, 3)};
       break;
   }
   if (p.M <= 64) std::swap(out[0], out[1]);

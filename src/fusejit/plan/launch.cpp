@@ -8,6 +8,7 @@
 #include "common/params.h"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
+#include "fusejit/util/fault.hpp"
 
 namespace fusejit {
 
@@ -114,6 +115,9 @@ void launch(const PlanCore& c, CUstream stream, const Tensors& t, void* workspac
   prm.momentum = static_cast<float>(c.problem.momentum.value_or(0.0));
   void* args[] = {&prm};
   const auto threads = static_cast<unsigned>(c.config.threads());
+  // Test-only (util/fault.hpp): the first launch failing, so nothing of this run is enqueued.
+  if (fault::fire(Fault::kernel_launch))
+    check(CUDA_ERROR_LAUNCH_FAILED, "cuLaunchKernel(fj_gemm) [injected fault kernel_launch]");
   if (c.config.variant == Variant::warpspec) {
     launch_warpspec(c, stream, prm, t);
   } else {

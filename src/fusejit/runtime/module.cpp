@@ -6,12 +6,16 @@
 
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
+#include "fusejit/util/fault.hpp"
 
 namespace fusejit {
 
 Module::Module(const CompiledKernel& compiled, const std::vector<std::string>& kernels) {
   std::vector<char> image = compiled.binary;
   if (compiled.is_ptx && (image.empty() || image.back() != '\0')) image.push_back('\0');
+  // Test-only (util/fault.hpp): the driver rejecting the image, as for a damaged cubin.
+  if (fault::fire(Fault::module_load))
+    check(CUDA_ERROR_INVALID_IMAGE, "cuModuleLoadData [injected fault module_load]");
   FJ_CU(cuModuleLoadData(&module_, image.data()));
   try {
     for (const auto& k : kernels) {

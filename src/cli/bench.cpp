@@ -1,0 +1,240 @@
+// fusejit bench: times the fused op, the bare cuBLASLt GEMM of the same shape and dtype (the
+// floor a fused op approaches) and the reference op (cuBLASLt + plain BatchNorm kernels), each
+// as the median of per-run CUDA-event timings after warm-up, on random data.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "cli/problem_options.hpp"
+#include "cli/verbs.hpp"
+#include "fusejit/check/device_buffer.hpp"
+#include "fusejit/check/sweep.hpp"
+#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/device/device.hpp"
+#include "fusejit/device/driver.hpp"
+#include "fusejit/error.hpp"
+#include "fusejit/plan/plan.hpp"
+#include "fusejit/reference/cublaslt_reference.hpp"
+
+namespace fusejit::cli {
+
+namespace {
+
+struct BenchArgs {
+  ProblemOptions problem;
+  std::string variant = "auto";
+  int runs = 100;
+  int warmup = 10;
+  int device = 0;
+  std::string cache_dir;
+  bool json = false;
+};
+
+struct SystemTiming {
+  std::string system;  // fused | gemm | reference
+  std::string detail;  // config, algorithm or description
+  std::vector<std::string> kernels;
+  std::optional<double> ms;  // median; empty when the system could not run
+  double min_ms = 0;
+  std::string error;
+};
+
+// Input sets that runs rotate through, so small problems are not timed out of a warm L2: at
+// least two, and enough to cover three times the L2 when one set is small, within half of the
+// free memory.
+int input_set_count(const Problem& p, const Device& dev) {
+  const double set_bytes = static_cast<double>(storage_bytes(p.dtype)) *
+                           static_cast<double>(p.M * p.K + p.N * p.K + p.M * p.N);
+  int sets = static_cast<int>(std::clamp(std::ceil(3.0 * dev.l2_bytes / set_bytes), 2.0, 32.0));
+  std::size_t free = 0, total = 0;
+  FJ_CU(cuMemGetInfo(&free, &total));
+  while (sets > 1 && sets * set_bytes > 0.5 * static_cast<double>(free)) --sets;
+  return sets;
+}
+
+// Median and minimum of `runs` event-timed calls of run(set, stream), after `warmup` calls.
+template <class Run>
+std::pair<double, double> time_ms(const Stream& stream, int sets, int warmup, int runs, Run run) {
+  for (int i = 0; i < warmup; ++i) run(i % sets, stream.get());
+  std::vector<Event> start(static_cast<std::size_t>(runs)), stop(static_cast<std::size_t>(runs));
+  for (int i = 0; i < runs; ++i) {
+    start[i].record(stream.get());
+    run(i % sets, stream.get());
+    stop[i].record(stream.get());
+  }
+  stop.back().synchronize();
+  std::vector<double> t(static_cast<std::size_t>(runs));
+  for (int i = 0; i < runs; ++i) t[i] = Event::elapsed_ms(start[i], stop[i]);
+  std::sort(t.begin(), t.end());
+  const std::size_t h = t.size() / 2;
+  const double median = t.size() % 2 ? t[h] : 0.5 * (t[h - 1] + t[h]);
+  return {median, t.front()};
+}
+
+double tflops(const Problem& p, double ms) {
+  return 2.0 * static_cast<double>(p.M) * static_cast<double>(p.N) * static_cast<double>(p.K) /
+         (ms * 1e-3) / 1e12;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+nlohmann::json bench_problem(const BenchArgs& a, const Problem& p, const Device& dev) {
+  const Stream stream;
+  SweepCase c;
+  c.problem = p;
+  c.distribution = Distribution::non_centred;  // as KernelBench draws x
+  const CaseInputs in = make_case_inputs(c);
+  const int sets = input_set_count(p, dev);
+  std::vector<DeviceCase> data;
+  data.reserve(static_cast<std::size_t>(sets));
+  for (int i = 0; i < sets; ++i) data.emplace_back(in);
+  std::vector<Tensors> tensors;
+  for (const auto& d : data) tensors.push_back(d.tensors());
+
+  std::vector<SystemTiming> rows;
+  auto measure = [&](SystemTiming row, auto&& make) {
+    try {
+      auto run = make(row);
+      const auto [median, best] = time_ms(stream, sets, a.warmup, a.runs, run);
+      row.ms = median;
+      row.min_ms = best;
+    } catch (const std::exception& e) {
+      row.error = e.what();
+    }
+    rows.push_back(std::move(row));
+  };
+  // Each system is kept alive by the lambda it returns.
+  measure({"fused"}, [&](SystemTiming& row) {
+    PlanOptions o;
+    o.device = a.device;
+    o.cache_dir = a.cache_dir;
+    if (a.variant != "auto") o.variant = parse_variant(a.variant);
+    auto plan = std::make_shared<Plan>(p, o);
+    row.detail = fmt::format("{} ({}, {:.2f} s compile)", plan->config().key(),
+                             plan->cache_hit() ? "cached" : "compiled", plan->compile_seconds());
+    row.kernels = plan->kernel_names();
+    return [plan, &tensors](int set, CUstream s) { plan->run(s, tensors[set]); };
+  });
+  measure({"gemm"}, [&](SystemTiming& row) {
+    auto gemm = std::make_shared<BareGemm>(p, a.device);
+    row.detail = gemm->description();
+    row.kernels = {"cublasLtMatmul"};
+    return [gemm, &tensors](int set, CUstream s) {
+      gemm->run(s, tensors[set].x, tensors[set].w, tensors[set].y);
+    };
+  });
+  measure({"reference"}, [&](SystemTiming& row) {
+    ReferenceOpOptions o;
+    o.device = a.device;
+    o.cache_dir = a.cache_dir;
+    auto ref = std::make_shared<ReferenceOp>(p, o);
+    row.detail = ref->description();
+    row.kernels = ref->kernel_names();
+    return [ref, &tensors](int set, CUstream s) { ref->run(s, tensors[set]); };
+  });
+  stream.synchronize();
+
+  std::optional<double> gemm_ms;
+  for (const auto& r : rows)
+    if (r.system == "gemm") gemm_ms = r.ms;
+  nlohmann::json j;
+  j["problem"] = p.key();
+  j["shape"] = format_shape(p.shape());
+  j["dtype"] = name(p.dtype);
+  j["mode"] = name(p.mode);
+  j["param_dtype"] = name(p.param_dtype);
+  j["runs"] = a.runs;
+  j["warmup"] = a.warmup;
+  j["input_sets"] = sets;
+  j["systems"] = nlohmann::json::array();
+  for (const auto& r : rows) {
+    nlohmann::json s;
+    s["system"] = r.system;
+    s["detail"] = r.detail;
+    s["kernels"] = r.kernels;
+    if (r.ms) {
+      s["ms"] = *r.ms;
+      s["min_ms"] = r.min_ms;
+      s["tflops"] = tflops(p, *r.ms);
+      s["vs_gemm"] = gemm_ms ? nlohmann::json(*r.ms / *gemm_ms) : nlohmann::json(nullptr);
+    } else {
+      s["error"] = r.error;
+    }
+    j["systems"].push_back(std::move(s));
+  }
+  if (!a.json) {
+    fmt::print(
+        "\n{} {} {} (params {}, momentum {}): median of {} runs after {} warm-up, {} input "
+        "set{}\n",
+        format_shape(p.shape()), name(p.dtype), name(p.mode), name(p.param_dtype),
+        p.momentum ? fmt::format("{}", *p.momentum) : std::string("none"), a.runs, a.warmup, sets,
+        sets == 1 ? "" : "s");
+    fmt::print("{:<10} {:>10} {:>10} {:>9}  {}\n", "system", "ms", "TFLOP/s", "vs GEMM", "detail");
+    for (const auto& r : rows) {
+      if (!r.ms) {
+        fmt::print("{:<10} {:>10} {:>10} {:>9}  error: {}\n", r.system, "-", "-", "-", r.error);
+        continue;
+      }
+      fmt::print("{:<10} {:>10.4f} {:>10.1f} {:>9}  {} [{}]\n", r.system, *r.ms, tflops(p, *r.ms),
+                 gemm_ms ? fmt::format("{:.3f}", *r.ms / *gemm_ms) : std::string("-"), r.detail,
+                 join(r.kernels));
+    }
+  }
+  return j;
+}
+
+int run_bench(const BenchArgs& a) {
+  if (a.variant != "auto") parse_variant(a.variant);
+  const std::vector<Problem> problems = a.problem.problems();
+  primary_context(a.device);
+  const Device dev = Device::get(a.device);
+  if (!a.json)
+    fmt::print("device: {} ({}), {} SMs, {} MiB L2\n", dev.name, dev.arch(), dev.sm_count,
+               dev.l2_bytes >> 20);
+  nlohmann::json out;
+  out["device"] = {{"name", dev.name},
+                   {"arch", dev.arch()},
+                   {"sm_count", dev.sm_count},
+                   {"l2_bytes", dev.l2_bytes},
+                   {"driver", dev.driver_version}};
+  out["results"] = nlohmann::json::array();
+  bool failed = false;
+  for (const Problem& p : problems) {
+    nlohmann::json r = bench_problem(a, p, dev);
+    for (const auto& s : r["systems"]) failed |= s.contains("error");
+    out["results"].push_back(std::move(r));
+  }
+  if (a.json) fmt::print("{}\n", out.dump(2));
+  return failed ? 1 : 0;
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand(
+      "bench", "Time the fused op against the bare cuBLASLt GEMM and the reference op");
+  auto a = std::make_shared<BenchArgs>();
+  a->problem.add_to(*cmd, false);
+  cmd->add_option("--variant", a->variant, "Fused op: auto, tiled or warpspec")
+      ->capture_default_str();
+  cmd->add_option("--runs", a->runs, "Timed runs per system (median reported)")
+      ->check(CLI::Range(50, 1000000))
+      ->capture_default_str();
+  cmd->add_option("--warmup", a->warmup, "Untimed runs first")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  cmd->add_option("--device", a->device, "GPU ordinal")->capture_default_str();
+  cmd->add_option("--cache-dir", a->cache_dir, "Kernel cache directory (default: see README)");
+  cmd->add_flag("--json", a->json, "Print the results as JSON instead of a table");
+  cmd->callback([&action, a] { action = [a] { return run_bench(*a); }; });
+}
+
+}  // namespace fusejit::cli

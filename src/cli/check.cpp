@@ -1,0 +1,128 @@
+// fusejit check: the regression sweep against the float64 reference (see check/sweep.hpp for
+// the cases and the sweep-file syntax). Prints one line per failing case and a summary; exits 1
+// when any case failed.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+
+#include "cli/problem_options.hpp"
+#include "cli/verbs.hpp"
+#include "fusejit/check/sweep.hpp"
+#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/error.hpp"
+
+namespace fusejit::cli {
+
+namespace {
+
+struct CheckArgs {
+  std::string sweep = "quick";
+  std::string dtypes = "fp32,tf32,fp16,bf16";
+  std::string modes = "train,eval";
+  std::string variant = "auto";
+  std::string op = "fused";
+  std::string seed;
+  std::string cache_dir;
+  int device = 0;
+  unsigned build_threads = 0;
+  bool verbose = false;
+  bool list = false;
+};
+
+std::uint64_t parse_seed(const std::string& s) {
+  std::size_t used = 0;
+  std::uint64_t v = 0;
+  try {
+    v = std::stoull(s, &used, 0);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != s.size())
+    throw InvalidArgument("seed",
+                          "expected an unsigned integer (decimal or 0x hex); got '" + s + "'");
+  return v;
+}
+
+std::string figure(double v) {
+  return std::isinf(v) ? std::string("inf") : fmt::format("{:.2e}", v);
+}
+
+int run_check(const CheckArgs& a) {
+  std::vector<DType> dtypes;
+  for (const auto& d : split_list(a.dtypes)) dtypes.push_back(parse_dtype(d));
+  std::vector<Mode> modes;
+  for (const auto& m : split_list(a.modes)) modes.push_back(parse_mode(m));
+  if (dtypes.empty()) throw InvalidArgument("dtypes", "no dtype given");
+  if (modes.empty()) throw InvalidArgument("modes", "no mode given");
+  SweepOptions o;
+  if (a.op == "fused")
+    o.implementation = Implementation::plan;
+  else if (a.op == "reference")
+    o.implementation = Implementation::reference_op;
+  else
+    throw InvalidArgument("op", "expected fused or reference; got '" + a.op + "'");
+  if (a.variant != "auto") {
+    if (o.implementation != Implementation::plan)
+      throw InvalidArgument("variant", "only the fused op has variants");
+    o.variant = parse_variant(a.variant);
+  }
+  if (!a.seed.empty()) o.seed = parse_seed(a.seed);
+  o.device = a.device;
+  o.cache_dir = a.cache_dir;
+  o.build_threads = a.build_threads;
+  const std::vector<SweepCase> cases = sweep_cases(a.sweep, dtypes, modes);
+  if (a.list) {
+    for (const auto& c : cases) fmt::print("{}\n", c.text());
+    fmt::print("# {} cases\n", cases.size());
+    return 0;
+  }
+  if (cases.empty()) throw InvalidArgument("sweep", "no case matches the dtypes and modes given");
+  fmt::print("check: {} cases ({} op{}{})\n", cases.size(), name(o.implementation),
+             o.variant ? ", variant " + std::string(name(*o.variant)) : std::string(),
+             o.seed ? fmt::format(", seed {:#x}", *o.seed) : std::string());
+  o.on_result = [&a](const CaseResult& r) {
+    if (a.verbose || r.status == CaseResult::Status::failed) fmt::print("{}\n", format_result(r));
+    std::fflush(stdout);
+  };
+  const SweepReport rep = run_sweep(cases, o);
+  const SweepSummary& s = rep.summary;
+  std::string worst;
+  for (const auto& [d, w] : s.worst)
+    worst += fmt::format("{}{} {} (threshold {:.0e})", worst.empty() ? "" : ", ", name(d),
+                         figure(w), sweep_threshold(d));
+  fmt::print("check: {} cases, {} passed, {} failed, {} skipped; worst relative error: {}\n",
+             s.cases, s.passed, s.failed, s.skipped, worst.empty() ? "-" : worst);
+  return s.failed ? 1 : 0;
+}
+
+}  // namespace
+
+void add_check(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand("check",
+                                 "Run the op on a sweep of problems against the float64 reference");
+  auto a = std::make_shared<CheckArgs>();
+  cmd->add_option("--sweep", a->sweep,
+                  "quick, full, or a file with one case per line: "
+                  "'MxNxK dtype mode [param_dtype] [flags]' (see check/sweep.hpp)")
+      ->capture_default_str();
+  cmd->add_option("--dtypes,--dtype", a->dtypes, "Comma-separated: fp32, tf32, fp16, bf16")
+      ->capture_default_str();
+  cmd->add_option("--modes,--mode", a->modes, "Comma-separated: train, eval")
+      ->capture_default_str();
+  cmd->add_option("--variant", a->variant, "auto, tiled or warpspec (fused op only)")
+      ->capture_default_str();
+  cmd->add_option("--op", a->op, "fused (fusejit::Plan) or reference (cuBLASLt + plain kernels)")
+      ->capture_default_str();
+  cmd->add_option("--seed", a->seed, "Base seed (case i uses seed + i); default: fresh each run");
+  cmd->add_option("--device", a->device, "GPU ordinal")->capture_default_str();
+  cmd->add_option("--cache-dir", a->cache_dir, "Kernel cache directory (default: see README)");
+  cmd->add_option("--build-threads", a->build_threads,
+                  "Kernels compiled ahead in parallel (default: one per core)");
+  cmd->add_flag("--verbose,-v", a->verbose, "Print every case, not only failures");
+  cmd->add_flag("--list", a->list, "Print the cases (sweep-file syntax) and exit; needs no GPU");
+  cmd->callback([&action, a] { action = [a] { return run_check(*a); }; });
+}
+
+}  // namespace fusejit::cli

@@ -1,0 +1,47 @@
+// Test-only fault injection: makes the pipeline's failure paths reachable on demand, so tests
+// can prove that each failure surfaces as the right exception (or degrades as documented),
+// leaves no partial cache entry behind, and that a retry after it succeeds.
+//
+// Each hook is one `if (fault::fire(Fault::x))` at the place where the real failure would
+// happen, producing the same error the real failure produces. With nothing armed, fire() is a
+// single relaxed atomic load, so the hooks cost nothing measurable in production.
+//
+// Armed by tests through arm(), or for a whole process (e.g. `fusejit compile` in a script)
+// through FUSEJIT_FAULTS, read once on first use: a comma-separated list of fault names, each
+// optionally followed by ":N" to fire N times (without it the fault fires on every call), e.g.
+//   FUSEJIT_FAULTS=nvrtc_compile:1,disk_full
+#pragma once
+#include <optional>
+#include <string_view>
+
+namespace fusejit {
+
+enum class Fault {
+  nvrtc_compile,   // compile(): NVRTC reports a compilation error (CompileError)
+  module_load,     // Module: cuModuleLoadData fails (CudaError)
+  kernel_launch,   // Plan::run: the first cuLaunchKernel fails (CudaError, nothing enqueued)
+  disk_full,       // DiskCache::store: a write fails with ENOSPC after the header went out
+  disk_read_only,  // DiskCache::store: creating the temp file fails with EACCES
+};
+inline constexpr int kFaultCount = 5;
+
+namespace fault {
+
+// Fires every call until disarmed (arm's `times`).
+inline constexpr int kAlways = -1;
+
+// True when `f` is armed; consumes one of its remaining firings. Thread-safe.
+bool fire(Fault f);
+// Arms `f` for the next `times` calls of fire(f) (kAlways: every call), replacing any earlier
+// count for it. times == 0 disarms it.
+void arm(Fault f, int times = 1);
+// Disarms every fault (including those armed from FUSEJIT_FAULTS).
+void disarm_all();
+// How many times fire(f) returned true in this process (tests assert the hook was reached).
+int fired(Fault f);
+
+std::string_view name(Fault f);
+std::optional<Fault> parse(std::string_view name);
+
+}  // namespace fault
+}  // namespace fusejit

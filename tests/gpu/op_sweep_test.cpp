@@ -1,0 +1,194 @@
+// The op against the float64 reference on the GPU: the quick sweep for every dtype x mode (tiled
+// always, warpspec on sm_90), plans running concurrently on two streams, cumulative momentum over
+// several steps, and the cuBLASLt reference op held to the same standard.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fusejit/check/device_buffer.hpp"
+#include "fusejit/check/sweep.hpp"
+#include "fusejit/device/device.hpp"
+#include "fusejit/plan/plan.hpp"
+#include "fusejit/reference/cublaslt_reference.hpp"
+#include "gpu_required.hpp"
+
+FUSEJIT_GPU_TEST_EXECUTABLE;
+
+using namespace fusejit;
+
+namespace {
+
+constexpr DType kDTypes[] = {DType::fp32, DType::tf32, DType::fp16, DType::bf16};
+constexpr Mode kModes[] = {Mode::train, Mode::eval};
+
+SweepSummary run_quick(DType d, Mode m, Implementation impl, std::optional<Variant> v) {
+  SweepOptions o;
+  o.implementation = impl;
+  o.variant = v;
+  const SweepReport rep = run_sweep(builtin_sweep(false, d, m), o);
+  for (const auto& r : rep.results)
+    if (r.status == CaseResult::Status::failed) FAIL_CHECK(format_result(r));
+  const SweepSummary& s = rep.summary;
+  MESSAGE(fmt::format("{} {} {}{}: {} cases, {} passed, {} failed, {} skipped, worst {:.2e}",
+                      name(impl), name(d), name(m), v ? " " + std::string(name(*v)) : "", s.cases,
+                      s.passed, s.failed, s.skipped, s.worst.count(d) ? s.worst.at(d) : 0.0));
+  CHECK(s.failed == 0);
+  return s;
+}
+
+using RunFn = std::function<void(CUstream, const Tensors&)>;
+
+RunFn plan_runner(const Problem& p) {
+  auto plan = std::make_shared<Plan>(p);
+  return [plan](CUstream s, const Tensors& t) { plan->run(s, t); };
+}
+
+RunFn reference_runner(const Problem& p) {
+  auto op = std::make_shared<ReferenceOp>(p);
+  return [op](CUstream s, const Tensors& t) { op->run(s, t); };
+}
+
+}  // namespace
+
+TEST_CASE("quick sweep, tiled variant: every dtype x mode matches the float64 reference") {
+  primary_context(0);
+  for (DType d : kDTypes)
+    for (Mode m : kModes) {
+      CAPTURE(name(d));
+      CAPTURE(name(m));
+      const SweepSummary s = run_quick(d, m, Implementation::plan, Variant::tiled);
+      CHECK(s.skipped == 0);  // tiled runs every problem
+      CHECK(s.passed == s.cases);
+    }
+}
+
+TEST_CASE("quick sweep, warpspec variant (sm_90 only)") {
+  primary_context(0);
+  const Device dev = Device::current();
+  if (dev.cc() != 90) {
+    MESSAGE("warpspec needs sm_90; this GPU is sm_" << dev.cc() << ": nothing to run");
+    return;
+  }
+  for (DType d : {DType::tf32, DType::fp16, DType::bf16})
+    for (Mode m : kModes) {
+      CAPTURE(name(d));
+      CAPTURE(name(m));
+      const SweepSummary s = run_quick(d, m, Implementation::plan, Variant::warpspec);
+      // Cases with rows narrower than TMA's 16-byte alignment are skipped, never all of them.
+      CHECK(s.passed > s.cases / 3);
+    }
+}
+
+TEST_CASE("quick sweep, default planner choice and the cuBLASLt reference op") {
+  primary_context(0);
+  for (DType d : kDTypes)
+    for (Mode m : kModes) {
+      CAPTURE(name(d));
+      CAPTURE(name(m));
+      CHECK(run_quick(d, m, Implementation::plan, std::nullopt).passed > 0);
+      const SweepSummary r = run_quick(d, m, Implementation::reference_op, std::nullopt);
+      CHECK(r.passed == r.cases);
+    }
+}
+
+TEST_CASE("plans running at once on separate streams give the results each gives alone") {
+  primary_context(0);
+  // Two plans of one two-pass train problem (one shared core, a workspace each) and a third,
+  // different problem; three steps each so the running stats carry state between runs.
+  const SweepCase ca = parse_sweep_line("1000x512x1000 bf16 train non_centred");
+  const SweepCase cc = parse_sweep_line("129x200x64 fp16 eval nobias");
+  for (bool reference : {false, true}) {
+    CAPTURE(reference);
+    auto make = [&](const Problem& p) { return reference ? reference_runner(p) : plan_runner(p); };
+    const RunFn a = make(ca.problem), b = make(ca.problem), c = make(cc.problem);
+    const CaseInputs ia = make_case_inputs(ca), ib = make_case_inputs(ca),
+                     ic = make_case_inputs(cc);
+    DeviceCase da(ia), db(ib), dc(ic);
+    const Stream s1, s2, s3;
+    constexpr int kSteps = 3;
+    for (int i = 0; i < kSteps; ++i) a(s1, da.tensors());
+    s1.synchronize();
+    for (int i = 0; i < kSteps; ++i) b(s2, db.tensors());
+    s2.synchronize();
+    for (int i = 0; i < kSteps; ++i) c(s3, dc.tensors());
+    s3.synchronize();
+    const CaseOutputs alone_a = da.download(), alone_b = db.download(), alone_c = dc.download();
+    // Alone they are right (so "equal" below cannot mean "equally wrong").
+    const ReferenceOutputs ref_c =
+        reference_forward(reference_inputs(ic), reference_settings(cc.problem));
+    CHECK(compare(ic, alone_c, ref_c).worst() < sweep_threshold(DType::fp16));
+    CHECK(alone_a.num_batches_tracked == ia.num_batches_tracked + kSteps);
+
+    da.reset(ia);
+    db.reset(ib);
+    dc.reset(ic);
+    for (int i = 0; i < kSteps; ++i) {
+      a(s1, da.tensors());
+      b(s2, db.tensors());
+      c(s3, dc.tensors());
+    }
+    s1.synchronize();
+    s2.synchronize();
+    s3.synchronize();
+    const CaseOutputs ta = da.download(), tb = db.download(), tc = dc.download();
+    const std::vector<std::pair<const CaseOutputs*, const CaseOutputs*>> pairs = {
+        {&ta, &alone_a}, {&tb, &alone_b}, {&tc, &alone_c}};
+    for (const auto& [got, want] : pairs) {
+      CHECK(got->y == want->y);
+      CHECK(got->running_mean == want->running_mean);
+      CHECK(got->running_var == want->running_var);
+      CHECK(got->save_mean == want->save_mean);
+      CHECK(got->save_invstd == want->save_invstd);
+      CHECK(got->num_batches_tracked == want->num_batches_tracked);
+    }
+  }
+}
+
+TEST_CASE("momentum=None: three steps follow the cumulative average") {
+  primary_context(0);
+  // Two-pass (M > any row tile) and single-pass train schedules; fp32 and bf16 parameters.
+  for (const char* line :
+       {"1000x64x200 fp32 train momentum=none", "64x200x64 fp32 train momentum=none non_centred",
+        "1000x200x64 bf16 train same momentum=none", "100x72x40 fp16 train momentum=none"}) {
+    for (bool reference : {false, true}) {
+      CAPTURE(line);
+      CAPTURE(reference);
+      const SweepCase c = parse_sweep_line(line);
+      const Problem& p = c.problem;
+      const RunFn op = reference ? reference_runner(p) : plan_runner(p);
+      CaseInputs in = make_case_inputs(c);
+      in.num_batches_tracked = 0;  // a fresh BatchNorm: the first batch replaces the stats
+      DeviceCase dev(in);
+      ReferenceInputs ref_in = reference_inputs(in);
+      std::int64_t count = 0;
+      const Stream s;
+      ReferenceOutputs ref;
+      CaseOutputs got;
+      const double thr = sweep_threshold(p.dtype);
+      for (int step = 0; step < 3; ++step) {
+        CAPTURE(step);
+        const HostTensor x = make_x(c, in.seed + 1000 + static_cast<std::uint64_t>(step));
+        dev.upload_x(x);
+        ref_in.x = x.packed(static_cast<std::size_t>(p.M), static_cast<std::size_t>(p.K),
+                            static_cast<std::size_t>(p.lda_x()));
+        op(s, dev.tensors());
+        s.synchronize();
+        ref = reference_forward(ref_in, reference_settings(p, count));
+        got = dev.download();
+        CHECK(relative_error(got.y, ref.y) < thr);
+        CHECK(relative_error(got.save_mean, ref.save_mean) < thr);
+        CHECK(got.num_batches_tracked == step + 1);
+        ref_in.running_mean = ref.running_mean;
+        ref_in.running_var = ref.running_var;
+        count = ref.num_batches_tracked;
+      }
+      CHECK(count == 3);
+      CHECK(relative_error(got.running_mean, ref.running_mean) < thr);
+      CHECK(relative_error(got.running_var, ref.running_var) < thr);
+    }
+  }
+}
