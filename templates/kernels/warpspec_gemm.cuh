@@ -108,8 +108,9 @@ struct WarpspecGemm {
   static constexpr int kBStage = kKAtoms * kBSlab;
   static constexpr int kStageBytes = kAStage + kBStage;
   static constexpr int kRingBytes = STAGES * kStageBytes;
-  // full[STAGES], empty[STAGES], then coef_full[2], coef_empty[2] (eval coefficient handoff).
-  static constexpr int kBarBytes = (2 * STAGES + 4) * 8;
+  // full[STAGES], empty[STAGES], coef_full[2], coef_empty[2] (eval coefficient handoff), then
+  // turn[2] (pingpong: whose mainloop is next).
+  static constexpr int kBarBytes = (2 * STAGES + 6) * 8;
   static constexpr int kKTiles = (Spec::K + BK - 1) / BK;
   static constexpr int kWBoxRows = BN / CLUSTER;  // rows of W one CTA's TMA box covers
 
@@ -180,8 +181,9 @@ struct WarpspecGemm {
         mbar_init(empty0 + 8 * s, 4 * kTeam * CLUSTER);
       }
       for (int b = 0; b < 2; ++b) {
-        mbar_init(coef_full0 + 8 * b, 32);         // every lane of the coefficient warp
+        mbar_init(coef_full0 + 8 * b, 32);          // every lane of the coefficient warp
         mbar_init(coef_empty0 + 8 * b, 4 * kTeam);  // every warp of the team that used it
+        mbar_init(coef_empty0 + 16 + 8 * b, 4);     // turn[b]: every warp of the other group
       }
       mbar_fence_init();
     }
@@ -315,12 +317,21 @@ struct WarpspecGemm {
     unsigned slice = 0;  // k-slices of this CTA's ring so far (all tiles, whoever used them)
     int runs = 0;        // epilogues this group ran
     int local = 0;       // this CTA's tiles so far
+    // Pingpong turn-taking. A group may only wait on a stage barrier less than one ring lap
+    // ahead of its last completed phase (parity waits cannot tell phase k from k + 2), so a
+    // group starts its j-th mainloop only after the other group has issued its own previous
+    // one: group 1's j-th follows group 0's j-th, group 0's j-th follows group 1's (j-1)-th.
+    // turn[g] completes a phase each time the other group has issued a mainloop.
+    const unsigned turn_mine = coef_empty0 + 16 + 8 * group;
+    const unsigned turn_other = coef_empty0 + 16 + 8 * (group ^ 1);
+    int loops = 0;  // mainloops this group ran
     Acc acc;
     for (int ct = first_tile(); ct < kClusterTiles; ct += tile_stride(), ++local) {
       if (kPingpong && (local & 1) != group) {
         slice += kKTiles;  // the other group's tile
         continue;
       }
+      if constexpr (kPingpong) mbar_wait(turn_mine, (loops + group + 1) & 1);
       const TileCoord t = coord(ct, rank);
 #pragma unroll
       for (int ma = 0; ma < kMAtoms; ++ma) wgmma_fence_operands(acc[ma]);
@@ -349,6 +360,12 @@ struct WarpspecGemm {
           wgmma_wait<1>();
           release(empty0 + 8 * ((slice - 1) % STAGES), lane);
         }
+      }
+      if constexpr (kPingpong) {
+        // Every slice of this tile has landed and its wgmma are issued: the other group may
+        // start waiting on the ring now, while ours finish.
+        if (lane == 0) mbar_arrive(turn_other);
+        ++loops;
       }
       wgmma_wait<0>();
       release(empty0 + 8 * ((slice - 1) % STAGES), lane);

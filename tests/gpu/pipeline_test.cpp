@@ -9,6 +9,7 @@
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/device/driver.hpp"
+#include "fusejit/error.hpp"
 #include "fusejit/plan/plan.hpp"
 #include "gpu_required.hpp"
 
@@ -88,8 +89,10 @@ void reference(const Problem& p, const std::vector<float>& x, const std::vector<
   }
 }
 
-void check_problem(Problem p, double tol) {
+void check_problem(Problem p, double tol, Variant variant) {
   CAPTURE(p.key());
+  CAPTURE(name(variant));
+  primary_context(0);
   std::mt19937 rng(std::random_device{}());
   const auto M = static_cast<std::size_t>(p.M), N = static_cast<std::size_t>(p.N),
              K = static_cast<std::size_t>(p.K);
@@ -104,7 +107,9 @@ void check_problem(Problem p, double tol) {
   dx.upload(x), dw.upload(w), db.upload(b), ds.upload(s), dg.upload(g), dbe.upload(be),
       drm.upload(rm), drv.upload(rv);
   FJ_CU(cuMemsetD32(dy.ptr, 0x7fc00000u, M * N));  // NaN: unwritten outputs fail
-  Plan plan(p);
+  PlanOptions opts;
+  opts.variant = variant;
+  Plan plan(p, opts);
   Tensors t;
   t.x = dx.get(), t.w = dw.get(), t.y = dy.get(), t.bias = db.get(), t.scale = ds.get();
   t.gamma = dg.get(), t.beta = dbe.get(), t.running_mean = drm.get(), t.running_var = drv.get();
@@ -119,14 +124,28 @@ void check_problem(Problem p, double tol) {
   CHECK(rel_err(drv.download<float>(), rvd) < tol);
 }
 
+// Every variant this GPU can run for the problem.
+std::vector<Variant> variants(const Problem& p) {
+  std::vector<Variant> out;
+  for (Variant v : {Variant::tiled, Variant::warpspec}) {
+    try {
+      default_config(p, Device::get(0), v);
+      out.push_back(v);
+    } catch (const InvalidArgument&) {
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("strict fp32 and tf32: eval, single-pass train, two-pass train") {
+  primary_context(0);
   for (DType d : {DType::fp32, DType::tf32}) {
     for (auto [M, mode] : {std::pair{200, Mode::eval}, {100, Mode::train}, {1000, Mode::train}}) {
       Problem p;
       p.M = M, p.N = 96, p.K = 64, p.dtype = d, p.mode = mode;
-      check_problem(p, d == DType::fp32 ? 2e-5 : 2e-3);
+      for (Variant v : variants(p)) check_problem(p, d == DType::fp32 ? 2e-5 : 2e-3, v);
     }
   }
 }
@@ -135,7 +154,7 @@ TEST_CASE("a compiled kernel set is cached on disk and loads from there") {
   Problem p;
   p.M = 64, p.N = 64, p.K = 64, p.dtype = DType::tf32, p.mode = Mode::eval;
   const Device dev = Device::get(0);
-  const KernelSource src = generate(p, default_config(p, dev));
+  const KernelSource src = generate(p, default_config(p, dev, Variant::tiled));
   const CompiledKernel first = compile_cached(src, dev.arch());
   const CompiledKernel second = compile_cached(src, dev.arch());
   CHECK(second.cache_hit);

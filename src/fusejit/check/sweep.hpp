@@ -122,6 +122,7 @@ struct CaseErrors {
   bool non_finite = false;  // a NaN or inf where a number was expected
   bool counter_ok = true;   // num_batches_tracked advanced by exactly one (train)
   bool padding_ok = true;   // nothing written past column N of y
+  bool stats_kept = true;   // eval: the running stats are left exactly as they were
   double worst() const;
 };
 CaseErrors compare(const CaseInputs& in, const CaseOutputs& got, const ReferenceOutputs& ref);
