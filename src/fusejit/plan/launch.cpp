@@ -49,8 +49,7 @@ void size_launches(PlanCore& c) {
       (work + kApplyThreads - 1) / kApplyThreads, 1, static_cast<std::size_t>(c.device.sm_count) * 16));
 }
 
-void validate_tensors(const PlanCore& c, const Tensors& t) {
-  const Problem& p = c.problem;
+void validate_tensors(const Problem& p, const Tensors& t) {
   const auto al = static_cast<std::size_t>(p.alignment);
   const std::size_t pe = storage_bytes(p.param_dtype);
   require_pointer(t.x, "x", al, fmt::format("x is [{}][{}] {}", p.M, p.lda_x(), name(p.dtype)).c_str());

@@ -12,7 +12,7 @@ namespace fusejit {
 // Grid sizes for every kernel of the plan (called once, when the core is built).
 void size_launches(PlanCore&);
 // Throws InvalidArgument naming the first tensor that is missing, misaligned or not wanted.
-void validate_tensors(const PlanCore&, const Tensors&);
+void validate_tensors(const Problem&, const Tensors&);
 // Enqueues the plan's kernels on `stream`. `workspace` was checked by the caller.
 void launch(const PlanCore&, CUstream stream, const Tensors&, void* workspace);
 // The warpspec GEMM's launch: its TMA descriptors name the run's x and W, so they are encoded

@@ -158,14 +158,14 @@ std::vector<std::string> Plan::kernel_names() const { return core_->schedule.ker
 bool Plan::cache_hit() const { return core_->cache_hit; }
 double Plan::compile_seconds() const { return core_->compile_seconds; }
 
-void Plan::validate(const Tensors& t) const { validate_tensors(*core_, t); }
+void Plan::validate(const Tensors& t) const { validate_tensors(core_->problem, t); }
 
 void Plan::run(CUstream stream, const Tensors& t) const {
   run(stream, t, reinterpret_cast<void*>(own_workspace_), core_->workspace.total);
 }
 
 void Plan::run(CUstream stream, const Tensors& t, void* workspace, std::size_t bytes) const {
-  validate_tensors(*core_, t);
+  validate_tensors(core_->problem, t);
   if (core_->workspace.total) {
     if (!workspace)
       throw InvalidArgument("workspace", fmt::format("this plan needs {} bytes of workspace; got null",

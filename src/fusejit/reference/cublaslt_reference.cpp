@@ -321,8 +321,6 @@ struct ReferenceOp::Impl {
   Problem problem;
   CUcontext ctx = nullptr;
   Device device;
-  // Tensor checks are Plan's own (validate_tensors), which reads only the core's problem.
-  PlanCore checker;
   HandlePtr handle;
   std::unique_ptr<LtGemm> gemm_plain;  // bias (if any) added by the plain kernels
   std::unique_ptr<LtGemm> gemm_bias;   // bias epilogue; null when not applicable or unsupported
@@ -339,7 +337,6 @@ ReferenceOp::ReferenceOp(const Problem& problem, const ReferenceOpOptions& optio
   problem.validate();
   Impl& m = *impl_;
   m.problem = problem;
-  m.checker.problem = problem;
   m.ctx = context_for(options.device);
   m.device = Device::current();
   m.handle = make_handle();
@@ -393,7 +390,7 @@ const Problem& ReferenceOp::problem() const {
 }
 
 void ReferenceOp::validate(const Tensors& t) const {
-  validate_tensors(impl_->checker, t);
+  validate_tensors(impl_->problem, t);
 }
 
 void ReferenceOp::run(CUstream stream, const Tensors& t) const {
