@@ -1,6 +1,7 @@
 #include "fusejit/problem.hpp"
 
 #include <charconv>
+#include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
 
@@ -57,29 +58,39 @@ void Problem::validate() const {
   require(lda_x() <= kMaxDim && lda_w() <= kMaxDim && lda_y() <= kMaxDim, "ldx",
           "leading dimensions must fit in 31 bits");
   const auto eb = static_cast<int>(storage_bytes(dtype));
-  require(alignment == 16 || alignment == 8 || alignment == 4 || alignment == 2 || alignment == 1,
-          "alignment", fmt::format("expected 16, 8, 4, 2 or 1 bytes, got {}", alignment));
-  require(alignment >= eb, "alignment",
+  require(alignment == 0 || alignment == 16 || alignment == 8 || alignment == 4 || alignment == 2 ||
+              alignment == 1,
+          "alignment", fmt::format("expected 0 (automatic), 16, 8, 4, 2 or 1 bytes, got {}", alignment));
+  const int align = effective_alignment();
+  require(align >= eb, "alignment",
           fmt::format("{} elements are {} bytes, so pointers are at least {}-byte aligned; got {}",
-                      name(dtype), eb, eb, alignment));
-  require(lda_x() * eb % alignment == 0, "ldx",
+                      name(dtype), eb, eb, align));
+  require(lda_x() * eb % align == 0, "ldx",
           fmt::format("row stride of x ({} bytes) is not a multiple of the promised alignment {}",
-                      lda_x() * eb, alignment));
-  require(lda_w() * eb % alignment == 0, "ldw",
+                      lda_x() * eb, align));
+  require(lda_w() * eb % align == 0, "ldw",
           fmt::format("row stride of W ({} bytes) is not a multiple of the promised alignment {}",
-                      lda_w() * eb, alignment));
-  require(lda_y() * eb % alignment == 0, "ldy",
+                      lda_w() * eb, align));
+  require(lda_y() * eb % align == 0, "ldy",
           fmt::format("row stride of y ({} bytes) is not a multiple of the promised alignment {}",
-                      lda_y() * eb, alignment));
+                      lda_y() * eb, align));
   require(std::isfinite(eps) && eps > 0, "eps", fmt::format("expected a finite eps > 0, got {}", eps));
   require(!momentum || (std::isfinite(*momentum) && *momentum >= 0 && *momentum <= 1), "momentum",
           fmt::format("expected momentum in [0, 1] or None, got {}", momentum.value_or(0)));
 }
 
+int Problem::effective_alignment() const {
+  if (alignment) return alignment;
+  const auto eb = static_cast<std::int64_t>(storage_bytes(dtype));
+  int a = 16;
+  for (std::int64_t ld : {lda_x(), lda_w(), lda_y()}) a = std::min(a, natural_alignment(0, ld * eb));
+  return a;
+}
+
 std::string Problem::key() const {
   return fmt::format("{}x{}x{}:{}:p{}:{}:bias{}:scale{}:affine{}:ld{},{},{}:al{}:eps{:a}:mom{}", M,
                      N, K, name(dtype), name(param_dtype), name(mode), int(has_bias),
-                     int(has_scale), int(has_affine), lda_x(), lda_w(), lda_y(), alignment, eps,
+                     int(has_scale), int(has_affine), lda_x(), lda_w(), lda_y(), effective_alignment(), eps,
                      momentum ? fmt::format("{:a}", *momentum) : std::string("none"));
 }
 

@@ -30,14 +30,18 @@ struct Problem {
   bool has_affine = true;  // BatchNorm gamma/beta
   // Row strides in elements; 0 means packed (K, K and N).
   std::int64_t ldx = 0, ldw = 0, ldy = 0;
-  // Byte alignment the caller promises for x, W and y and their row strides (16, 8, 4 or 2).
-  // Wider alignment lets the kernels use wider loads; run() checks every pointer against it.
-  int alignment = 16;
+  // Byte alignment the caller promises for x, W and y and their row strides (16, 8, 4, 2; 1 is
+  // accepted only where an element is 1 byte, so never today). 0 (the default) means the widest
+  // alignment the row strides allow, up to 16. Wider alignment lets the kernels use wider loads;
+  // run() checks every pointer against it.
+  int alignment = 0;
 
   std::int64_t lda_x() const { return ldx ? ldx : K; }
   std::int64_t lda_w() const { return ldw ? ldw : K; }
   std::int64_t lda_y() const { return ldy ? ldy : N; }
   Shape shape() const { return {M, N, K}; }
+  // `alignment`, or for 0 the widest (<= 16 bytes) that every row stride allows.
+  int effective_alignment() const;
 
   // Throws InvalidArgument naming the first offending field.
   void validate() const;

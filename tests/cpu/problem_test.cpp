@@ -60,8 +60,9 @@ TEST_CASE("validation names the offending argument") {
   CHECK(with([](Problem& p) { p.alignment = 3; }) == "alignment");
   CHECK(with([](Problem& p) { p.dtype = DType::fp32, p.alignment = 2; }) == "alignment");
   // 16-byte alignment needs row strides that are multiples of 16 bytes (8 bf16 elements).
-  CHECK(with([](Problem& p) { p.K = 5; }) == "ldx");
+  CHECK(with([](Problem& p) { p.K = 5, p.alignment = 16; }) == "ldx");
   CHECK(with([](Problem& p) { p.K = 5, p.alignment = 2; }) == "(accepted)");
+  CHECK(with([](Problem& p) { p.K = 5; }) == "(accepted)");  // automatic: what the strides allow
 }
 
 TEST_CASE("the key names every field that changes kernels or results") {
@@ -86,8 +87,23 @@ TEST_CASE("the key names every field that changes kernels or results") {
   CHECK(differs([](Problem& p) { p.has_affine = false; }));
   CHECK(differs([](Problem& p) { p.ldx = 104; }));
   CHECK(differs([](Problem& p) { p.alignment = 8; }));
+  // Automatic alignment and the same alignment spelled out are the same problem.
+  CHECK(!differs([](Problem& p) { p.alignment = 16; }));
   // Packed and explicit leading dimensions describe the same memory, so they share a key.
   CHECK(!differs([](Problem& p) { p.ldx = p.K; }));
+}
+
+TEST_CASE("automatic alignment is the widest every row stride allows") {
+  Problem p = base();
+  CHECK(p.effective_alignment() == 16);
+  p.K = 5;  // bf16 rows of x and W are 10 bytes
+  CHECK(p.effective_alignment() == 2);
+  p.dtype = DType::fp32;  // 20 bytes
+  CHECK(p.effective_alignment() == 4);
+  p.K = 96, p.ldy = 82;  // y rows of 328 bytes
+  CHECK(p.effective_alignment() == 8);
+  p.alignment = 4;
+  CHECK(p.effective_alignment() == 4);
 }
 
 TEST_CASE("natural alignment is the widest the pointer and stride share") {

@@ -106,6 +106,15 @@ float round_to_storage(DType dtype, float v) {
   }
 }
 
+float round_to_tf32(float v) {
+  if (!std::isfinite(v)) return v;
+  std::uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  bits = (bits + 0x1000u) & 0xffffe000u;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+
 std::string_view name(Distribution d) {
   return d == Distribution::centred ? "centred" : "non_centred";
 }

@@ -22,6 +22,9 @@ float bf16_bits_to_float(std::uint16_t bits);  // exact
 
 // `v` as the storage type of `dtype` holds it (fp32 and tf32 store fp32: unchanged).
 float round_to_storage(DType dtype, float v);
+// `v` as the tensor cores see it in tf32 math: 10 mantissa bits, rounded to nearest with ties
+// away from zero (what the tiled kernels do; cvt.rna.tf32.f32). Inf and NaN unchanged.
+float round_to_tf32(float v);
 
 // How x is drawn: centred ~ N(0, 1) (torch.randn); non_centred ~ U[0, 1) (torch.rand, what
 // KernelBench uses: every column of x W^T then has a mean large against its spread).

@@ -80,7 +80,7 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   else
     t += fmt::format("  static constexpr int WARPS_M = {}, WARPS_N = {};\n", c.warps_m, c.warps_n);
   t += fmt::format("  static constexpr int THREADS = {};\n", c.threads());
-  t += fmt::format("  static constexpr int VEC_BYTES = {};\n", std::min(p.alignment, 16));
+  t += fmt::format("  static constexpr int VEC_BYTES = {};\n", std::min(p.effective_alignment(), 16));
   t += fmt::format(
       "  static constexpr bool TRAIN = {}, SINGLE_PASS = {}, CUMULATIVE = {};\n"
       "  static constexpr bool HAS_BIAS = {}, HAS_SCALE = {}, HAS_AFFINE = {};\n",

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "fusejit/codegen/embedded_templates.hpp"
@@ -35,11 +36,16 @@ int KernelConfig::smem_bytes(const Problem& p) const {
 }
 
 std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
+  // Before any arithmetic on the fields: configs also come from callers (PlanOptions::config,
+  // parse() of a key), and fields near INT_MAX overflowed the int products below (found by
+  // tests/fuzz/kernel_config_fuzz.cpp). Within +-512 every product stays far inside int.
+  for (const int v : {bm, bn, bk, warps_m, warps_n, stages})
+    if (v < -512 || v > 512) return "tile, warp and stage fields must lie within -512..512";
   const bool strict_fp32 = p.dtype == DType::fp32;
   if (variant == Variant::warpspec) {
     if (d.cc() != 90) return "warpspec needs sm_90a (Hopper); this device is sm_" + std::to_string(d.cc());
     if (strict_fp32) return "warpspec has no strict-fp32 path (wgmma multiplies fp32 as tf32)";
-    if (p.alignment < 16) return "warpspec loads with TMA, which needs 16-byte aligned rows";
+    if (p.effective_alignment() < 16) return "warpspec loads with TMA, which needs 16-byte aligned rows";
     if (bm % 64 != 0 || bm / 64 != warps_m) return "warpspec: bm must be 64 per consumer warpgroup";
     if (bn % 16 != 0 || bn > 256) return "warpspec: bn must be a multiple of 16 up to 256";
     if (cluster_m != 1 && cluster_m != 2) return "warpspec: cluster_m must be 1 or 2";
@@ -135,19 +141,19 @@ std::vector<KernelConfig> tiled_candidates(const Problem& p) {
   std::vector<KernelConfig> out;
   switch (p.dtype) {
     case DType::fp32:
-      out = {tiled(128, 128, 16, 4, 2, 3), tiled(64, 128, 16, 2, 2, 3), tiled(128, 128, 8, 2, 4, 2)};
+      out = {tiled(128, 128, 16, 4, 2, 3), tiled(64, 128, 16, 2, 2, 3), tiled(128, 64, 16, 2, 2, 3),
+             tiled(64, 64, 16, 2, 1, 3), tiled(128, 32, 16, 2, 1, 3)};
       break;
     case DType::tf32:
       out = {tiled(128, 128, 32, 2, 2, 3), tiled(64, 128, 32, 2, 2, 3), tiled(128, 256, 32, 2, 4, 3),
-             tiled(128, 128, 16, 2, 4, 3)};
+             tiled(128, 64, 32, 4, 1, 3), tiled(64, 64, 32, 2, 2, 3), tiled(128, 32, 32, 4, 1, 3)};
       break;
     case DType::fp16:
     case DType::bf16:
       out = {tiled(128, 256, 64, 2, 4, 3), tiled(64, 128, 64, 2, 2, 3), tiled(128, 128, 64, 2, 2, 3),
-             tiled(128, 128, 32, 2, 2, 3)};
+             tiled(128, 64, 64, 4, 1, 3), tiled(64, 64, 64, 2, 2, 3), tiled(128, 32, 64, 4, 1, 3)};
       break;
   }
-  if (p.M <= 64) std::swap(out[0], out[1]);
   return out;
 }
 
@@ -162,6 +168,33 @@ std::vector<KernelConfig> warpspec_candidates(const Problem& p) {
 
 }  // namespace
 
+double estimated_us(const Problem& p, const Device& d, const KernelConfig& c) {
+  // FLOP/s one SM sustains per math path (H100 measurements, docs/performance.md); only the
+  // ratios matter for choosing.
+  const bool ws = c.variant == Variant::warpspec;
+  double per_sm = 0;
+  switch (p.dtype) {
+    case DType::fp32: per_sm = 0.35e12; break;
+    case DType::tf32: per_sm = ws ? 2.9e12 : 1.6e12; break;
+    default: per_sm = ws ? 5.9e12 : 3.7e12; break;
+  }
+  // Small tiles re-read more operand bytes per FLOP and keep fewer MMAs in flight.
+  const double eff = std::sqrt(std::min(1.0, double(c.bm) * c.bn / (128.0 * 256.0)));
+  const double tile_us = 2.0 * c.bm * c.bn * double(p.K) / (per_sm * eff) * 1e6;
+  const int sms = std::max(1, d.sm_count);
+  const int smem = std::max(1, c.smem_bytes(p));
+  const int per_sm_ctas = std::max(1, std::min(std::max(d.smem_per_sm, smem) / smem,
+                                               std::max(1, d.max_threads_per_sm) / c.threads()));
+  const double tiles = std::ceil(double(p.M) / c.bm) * std::ceil(double(p.N) / c.bn);
+  const double waves = std::ceil(tiles / (double(sms) * per_sm_ctas));
+  double us = waves * per_sm_ctas * tile_us + 3.0;
+  if (p.mode == Mode::train && p.M > c.bm) {
+    // Two more launches and one read + write of y (fj_apply).
+    us += 6.0 + 2.0 * double(p.M) * p.N * storage_bytes(p.dtype) / 2.5e12 * 1e6;
+  }
+  return us;
+}
+
 std::vector<KernelConfig> candidate_configs(const Problem& p, const Device& d) {
   std::vector<KernelConfig> out;
   auto keep = [&](const std::vector<KernelConfig>& cs) {
@@ -171,23 +204,21 @@ std::vector<KernelConfig> candidate_configs(const Problem& p, const Device& d) {
   // Hopper: wgmma is the fast path; the tiled variant stays as a fallback and contender.
   if (d.cc() == 90 && warpspec_built()) keep(warpspec_candidates(p));
   keep(tiled_candidates(p));
+  // Cheapest estimate first; the stable sort keeps the lists' preference among equals.
+  std::stable_sort(out.begin(), out.end(), [&](const KernelConfig& a, const KernelConfig& b) {
+    return estimated_us(p, d, a) < estimated_us(p, d, b);
+  });
   return out;
 }
 
 KernelConfig default_config(const Problem& p, const Device& d, std::optional<Variant> variant) {
+  const auto cs = candidate_configs(p, d);
+  for (const auto& c : cs)
+    if (!variant || c.variant == *variant) return c;
   std::string reasons;
-  const auto all = variant == Variant::warpspec ? warpspec_candidates(p)
-                   : variant == Variant::tiled  ? tiled_candidates(p)
-                                                : std::vector<KernelConfig>{};
-  if (!variant) {
-    auto cs = candidate_configs(p, d);
-    if (!cs.empty()) return cs.front();
-  }
-  for (const auto& c : all) {
-    std::string why = c.why_invalid(p, d);
-    if (why.empty()) return c;
-    reasons += "\n  " + c.key() + ": " + why;
-  }
+  const auto all = variant == Variant::warpspec ? warpspec_candidates(p) : tiled_candidates(p);
+  for (const auto& c : all) reasons += "\n  " + c.key() + ": " + c.why_invalid(p, d);
+  if (variant == Variant::warpspec && !warpspec_built()) reasons += "\n  (warpspec not built)";
   throw InvalidArgument("variant", fmt::format("no {} config can run {} on {}{}",
                                                variant ? name(*variant) : "", p.key(), d.name,
                                                reasons));

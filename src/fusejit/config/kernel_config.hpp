@@ -42,6 +42,10 @@ struct KernelConfig {
   static KernelConfig parse(std::string_view key);
 };
 
+// A rough time model (waves x tile time + extra passes) that orders candidates until the
+// autotuner measures them.
+double estimated_us(const Problem&, const Device&, const KernelConfig&);
+
 // The configs fusejit considers for a problem on a device (both variants where they apply),
 // each valid_for it. The first is the built-in heuristic's choice.
 std::vector<KernelConfig> candidate_configs(const Problem&, const Device&);

@@ -75,6 +75,14 @@ Device Device::for_arch(const std::string& text) {
     default: out.smem_per_block_optin = 227 * 1024; break;
   }
   out.smem_per_sm = out.smem_per_block_optin + 1024;
+  // The flagship part of each architecture; only the planner's time model reads it.
+  switch (a.cc) {
+    case 80: out.sm_count = 108; break;
+    case 90: out.sm_count = 132; break;
+    case 100: case 103: out.sm_count = 148; break;
+    case 120: case 121: out.sm_count = 170; break;
+    default: out.sm_count = 84; break;
+  }
   out.regs_per_sm = 65536;
   out.max_threads_per_sm = a.cc == 86 || a.cc == 89 || a.cc >= 120 ? 1536 : 2048;
   return out;

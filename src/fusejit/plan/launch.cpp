@@ -43,14 +43,14 @@ void size_launches(PlanCore& c) {
   }
   c.finalize_grid = static_cast<unsigned>((p.N + kFinalizeColumns - 1) / kFinalizeColumns);
   // Enough blocks to fill the GPU a few times over; the kernel strides over the rest.
-  const std::size_t vec = std::max<std::size_t>(1, std::min(p.alignment, 16) / storage_bytes(p.dtype));
+  const std::size_t vec = std::max<std::size_t>(1, std::min(p.effective_alignment(), 16) / storage_bytes(p.dtype));
   const std::size_t work = static_cast<std::size_t>(p.M) * ((p.N + vec - 1) / vec);
   c.apply_grid = static_cast<unsigned>(std::clamp<std::size_t>(
       (work + kApplyThreads - 1) / kApplyThreads, 1, static_cast<std::size_t>(c.device.sm_count) * 16));
 }
 
 void validate_tensors(const Problem& p, const Tensors& t) {
-  const auto al = static_cast<std::size_t>(p.alignment);
+  const auto al = static_cast<std::size_t>(p.effective_alignment());
   const std::size_t pe = storage_bytes(p.param_dtype);
   require_pointer(t.x, "x", al, fmt::format("x is [{}][{}] {}", p.M, p.lda_x(), name(p.dtype)).c_str());
   require_pointer(t.w, "w", al, fmt::format("W is [{}][{}] {}", p.N, p.lda_w(), name(p.dtype)).c_str());

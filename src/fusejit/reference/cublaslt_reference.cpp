@@ -214,7 +214,7 @@ GemmSpec gemm_spec(const Problem& p) {
   s.ldx = p.lda_x(), s.ldw = p.lda_w(), s.ldd = p.lda_y();
   s.ab_type = s.d_type = lt_type(p.dtype);
   s.compute = lt_compute(p.dtype);
-  s.ab_alignment = s.d_alignment = static_cast<unsigned>(p.alignment);
+  s.ab_alignment = s.d_alignment = static_cast<unsigned>(p.effective_alignment());
   return s;
 }
 
@@ -267,9 +267,9 @@ BareGemm& BareGemm::operator=(BareGemm&&) noexcept = default;
 
 void BareGemm::run(CUstream stream, const void* x, const void* w, void* y) const {
   const Impl& m = *impl_;
-  require_aligned(x, "x", m.problem.alignment);
-  require_aligned(w, "w", m.problem.alignment);
-  require_aligned(y, "y", m.problem.alignment);
+  require_aligned(x, "x", m.problem.effective_alignment());
+  require_aligned(w, "w", m.problem.effective_alignment());
+  require_aligned(y, "y", m.problem.effective_alignment());
   make_current(m.ctx);
   m.gemm->run(m.handle.get(), stream, x, w, y, nullptr, m.workspace.get(), m.workspace.size());
 }
