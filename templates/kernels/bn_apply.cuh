@@ -29,43 +29,54 @@ __device__ __forceinline__ void load_vec(const T* src, float (&v)[VEC]) {
   }
 }
 
+// Rows one block rewrites; BM is a multiple of it, so a block sees one row tile's mean.
+constexpr int kApplyRows = 32;
+constexpr int kApplyThreads = 128;
+
+// Grid: x over column chunks (VEC columns per thread), y over kApplyRows-row slabs, walked from
+// the bottom up: the GEMM wrote the last row tiles last, so they are the likeliest to still be
+// in L2 when the first blocks of this kernel run.
 template <class Spec>
 __device__ void bn_apply(const Params& p) {
   using T = typename Spec::T;
   constexpr int VEC = Spec::VEC_BYTES / static_cast<int>(sizeof(T)) > 0
                           ? Spec::VEC_BYTES / static_cast<int>(sizeof(T))
                           : 1;
-  constexpr int kChunks = (Spec::N + VEC - 1) / VEC;
+  static_assert(Spec::BM % kApplyRows == 0, "a slab must not straddle two row tiles");
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && p.num_batches_tracked)
+    *p.num_batches_tracked += 1;
+  const int c = (blockIdx.x * kApplyThreads + threadIdx.x) * VEC;
+  if (c >= Spec::N) return;
+  const int r0 = (gridDim.y - 1 - blockIdx.y) * kApplyRows;
+  const int n_here = min(VEC, Spec::N - c);
   const float2* coef = reinterpret_cast<const float2*>(p.ws_coef);
-  const float2* partials = reinterpret_cast<const float2*>(p.ws_partials);
-  T* y = static_cast<T*>(p.y);
-  if (blockIdx.x == 0 && threadIdx.x == 0 && p.num_batches_tracked) *p.num_batches_tracked += 1;
-  const long long total = static_cast<long long>(Spec::M) * kChunks;
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const int m = static_cast<int>(i / kChunks);
-    const int c = static_cast<int>(i % kChunks) * VEC;
-    const int t = m / Spec::BM;
-    T* row = y + static_cast<long long>(m) * Spec::LDY;
-    const int n_here = min(VEC, Spec::N - c);
+  const float2* tile_stats =
+      reinterpret_cast<const float2*>(p.ws_partials) + static_cast<long long>(r0 / Spec::BM) * Spec::N;
+  // y = A (d + tile_mean) + B = A d + (A tile_mean + B): one FMA per element.
+  float a[VEC], b[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const int n = j < n_here ? c + j : c;
+    const float2 ab = coef[n];
+    a[j] = ab.x;
+    b[j] = ab.x * tile_stats[n].x + ab.y;
+  }
+  T* y = static_cast<T*>(p.y) + static_cast<long long>(r0) * Spec::LDY + c;
+  const int rows = min(kApplyRows, Spec::M - r0);
+#pragma unroll 4
+  for (int r = 0; r < rows; ++r, y += Spec::LDY) {
     float v[VEC];
     if (n_here == VEC) {
-      load_vec<T, VEC>(row + c, v);
+      load_vec<T, VEC>(y, v);
     } else {
-      for (int j = 0; j < n_here; ++j) v[j] = to_float(row[c + j]);
+      for (int j = 0; j < n_here; ++j) v[j] = to_float(y[j]);
     }
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      if (j < n_here) {
-        const float2 ab = coef[c + j];
-        const float tile_mean = partials[static_cast<long long>(t) * Spec::N + c + j].x;
-        v[j] = ab.x * (v[j] + tile_mean) + ab.y;
-      }
-    }
+    for (int j = 0; j < VEC; ++j) v[j] = a[j] * v[j] + b[j];
     if (n_here == VEC) {
-      store_vec<T, VEC>(row + c, v);
+      store_vec<T, VEC>(y, v);
     } else {
-      for (int j = 0; j < n_here; ++j) row[c + j] = from_float<T>(v[j]);
+      for (int j = 0; j < n_here; ++j) y[j] = from_float<T>(v[j]);
     }
   }
 }

@@ -111,7 +111,7 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
       t += "extern \"C\" __global__ void __launch_bounds__(fj::kFinCols * fj::kFinGroups)\n"
            "fj_finalize(const fj::Params p) { fj::bn_finalize<Spec>(p); }\n";
     } else if (k == "fj_apply") {
-      t += "extern \"C\" __global__ void __launch_bounds__(256)\n"
+      t += "extern \"C\" __global__ void __launch_bounds__(fj::kApplyThreads)\n"
            "fj_apply(const fj::Params p) { fj::bn_apply<Spec>(p); }\n";
     } else if (k == "fj_bump") {
       t += "extern \"C\" __global__ void fj_bump(const fj::Params p) { fj::bump_batches(p); }\n";

@@ -14,7 +14,9 @@ namespace fusejit {
 
 namespace {
 
-constexpr unsigned kFinalizeColumns = 32, kFinalizeThreads = 256, kApplyThreads = 256;
+// Launch shapes the templates fix (kernels/bn_finalize.cuh, kernels/bn_apply.cuh).
+constexpr unsigned kFinalizeColumns = 32, kFinalizeThreads = 256, kApplyThreads = 128,
+                   kApplyRows = 32;
 
 void require_pointer(const void* p, const char* arg, std::size_t align, const char* what) {
   if (!p) throw InvalidArgument(arg, fmt::format("expected a device pointer ({}); got null", what));
@@ -42,11 +44,12 @@ void size_launches(PlanCore& c) {
     c.gemm_grid = tiles;
   }
   c.finalize_grid = static_cast<unsigned>((p.N + kFinalizeColumns - 1) / kFinalizeColumns);
-  // Enough blocks to fill the GPU a few times over; the kernel strides over the rest.
-  const std::size_t vec = std::max<std::size_t>(1, std::min(p.effective_alignment(), 16) / storage_bytes(p.dtype));
-  const std::size_t work = static_cast<std::size_t>(p.M) * ((p.N + vec - 1) / vec);
-  c.apply_grid = static_cast<unsigned>(std::clamp<std::size_t>(
-      (work + kApplyThreads - 1) / kApplyThreads, 1, static_cast<std::size_t>(c.device.sm_count) * 16));
+  // fj_apply: x over column chunks of VEC elements per thread, y over 32-row slabs.
+  const auto vec = static_cast<std::int64_t>(
+      std::max<std::size_t>(1, std::min(p.effective_alignment(), 16) / storage_bytes(p.dtype)));
+  const std::int64_t chunks = (p.N + vec - 1) / vec;
+  c.apply_grid = static_cast<unsigned>((chunks + kApplyThreads - 1) / kApplyThreads);
+  c.apply_grid_y = static_cast<unsigned>((p.M + kApplyRows - 1) / kApplyRows);
 }
 
 void validate_tensors(const Problem& p, const Tensors& t) {
@@ -129,8 +132,8 @@ void launch(const PlanCore& c, CUstream stream, const Tensors& t, void* workspac
                            args, nullptr),
           "cuLaunchKernel(fj_finalize)");
   if (c.apply)
-    check(d.cuLaunchKernel(c.apply, c.apply_grid, 1, 1, kApplyThreads, 1, 1, 0, stream, args,
-                           nullptr),
+    check(d.cuLaunchKernel(c.apply, c.apply_grid, c.apply_grid_y, 1, kApplyThreads, 1, 1, 0, stream,
+                           args, nullptr),
           "cuLaunchKernel(fj_apply)");
   if (c.bump)
     check(d.cuLaunchKernel(c.bump, 1, 1, 1, 1, 1, 1, 0, stream, args, nullptr),

@@ -31,7 +31,7 @@ struct PlanCore {
   std::shared_ptr<const Module> module;
   CUfunction gemm = nullptr, finalize = nullptr, apply = nullptr, bump = nullptr;
   int smem_bytes = 0;
-  unsigned gemm_grid = 0, finalize_grid = 0, apply_grid = 0;
+  unsigned gemm_grid = 0, finalize_grid = 0, apply_grid = 0, apply_grid_y = 0;
   // How the kernels were obtained (for logs, `fusejit bench`, tests of the cache).
   bool cache_hit = false;
   double compile_seconds = 0;
