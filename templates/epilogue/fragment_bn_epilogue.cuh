@@ -62,8 +62,8 @@ struct FragmentBnEpilogue {
   // memory, 16-byte aligned, owned by this epilogue for the duration of the call. Eval only:
   // `eval_coef` (non-null) holds eval_coefficients() of this tile, [0, BN) = A, [BN, 2 BN) = B,
   // and the call then synchronizes only within each warpgroup.
-  __device__ static void run(const Params& p, Acc& acc, char* scratch, int m0, int n0,
-                             int row_tile, int tid, const float* eval_coef = nullptr) {
+  __device__ static void run(const Params& p, Acc& acc, char* scratch, int m0, int n0, int row_tile,
+                             int tid, const float* eval_coef = nullptr) {
     float* red = reinterpret_cast<float*>(scratch);
     float* coef_a = red + kRedFloats;
     float* coef_b = coef_a + BN;
@@ -192,9 +192,9 @@ struct FragmentBnEpilogue {
   }
 
   // y = coef_a * acc + coef_b, rounded to T, through the staging buffer into 16-byte stores.
-  __device__ __forceinline__ static void store(const Params& p, const Acc& acc,
-                                               const float* coef_a, const float* coef_b,
-                                               char* staging, int m0, int n0, int tid) {
+  __device__ __forceinline__ static void store(const Params& p, const Acc& acc, const float* coef_a,
+                                               const float* coef_b, char* staging, int m0, int n0,
+                                               int tid) {
     const int wg = tid / 128, wtid = tid % 128;
     const int lane = tid % 32, wq = wtid / 32;
     const int g = lane / 4, q = lane % 4;

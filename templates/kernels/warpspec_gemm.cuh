@@ -98,9 +98,11 @@ struct WarpspecGemm {
   static constexpr int kMAtoms = kWgM / 64;
   static_assert(kWgM % 64 == 0 && (kMAtoms == 1 || kMAtoms == 2),
                 "warpspec: each consumer owns 64 or 128 rows of a tile");
-  static_assert(BN == 64 || BN == 128 || BN == 192 || BN == 256, "warpspec: BN in {64,128,192,256}");
+  static_assert(BN == 64 || BN == 128 || BN == 192 || BN == 256,
+                "warpspec: BN in {64,128,192,256}");
   static_assert(BM <= 256, "warpspec: a TMA box has at most 256 rows");
-  static_assert(BN % (8 * CLUSTER) == 0, "warpspec: the multicast W half must be whole 8-row groups");
+  static_assert(BN % (8 * CLUSTER) == 0,
+                "warpspec: the multicast W half must be whole 8-row groups");
 
   static constexpr int kASlab = BM * 128;  // bytes of one K slab of the x tile
   static constexpr int kBSlab = BN * 128;
@@ -123,7 +125,7 @@ struct WarpspecGemm {
 
   // Team g's fragment epilogue (pingpong: one per consumer warpgroup, on their own barriers).
   template <int G>
-  using FragEpiOf = FragmentBnEpilogue<Spec, kTeam, kMAtoms, 1 + G * (kTeam + 1)>;
+  using FragEpiOf = FragmentBnEpilogue<Spec, kTeam, kMAtoms, 1 + G*(kTeam + 1)>;
   using FragEpi = FragEpiOf<0>;
   using TileEpi = BnEpilogue<Spec, NT>;
   using Tile = AccTile<BM, BN>;
@@ -141,8 +143,7 @@ struct WarpspecGemm {
       kAliasRing ? ((kEpiBytes > kRingBytes ? kEpiBytes : kRingBytes) + 15) / 16 * 16 : kRingBytes;
   static constexpr int kEpiOffset = kAliasRing ? 0 : (kBarOffset + kBarBytes + 15) / 16 * 16;
   static constexpr int kCoefOffset = kEpiOffset + (kEpiBytes + 15) / 16 * 16;
-  static constexpr int kUsedBytes =
-      kAliasRing ? kBarOffset + kBarBytes : kCoefOffset + kCoefBytes;
+  static constexpr int kUsedBytes = kAliasRing ? kBarOffset + kBarBytes : kCoefOffset + kCoefBytes;
   // +1024: the dynamic shared memory base is only 16-byte aligned for sure, and the 128-byte
   // swizzle pattern (TMA and wgmma agree on it only from a 1024-byte aligned base) needs more.
   static constexpr int kSmemBytes = kUsedBytes + 1024;
@@ -181,9 +182,9 @@ struct WarpspecGemm {
         mbar_init(empty0 + 8 * s, 4 * kTeam * CLUSTER);
       }
       for (int b = 0; b < 2; ++b) {
-        mbar_init(coef_full0 + 8 * b, 32);          // every lane of the coefficient warp
-        mbar_init(coef_empty0 + 8 * b, 4 * kTeam);  // every warp of the team that used it
-        mbar_init(coef_empty0 + 16 + 8 * b, 4);     // turn[b]: every warp of the other group
+        mbar_init(coef_full0 + 8 * b, 32);            // every lane of the coefficient warp
+        mbar_init(coef_empty0 + 8 * b, 128 * kTeam);  // every thread of the team that used it
+        mbar_init(coef_empty0 + 16 + 8 * b, 4);       // turn[b]: every warp of the other group
       }
       mbar_fence_init();
     }
@@ -199,8 +200,8 @@ struct WarpspecGemm {
       if (threadIdx.x == 0) {
         produce(tx, tw, base, full0, empty0, rank);
       } else if (kCoefWarp && threadIdx.x / 32 == 1) {
-        coefficients(p, reinterpret_cast<float*>(smem + kCoefOffset), coef_full0, coef_empty0,
-                     rank, threadIdx.x % 32);
+        coefficients(p, reinterpret_cast<float*>(smem + kCoefOffset), coef_full0, coef_empty0, rank,
+                     threadIdx.x % 32);
       }
     } else {
       if constexpr (CONSUMERS == 2) regs_acquire<kConsumerRegs>();
@@ -232,8 +233,9 @@ struct WarpspecGemm {
     return r;
   }
   __device__ __forceinline__ static void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
-                     : "memory");
+    asm volatile(
+        "barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+            : "memory");
   }
 
   __device__ static void produce(const TmaDescriptor& tx, const TmaDescriptor& tw, unsigned base,
@@ -351,8 +353,7 @@ struct WarpspecGemm {
               // Descriptor addresses are in 16-byte units.
               const unsigned a_off = (ka * kASlab + ma * 64 * 128 + ks * 32) >> 4;
               const unsigned b_off = (ka * kBSlab + ks * 32) >> 4;
-              Wgmma<T, BN>::mma(acc[ma], da + a_off, db + b_off,
-                                (kt | ka | ks) != 0 ? 1 : 0);
+              Wgmma<T, BN>::mma(acc[ma], da + a_off, db + b_off, (kt | ka | ks) != 0 ? 1 : 0);
             }
         wgmma_commit();
         if (kt > 0) {
@@ -389,8 +390,10 @@ struct WarpspecGemm {
           FragEpi::run(p, acc, scratch, t.m0, t.n0, t.row, etid, coef);
         }
         if constexpr (kCoefWarp) {
-          __syncwarp();  // every lane of this warp is done reading the buffer
-          if (lane == 0) mbar_arrive(coef_empty0 + 8 * slot.buf);
+          // Every reader arrives itself (rather than one lane per warp after __syncwarp): each
+          // thread's own release then orders its reads before the coefficient warp's next
+          // writes, which is also what compute-sanitizer's racecheck can follow.
+          mbar_arrive(coef_empty0 + 8 * slot.buf);
         }
         ++runs;
       } else {

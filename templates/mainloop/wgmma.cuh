@@ -12,9 +12,9 @@ namespace fj {
 // hardware applies the XOR pattern to the final address, which is why every tile base must be
 // 1024-byte aligned (base offset field 0).
 __device__ __forceinline__ unsigned long long wgmma_desc_sw128(unsigned smem_addr) {
-  constexpr unsigned long long kLeading = 1;            // 16 bytes, ignored
-  constexpr unsigned long long kStride = 1024 >> 4;     // between 8-row groups
-  constexpr unsigned long long kSwizzle128 = 1;         // layout type 1: 128-byte swizzle
+  constexpr unsigned long long kLeading = 1;         // 16 bytes, ignored
+  constexpr unsigned long long kStride = 1024 >> 4;  // between 8-row groups
+  constexpr unsigned long long kSwizzle128 = 1;      // layout type 1: 128-byte swizzle
   return static_cast<unsigned long long>((smem_addr & 0x3FFFF) >> 4) | (kLeading << 16) |
          (kStride << 32) | (kSwizzle128 << 62);
 }

@@ -63,8 +63,8 @@ std::string spec(const std::string& name, const std::string& type, int math, boo
     << "  static constexpr int M = 1000, N = 1000, K = 1000, LDX = 1000, LDW = 1000, LDY = 1000;\n"
     << "  static constexpr int BM = " << 64 * consumers << ", BN = " << bn
     << ", BK = " << (type == "float" ? 32 : 64) << ", STAGES = 4;\n"
-    << "  static constexpr int CONSUMERS = " << consumers
-    << ", THREADS = " << 128 * (consumers + 1) << ", CLUSTER_M = " << cluster << ";\n"
+    << "  static constexpr int CONSUMERS = " << consumers << ", THREADS = " << 128 * (consumers + 1)
+    << ", CLUSTER_M = " << cluster << ";\n"
     << "  static constexpr bool PERSISTENT = " << (persistent ? "true" : "false") << ";\n"
     << "  static constexpr int GROUP_M = 8, VEC_BYTES = 16;\n"
     << "  static constexpr bool TRAIN = " << (train ? "true" : "false")
@@ -138,7 +138,8 @@ TEST_CASE("the warpspec kernel compiles to wgmma, TMA, mbarrier and setmaxnreg P
   CHECK(count(text, "wgmma.fence.sync.aligned") >= 4);
   CHECK(count(text, "wgmma.commit_group.sync.aligned") >= 4);
   CHECK(count(text, "wgmma.wait_group.sync.aligned") >= 4);
-  CHECK(count(text, "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes") >= 4);
+  CHECK(count(text,
+              "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes") >= 4);
   CHECK(count(text, "mbarrier.arrive.expect_tx") >= 4);
   CHECK(count(text, "mbarrier.try_wait.parity") >= 4);
   // Register reallocation between producer and consumer warpgroups (two-consumer kernels).

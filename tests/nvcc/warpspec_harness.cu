@@ -43,33 +43,31 @@
 #include "kernels/bn_finalize.cuh"
 #include "kernels/warpspec_gemm.cuh"
 
-#define CK(call)                                                                             \
-  do {                                                                                       \
-    cudaError_t e_ = (call);                                                                 \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                     \
-                   cudaGetErrorString(e_));                                                  \
-      std::exit(2);                                                                          \
-    }                                                                                        \
+#define CK(call)                                                                                  \
+  do {                                                                                            \
+    cudaError_t e_ = (call);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                               \
+    }                                                                                             \
   } while (0)
-#define CKLT(call)                                                                           \
-  do {                                                                                       \
-    cublasStatus_t s_ = (call);                                                              \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                       \
-      std::fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #call,       \
-                   int(s_));                                                                 \
-      std::exit(2);                                                                          \
-    }                                                                                        \
+#define CKLT(call)                                                                               \
+  do {                                                                                           \
+    cublasStatus_t s_ = (call);                                                                  \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                           \
+      std::fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #call, int(s_)); \
+      std::exit(2);                                                                              \
+    }                                                                                            \
   } while (0)
-#define CKCU(call)                                                                           \
-  do {                                                                                       \
-    CUresult r_ = (call);                                                                    \
-    if (r_ != CUDA_SUCCESS) {                                                                \
-      const char* n_ = nullptr;                                                              \
-      cuGetErrorName(r_, &n_);                                                               \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, n_ ? n_ : "?");     \
-      std::exit(2);                                                                          \
-    }                                                                                        \
+#define CKCU(call)                                                                       \
+  do {                                                                                   \
+    CUresult r_ = (call);                                                                \
+    if (r_ != CUDA_SUCCESS) {                                                            \
+      const char* n_ = nullptr;                                                          \
+      cuGetErrorName(r_, &n_);                                                           \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, n_ ? n_ : "?"); \
+      std::exit(2);                                                                      \
+    }                                                                                    \
   } while (0)
 
 namespace {
@@ -78,9 +76,12 @@ namespace {
 
 template <class T>
 constexpr int math_of() {
-  if constexpr (std::is_same_v<T, float>) return fj::kMathTf32;
-  else if constexpr (std::is_same_v<T, fj::half_t>) return fj::kMathFp16;
-  else return fj::kMathBf16;
+  if constexpr (std::is_same_v<T, float>)
+    return fj::kMathTf32;
+  else if constexpr (std::is_same_v<T, fj::half_t>)
+    return fj::kMathFp16;
+  else
+    return fj::kMathBf16;
 }
 
 enum Mode { kEval, kTrain2, kTrain1 };
@@ -140,9 +141,12 @@ uint16_t float_to_bf16(float f) {
 float half_to_float(uint16_t h) {
   const uint32_t s = (h >> 15) & 1u, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
   float v;
-  if (e == 0) v = std::ldexp(static_cast<float>(m), -24);
-  else if (e == 31) v = m ? NAN : INFINITY;
-  else v = std::ldexp(static_cast<float>(m | 0x400u), static_cast<int>(e) - 25);
+  if (e == 0)
+    v = std::ldexp(static_cast<float>(m), -24);
+  else if (e == 31)
+    v = m ? NAN : INFINITY;
+  else
+    v = std::ldexp(static_cast<float>(m | 0x400u), static_cast<int>(e) - 25);
   return s ? -v : v;
 }
 uint16_t float_to_half(float f) {
@@ -204,7 +208,8 @@ CUtensorMap make_map(CUtensorMapDataType type, int elem, const void* base, int64
   std::memset(&m, 0, sizeof(m));
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * elem)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(128 / elem), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(128 / elem),
+                             static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t es[2] = {1, 1};
   CKCU(cuTensorMapEncodeTiled(&m, type, 2, const_cast<void*>(base), dims, strides, box, es,
                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -243,8 +248,8 @@ struct LtGemm {
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool ok = false;
-  LtGemm(Ctx& ctx, cudaDataType_t in, cudaDataType_t out, cublasComputeType_t compute, int M,
-         int N, int K, int ldy) {
+  LtGemm(Ctx& ctx, cudaDataType_t in, cudaDataType_t out, cublasComputeType_t compute, int M, int N,
+         int K, int ldy) {
     CKLT(cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     CKLT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
@@ -332,7 +337,8 @@ std::unique_ptr<ShapeData> make_shape(Ctx& ctx, int M, int N, int K, uint64_t se
     CK(cudaMalloc(&da, sizeof(float) * M * N));
     // Strict fp32 for float inputs (no TF32): the reference must be more accurate than tf32.
     LtGemm g(ctx, H::kCuda, CUDA_R_32F,
-             std::is_same_v<T, float> ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F, M, N, K, N);
+             std::is_same_v<T, float> ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F, M, N, K,
+             N);
     if (!g.ok) {
       std::fprintf(stderr, "cuBLASLt found no fp32-output algorithm\n");
       std::exit(2);
@@ -351,7 +357,8 @@ std::unique_ptr<ShapeData> make_shape(Ctx& ctx, int M, int N, int K, uint64_t se
       double r = 0;
       for (int k = 0; k < K; ++k)
         r += H::to(hx[static_cast<size_t>(m) * K + k]) * H::to(hw[static_cast<size_t>(n) * K + k]);
-      num += (r - sd->a[static_cast<size_t>(m) * N + n]) * (r - sd->a[static_cast<size_t>(m) * N + n]);
+      num +=
+          (r - sd->a[static_cast<size_t>(m) * N + n]) * (r - sd->a[static_cast<size_t>(m) * N + n]);
       den += r * r;
     }
     if (std::sqrt(num / den) > 1e-4) {
@@ -420,7 +427,9 @@ void run_case(Ctx& ctx, const char* name, bool timed) {
   if (ctx.filter) {
     const std::string id = std::string(name) + " " + H::kName + " " + std::to_string(M) + "x" +
                            std::to_string(N) + "x" + std::to_string(K) + " " +
-                           (Spec::kMode == kEval ? "eval" : Spec::kMode == kTrain2 ? "train2" : "train1");
+                           (Spec::kMode == kEval     ? "eval"
+                            : Spec::kMode == kTrain2 ? "train2"
+                                                     : "train1");
     if (id.find(ctx.filter) == std::string::npos) return;
   }
   const std::string key = std::string(H::kName) + ":" + std::to_string(M) + "x" +
@@ -509,11 +518,13 @@ void run_case(Ctx& ctx, const char* name, bool timed) {
   auto launch_all = [&] {
     launch_gemm();
     if constexpr (Spec::kMode == kTrain2) {
-      ws_finalize<Spec><<<(N + fj::kFinCols - 1) / fj::kFinCols, fj::kFinCols * fj::kFinGroups, 0,
-                          ctx.stream>>>(p);
+      ws_finalize<Spec>
+          <<<(N + fj::kFinCols - 1) / fj::kFinCols, fj::kFinCols * fj::kFinGroups, 0, ctx.stream>>>(
+              p);
       const int chunks = (N + 7) / 8;
       const long long total = static_cast<long long>(M) * chunks;
-      const int blocks = static_cast<int>(std::min<long long>((total + 255) / 256, ctx.sm_count * 16));
+      const int blocks =
+          static_cast<int>(std::min<long long>((total + 255) / 256, ctx.sm_count * 16));
       ws_apply<Spec><<<blocks, 256, 0, ctx.stream>>>(p);
     }
   };
@@ -578,19 +589,24 @@ void run_case(Ctx& ctx, const char* name, bool timed) {
   for (int m = 0; m < M + kGuardRows; ++m)
     for (int c = 0; c < LDY; ++c) {
       const bool is_nan = H::is_nan(hy[static_cast<size_t>(m) * LDY + c]);
-      if (m < M && c < N) nan_valid += is_nan;
-      else clobbered += !is_nan;
+      if (m < M && c < N)
+        nan_valid += is_nan;
+      else
+        clobbered += !is_nan;
     }
   const double ey = rel(out, ref);
   const double es = rel(st_out, st_ref);
   const bool nbt_ok = Spec::TRAIN ? nbt == 1 : nbt == 0;
   const bool pass = ey <= H::kTol && es <= 2e-3 && nan_valid == 0 && clobbered == 0 && nbt_ok;
   Row row{name, M, N, K, H::kName, Spec::kMode, pass, ey, es};
-  std::printf("%-20s %-5s %6dx%-6dx%-6d %-6s smem=%6d grid=%4d y_err=%.2e stats_err=%.2e nan=%zu "
-              "clobbered=%zu nbt=%lld  %s\n",
-              name, H::kName, M, N, K,
-              Spec::kMode == kEval ? "eval" : Spec::kMode == kTrain2 ? "train2" : "train1",
-              G::kSmemBytes, grid, ey, es, nan_valid, clobbered, nbt, pass ? "PASS" : "FAIL");
+  std::printf(
+      "%-20s %-5s %6dx%-6dx%-6d %-6s smem=%6d grid=%4d y_err=%.2e stats_err=%.2e nan=%zu "
+      "clobbered=%zu nbt=%lld  %s\n",
+      name, H::kName, M, N, K,
+      Spec::kMode == kEval     ? "eval"
+      : Spec::kMode == kTrain2 ? "train2"
+                               : "train1",
+      G::kSmemBytes, grid, ey, es, nan_valid, clobbered, nbt, pass ? "PASS" : "FAIL");
   std::fflush(stdout);
 
   if (timed && ctx.time) {
@@ -603,12 +619,12 @@ void run_case(Ctx& ctx, const char* name, bool timed) {
     if (g.ok) row.ms_cublas = median_ms(ctx, [&] { g.run(ctx, sd.dx, sd.dw, dy); });
   }
   g_rows.push_back(row);
-  for (void* ptr : {static_cast<void*>(dy), static_cast<void*>(d_bias), static_cast<void*>(d_scale),
-                    static_cast<void*>(d_gamma), static_cast<void*>(d_beta),
-                    static_cast<void*>(d_rm), static_cast<void*>(d_rv),
-                    static_cast<void*>(d_save_mean), static_cast<void*>(d_save_invstd),
-                    static_cast<void*>(d_part), static_cast<void*>(d_coef),
-                    static_cast<void*>(d_nbt)})
+  for (void* ptr :
+       {static_cast<void*>(dy), static_cast<void*>(d_bias), static_cast<void*>(d_scale),
+        static_cast<void*>(d_gamma), static_cast<void*>(d_beta), static_cast<void*>(d_rm),
+        static_cast<void*>(d_rv), static_cast<void*>(d_save_mean),
+        static_cast<void*>(d_save_invstd), static_cast<void*>(d_part), static_cast<void*>(d_coef),
+        static_cast<void*>(d_nbt)})
     CK(cudaFree(ptr));
 }
 
@@ -616,44 +632,77 @@ using bf16 = fj::bf16_t;
 using f16 = fj::half_t;
 
 // Small shapes with tails in M, N and K: every flavour of the kernel.
-//   name                                  T     M    N    K    LDY  mode    BM   BN  S C pers frag cl
+//   name                                  T     M    N    K    LDY  mode    BM   BN  S C pers frag
+//   cl
 void small_cases(Ctx& c) {
   run_case<WsSpec<bf16, 200, 300, 1000, 304, kEval, 128, 256, 4, 2, false, true>>(c, "frag", false);
-  run_case<WsSpec<bf16, 200, 300, 1000, 304, kTrain2, 128, 256, 4, 2, false, true>>(c, "frag", false);
-  run_case<WsSpec<bf16, 100, 300, 1000, 304, kTrain1, 128, 256, 4, 2, false, true>>(c, "frag", false);
-  run_case<WsSpec<bf16, 200, 300, 1000, 304, kEval, 128, 256, 4, 2, true, true>>(c, "frag-pers", false);
-  run_case<WsSpec<bf16, 200, 300, 1000, 304, kTrain2, 128, 256, 4, 2, true, true>>(c, "frag-pers", false);
-  run_case<WsSpec<bf16, 200, 300, 1000, 304, kEval, 128, 256, 4, 2, true, true, 2>>(c, "frag-pers-cl2", false);
-  run_case<WsSpec<bf16, 200, 300, 1000, 304, kTrain2, 128, 256, 4, 2, false, true, 2>>(c, "frag-cl2", false);
-  run_case<WsSpec<bf16, 200, 300, 1000, 304, kEval, 128, 256, 4, 2, false, false>>(c, "acctile", false);
-  run_case<WsSpec<bf16, 200, 300, 1000, 304, kTrain2, 128, 256, 4, 2, false, false>>(c, "acctile", false);
-  run_case<WsSpec<bf16, 100, 300, 1000, 304, kTrain1, 128, 256, 4, 2, false, false>>(c, "acctile", false);
-  run_case<WsSpec<bf16, 200, 300, 1000, 304, kTrain2, 128, 128, 4, 2, true, false>>(c, "acctile-pers", false);
-  run_case<WsSpec<bf16, 200, 300, 1000, 304, kEval, 64, 128, 6, 1, false, true>>(c, "frag-c1", false);
-  run_case<WsSpec<bf16, 200, 300, 1000, 304, kTrain2, 256, 128, 3, 2, false, true>>(c, "frag-bm256", false);
-  run_case<WsSpec<f16, 200, 300, 1000, 304, kEval, 128, 256, 4, 2, true, true>>(c, "frag-pers", false);
-  run_case<WsSpec<f16, 200, 300, 1000, 304, kTrain2, 128, 128, 5, 2, false, true>>(c, "frag", false);
-  run_case<WsSpec<float, 200, 300, 1000, 304, kEval, 128, 128, 4, 2, true, true>>(c, "frag-pers", false);
-  run_case<WsSpec<float, 200, 300, 1000, 304, kTrain2, 128, 256, 4, 2, false, true>>(c, "frag", false);
-  run_case<WsSpec<bf16, 200, 300, 1000, 304, kEval, 128, 128, 5, 2, true, true, 1, true>>(c, "pp", false);
-  run_case<WsSpec<bf16, 200, 300, 1000, 304, kTrain2, 128, 128, 5, 2, true, true, 1, true>>(c, "pp", false);
-  run_case<WsSpec<bf16, 100, 300, 1000, 304, kTrain1, 128, 128, 5, 2, true, true, 1, true>>(c, "pp", false);
-  run_case<WsSpec<bf16, 200, 300, 1000, 304, kEval, 128, 128, 5, 2, true, true, 2, true>>(c, "pp-cl2", false);
-  run_case<WsSpec<bf16, 600, 300, 1000, 304, kTrain2, 128, 128, 5, 2, true, true, 2, true>>(c, "pp-cl2", false);
-  run_case<WsSpec<bf16, 200, 300, 1000, 304, kTrain2, 64, 256, 4, 2, true, true, 1, true>>(c, "pp64", false);
-  run_case<WsSpec<f16, 200, 300, 1000, 304, kEval, 64, 256, 4, 2, true, true, 2, true>>(c, "pp64-cl2", false);
-  run_case<WsSpec<float, 200, 300, 1000, 304, kTrain2, 128, 128, 5, 2, true, true, 1, true>>(c, "pp", false);
+  run_case<WsSpec<bf16, 200, 300, 1000, 304, kTrain2, 128, 256, 4, 2, false, true>>(c, "frag",
+                                                                                    false);
+  run_case<WsSpec<bf16, 100, 300, 1000, 304, kTrain1, 128, 256, 4, 2, false, true>>(c, "frag",
+                                                                                    false);
+  run_case<WsSpec<bf16, 200, 300, 1000, 304, kEval, 128, 256, 4, 2, true, true>>(c, "frag-pers",
+                                                                                 false);
+  run_case<WsSpec<bf16, 200, 300, 1000, 304, kTrain2, 128, 256, 4, 2, true, true>>(c, "frag-pers",
+                                                                                   false);
+  run_case<WsSpec<bf16, 200, 300, 1000, 304, kEval, 128, 256, 4, 2, true, true, 2>>(
+      c, "frag-pers-cl2", false);
+  run_case<WsSpec<bf16, 200, 300, 1000, 304, kTrain2, 128, 256, 4, 2, false, true, 2>>(
+      c, "frag-cl2", false);
+  run_case<WsSpec<bf16, 200, 300, 1000, 304, kEval, 128, 256, 4, 2, false, false>>(c, "acctile",
+                                                                                   false);
+  run_case<WsSpec<bf16, 200, 300, 1000, 304, kTrain2, 128, 256, 4, 2, false, false>>(c, "acctile",
+                                                                                     false);
+  run_case<WsSpec<bf16, 100, 300, 1000, 304, kTrain1, 128, 256, 4, 2, false, false>>(c, "acctile",
+                                                                                     false);
+  run_case<WsSpec<bf16, 200, 300, 1000, 304, kTrain2, 128, 128, 4, 2, true, false>>(
+      c, "acctile-pers", false);
+  run_case<WsSpec<bf16, 200, 300, 1000, 304, kEval, 64, 128, 6, 1, false, true>>(c, "frag-c1",
+                                                                                 false);
+  run_case<WsSpec<bf16, 200, 300, 1000, 304, kTrain2, 256, 128, 3, 2, false, true>>(c, "frag-bm256",
+                                                                                    false);
+  run_case<WsSpec<f16, 200, 300, 1000, 304, kEval, 128, 256, 4, 2, true, true>>(c, "frag-pers",
+                                                                                false);
+  run_case<WsSpec<f16, 200, 300, 1000, 304, kTrain2, 128, 128, 5, 2, false, true>>(c, "frag",
+                                                                                   false);
+  run_case<WsSpec<float, 200, 300, 1000, 304, kEval, 128, 128, 4, 2, true, true>>(c, "frag-pers",
+                                                                                  false);
+  run_case<WsSpec<float, 200, 300, 1000, 304, kTrain2, 128, 256, 4, 2, false, true>>(c, "frag",
+                                                                                     false);
+  run_case<WsSpec<bf16, 200, 300, 1000, 304, kEval, 128, 128, 5, 2, true, true, 1, true>>(c, "pp",
+                                                                                          false);
+  run_case<WsSpec<bf16, 200, 300, 1000, 304, kTrain2, 128, 128, 5, 2, true, true, 1, true>>(c, "pp",
+                                                                                            false);
+  run_case<WsSpec<bf16, 100, 300, 1000, 304, kTrain1, 128, 128, 5, 2, true, true, 1, true>>(c, "pp",
+                                                                                            false);
+  run_case<WsSpec<bf16, 200, 300, 1000, 304, kEval, 128, 128, 5, 2, true, true, 2, true>>(
+      c, "pp-cl2", false);
+  run_case<WsSpec<bf16, 600, 300, 1000, 304, kTrain2, 128, 128, 5, 2, true, true, 2, true>>(
+      c, "pp-cl2", false);
+  run_case<WsSpec<bf16, 200, 300, 1000, 304, kTrain2, 64, 256, 4, 2, true, true, 1, true>>(
+      c, "pp64", false);
+  run_case<WsSpec<f16, 200, 300, 1000, 304, kEval, 64, 256, 4, 2, true, true, 2, true>>(
+      c, "pp64-cl2", false);
+  run_case<WsSpec<float, 200, 300, 1000, 304, kTrain2, 128, 128, 5, 2, true, true, 1, true>>(
+      c, "pp", false);
   // Tiny: one partial tile, fewer k-slices than stages, a cluster whose second CTA is past M.
   run_case<WsSpec<bf16, 37, 50, 72, 56, kEval, 128, 256, 4, 2, false, true>>(c, "tiny-frag", false);
-  run_case<WsSpec<bf16, 37, 50, 72, 56, kTrain1, 128, 256, 4, 2, false, true>>(c, "tiny-frag", false);
-  run_case<WsSpec<bf16, 37, 50, 72, 56, kTrain2, 128, 256, 4, 2, true, true, 2>>(c, "tiny-pers-cl2", false);
-  run_case<WsSpec<bf16, 37, 50, 72, 56, kTrain1, 128, 128, 5, 2, true, true, 1, true>>(c, "tiny-pp", false);
-  run_case<WsSpec<bf16, 37, 50, 72, 56, kTrain2, 128, 256, 4, 2, false, false>>(c, "tiny-acctile", false);
+  run_case<WsSpec<bf16, 37, 50, 72, 56, kTrain1, 128, 256, 4, 2, false, true>>(c, "tiny-frag",
+                                                                               false);
+  run_case<WsSpec<bf16, 37, 50, 72, 56, kTrain2, 128, 256, 4, 2, true, true, 2>>(c, "tiny-pers-cl2",
+                                                                                 false);
+  run_case<WsSpec<bf16, 37, 50, 72, 56, kTrain1, 128, 128, 5, 2, true, true, 1, true>>(c, "tiny-pp",
+                                                                                       false);
+  run_case<WsSpec<bf16, 37, 50, 72, 56, kTrain2, 128, 256, 4, 2, false, false>>(c, "tiny-acctile",
+                                                                                false);
   // Many tiles per persistent CTA (4 CTAs), short K: the producer runs far into later tiles.
-  run_case<WsSpec<bf16, 520, 1000, 136, 1000, kEval, 128, 256, 4, 2, true, true>>(c, "many-pers", false);
-  run_case<WsSpec<bf16, 520, 1000, 136, 1000, kTrain2, 128, 256, 4, 2, true, true, 2>>(c, "many-pers-cl2", false);
-  run_case<WsSpec<bf16, 520, 1000, 136, 1000, kEval, 128, 128, 5, 2, true, true, 2, true>>(c, "many-pp-cl2", false);
-  run_case<WsSpec<f16, 520, 1000, 136, 1000, kTrain2, 128, 128, 5, 2, true, true, 1, true>>(c, "many-pp", false);
+  run_case<WsSpec<bf16, 520, 1000, 136, 1000, kEval, 128, 256, 4, 2, true, true>>(c, "many-pers",
+                                                                                  false);
+  run_case<WsSpec<bf16, 520, 1000, 136, 1000, kTrain2, 128, 256, 4, 2, true, true, 2>>(
+      c, "many-pers-cl2", false);
+  run_case<WsSpec<bf16, 520, 1000, 136, 1000, kEval, 128, 128, 5, 2, true, true, 2, true>>(
+      c, "many-pp-cl2", false);
+  run_case<WsSpec<f16, 520, 1000, 136, 1000, kTrain2, 128, 128, 5, 2, true, true, 1, true>>(
+      c, "many-pp", false);
 }
 
 // Big shapes: checked against the cuBLAS fp32 reference and timed against cuBLASLt.
@@ -662,11 +711,14 @@ void small_cases(Ctx& c) {
 template <int M, int N, int K>
 void big_cases(Ctx& c) {
   run_case<WsSpec<bf16, M, N, K, N, kEval, 128, 256, 4, 2, true, true>>(c, "frag-pers", true);
-  run_case<WsSpec<bf16, M, N, K, N, kEval, 128, 256, 4, 2, true, true, 2>>(c, "frag-pers-cl2", true);
+  run_case<WsSpec<bf16, M, N, K, N, kEval, 128, 256, 4, 2, true, true, 2>>(c, "frag-pers-cl2",
+                                                                           true);
   run_case<WsSpec<bf16, M, N, K, N, kEval, 128, 128, 5, 2, true, true, 1, true>>(c, "pp", true);
   run_case<WsSpec<bf16, M, N, K, N, kTrain2, 128, 256, 4, 2, true, true>>(c, "frag-pers", true);
-  run_case<WsSpec<bf16, M, N, K, N, kTrain2, 128, 256, 4, 2, true, true, 2>>(c, "frag-pers-cl2", true);
-  run_case<WsSpec<bf16, M, N, K, N, kEval, 128, 256, 4, 2, true, true>>(c, "frag-pers(again)", true);
+  run_case<WsSpec<bf16, M, N, K, N, kTrain2, 128, 256, 4, 2, true, true, 2>>(c, "frag-pers-cl2",
+                                                                             true);
+  run_case<WsSpec<bf16, M, N, K, N, kEval, 128, 256, 4, 2, true, true>>(c, "frag-pers(again)",
+                                                                        true);
 }
 
 }  // namespace
@@ -692,8 +744,10 @@ int main(int argc, char** argv) {
   small_cases(ctx);
   if (!quick) {
     big_cases<1024, 8192, 8192>(ctx);
-    run_case<WsSpec<f16, 4096, 4096, 4096, 4096, kEval, 128, 256, 4, 2, true, true>>(ctx, "frag-pers", true);
-    run_case<WsSpec<float, 4096, 4096, 4096, 4096, kEval, 128, 128, 5, 2, true, true>>(ctx, "frag-pers-n128", true);
+    run_case<WsSpec<f16, 4096, 4096, 4096, 4096, kEval, 128, 256, 4, 2, true, true>>(
+        ctx, "frag-pers", true);
+    run_case<WsSpec<float, 4096, 4096, 4096, 4096, kEval, 128, 128, 5, 2, true, true>>(
+        ctx, "frag-pers-n128", true);
     big_cases<4096, 4096, 4096>(ctx);
     big_cases<16384, 4096, 4096>(ctx);
   }
@@ -709,7 +763,10 @@ int main(int argc, char** argv) {
     char shape[32];
     std::snprintf(shape, sizeof(shape), "%dx%dx%d", r.M, r.N, r.K);
     std::printf("%-16s %-5s %-18s %-6s %5s %9.4f %9.4f %9.4f %8.1f %8.3f %7.1e\n", r.name.c_str(),
-                r.dtype, shape, r.mode == kEval ? "eval" : r.mode == kTrain2 ? "train2" : "train1",
+                r.dtype, shape,
+                r.mode == kEval     ? "eval"
+                : r.mode == kTrain2 ? "train2"
+                                    : "train1",
                 r.pass ? "ok" : "FAIL", r.ms, r.ms_total, r.ms_cublas,
                 r.ms_total > 0 ? flops / (r.ms_total * 1e9) : 0.0,
                 r.ms_cublas > 0 ? r.ms_total / r.ms_cublas : 0.0, r.err_y);

@@ -12,26 +12,28 @@ namespace {
 
 CUtensorMapDataType tma_type(DType d) {
   switch (d) {
-    case DType::bf16: return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-    case DType::fp16: return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    case DType::bf16:
+      return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    case DType::fp16:
+      return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     // The copy engine rounds to tf32 (nearest) as it loads; raw fp32 bits would make wgmma
     // truncate the low mantissa bits instead, which biases every product toward zero.
-    case DType::tf32: return CU_TENSOR_MAP_DATA_TYPE_TFLOAT32;
-    case DType::fp32: return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+    case DType::tf32:
+      return CU_TENSOR_MAP_DATA_TYPE_TFLOAT32;
+    case DType::fp32:
+      return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
   }
   return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
 }
 
 }  // namespace
 
-CUtensorMap encode_tma_tile_map(DType dtype, const void* base, std::int64_t rows,
-                                std::int64_t cols, std::int64_t ld, int box_rows, int box_cols,
-                                const char* what) {
+CUtensorMap encode_tma_tile_map(DType dtype, const void* base, std::int64_t rows, std::int64_t cols,
+                                std::int64_t ld, int box_rows, int box_cols, const char* what) {
   const auto elem = static_cast<std::int64_t>(storage_bytes(dtype));
   const auto address = reinterpret_cast<std::uintptr_t>(base);
   if (base == nullptr) throw InvalidArgument(what, "is null");
-  if (address % 16 != 0)
-    throw InvalidArgument(what, "TMA needs a 16-byte aligned base address");
+  if (address % 16 != 0) throw InvalidArgument(what, "TMA needs a 16-byte aligned base address");
   if ((ld * elem) % 16 != 0)
     throw InvalidArgument(what, "TMA needs a row stride that is a multiple of 16 bytes; got " +
                                     std::to_string(ld * elem) + " bytes");

@@ -18,9 +18,8 @@ namespace fusejit {
 // as zero. tf32 maps round fp32 to tf32 on the way in, as the tensor cores expect.
 // Throws InvalidArgument(`what`, ...) when the base address or the row stride is not 16-byte
 // aligned, or a dimension is out of TMA's range; CudaError when the driver rejects the map.
-CUtensorMap encode_tma_tile_map(DType dtype, const void* base, std::int64_t rows,
-                                std::int64_t cols, std::int64_t ld, int box_rows, int box_cols,
-                                const char* what);
+CUtensorMap encode_tma_tile_map(DType dtype, const void* base, std::int64_t rows, std::int64_t cols,
+                                std::int64_t ld, int box_rows, int box_cols, const char* what);
 
 struct WarpspecTensorMaps {
   CUtensorMap x;  // [M][K] boxes of bm rows
