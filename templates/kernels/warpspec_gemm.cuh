@@ -155,7 +155,7 @@ struct WarpspecGemm {
   static constexpr int kConsumerRegs = 232;
 
   // grid.x for the launch (see the header comment).
-  static constexpr int grid_size(int sm_count) {
+  __host__ __device__ static constexpr int grid_size(int sm_count) {
     return CLUSTER * (Spec::PERSISTENT ? (kClusterTiles < sm_count / CLUSTER ? kClusterTiles
                                                                              : sm_count / CLUSTER)
                                        : kClusterTiles);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -31,8 +32,12 @@ constexpr double kDefaultEps = 1e-5;
 int stride_alignment(const Problem& p) {
   const auto eb = static_cast<std::int64_t>(storage_bytes(p.dtype));
   int a = 16;
-  for (std::int64_t ld : {p.lda_x(), p.lda_w(), p.lda_y()})
+  for (std::int64_t ld : {p.lda_x(), p.lda_w(), p.lda_y()}) {
+    // Problem::validate() rejects such strides later; ld * eb must not overflow before that
+    // (found by tests/fuzz/sweep_line_fuzz.cpp).
+    if (ld < 0 || ld > std::numeric_limits<std::int32_t>::max()) continue;
     a = std::min(a, natural_alignment(0, ld * eb));
+  }
   return a;
 }
 
@@ -336,7 +341,11 @@ SweepCase parse_sweep_line(std::string_view line) {
     } else if (key == "ldy" && !val.empty()) {
       p.ldy = parse_int(key, val);
     } else if (key == "align" && !val.empty()) {
-      align = static_cast<int>(parse_int(key, val));
+      // Range-checked before narrowing: align=4294967312 must not become align=16.
+      const std::int64_t v = parse_int(key, val);
+      if (v < 0 || v > 16)
+        throw InvalidArgument("sweep", fmt::format("align={} is not one of 16, 8, 4, 2, 1", v));
+      align = static_cast<int>(v);
     } else {
       throw InvalidArgument("sweep", fmt::format("unknown flag '{}' (expected nobias, noscale, "
                                                  "noaffine, notrack, centred, non_centred, "

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdio>
 
-#include "fusejit/codegen/embedded_templates.hpp"
 #include "fusejit/error.hpp"
 
 namespace fusejit {
@@ -24,14 +23,23 @@ int KernelConfig::threads() const {
 }
 
 int KernelConfig::smem_bytes(const Problem& p) const {
-  // An estimate for pruning; the exact figure comes from the compiled kernel (fj_smem_bytes).
   const int eb = static_cast<int>(storage_bytes(p.dtype));
-  const int nt = variant == Variant::tiled ? threads() : 128 * warps_m;
+  auto up16 = [](int v) { return (v + 15) / 16 * 16; };
+  if (variant == Variant::warpspec) {
+    // Mirrors WarpspecGemm::kSmemBytes (fragment epilogue): the stage ring, 2 mbarriers per
+    // stage + 6, the epilogue's per-warp column partials and 128-byte store staging, eval's
+    // double-buffered coefficients, and 1 KiB to align the 128-byte swizzle.
+    const int ring = stages * (bm + bn) * bk * eb;
+    const int bars = (2 * stages + 6) * 8;
+    const int epilogue = (4 * warps_m * bn + 2 * bn) * 4 + bm * (128 + 8 * eb);
+    const int coef = p.mode == Mode::eval ? 16 * bn : 0;
+    return ring + up16(bars) + up16(epilogue) + coef + 1024;
+  }
+  // Tiled: the larger of the cp.async ring and the epilogue's fp32 tile + scratch (they alias).
+  const int nt = threads();
   const int tpc = nt >= bn ? nt / bn : 1;
   const int epilogue = bm * (bn + 8) * 4 + (2 * bn + tpc * bn) * 4;
-  const int ring = p.dtype == DType::fp32 && variant == Variant::tiled
-                       ? stages * bk * (bm + bn + 8) * 4
-                       : stages * (bm + bn) * bk * eb + (variant == Variant::warpspec ? 1024 : 0);
+  const int ring = p.dtype == DType::fp32 ? stages * bk * (bm + bn + 8) * 4 : stages * (bm + bn) * bk * eb;
   return std::max(ring, epilogue);
 }
 
@@ -46,8 +54,12 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
     if (d.cc() != 90) return "warpspec needs sm_90a (Hopper); this device is sm_" + std::to_string(d.cc());
     if (strict_fp32) return "warpspec has no strict-fp32 path (wgmma multiplies fp32 as tf32)";
     if (p.effective_alignment() < 16) return "warpspec loads with TMA, which needs 16-byte aligned rows";
-    if (bm % 64 != 0 || bm / 64 != warps_m) return "warpspec: bm must be 64 per consumer warpgroup";
-    if (bn % 16 != 0 || bn > 256) return "warpspec: bn must be a multiple of 16 up to 256";
+    if (bm != 64 * warps_m && bm != 128 * warps_m)
+      return "warpspec: bm must be 64 or 128 rows per consumer warpgroup";
+    if (warps_m < 1 || warps_m > 2) return "warpspec: 1 or 2 consumer warpgroups";
+    if (bn != 64 && bn != 128 && bn != 192 && bn != 256) return "warpspec: bn must be 64, 128, 192 or 256";
+    if (bk * static_cast<int>(storage_bytes(p.dtype)) % 128 != 0)
+      return "warpspec: bk must span whole 128-byte swizzle rows";
     if (cluster_m != 1 && cluster_m != 2) return "warpspec: cluster_m must be 1 or 2";
   } else {
     if (cluster_m != 1 || persistent) return "tiled has no clusters or persistent scheduling";
@@ -110,13 +122,6 @@ KernelConfig KernelConfig::parse(std::string_view key) {
 
 namespace {
 
-// TEMPORARY while the warpspec template is being written: offer it only once it is embedded.
-bool warpspec_built() {
-  for (const auto& f : embedded_templates())
-    if (f.name == "kernels/warpspec_gemm.cuh") return true;
-  return false;
-}
-
 KernelConfig tiled(int bm, int bn, int bk, int wm, int wn, int stages) {
   KernelConfig c;
   c.variant = Variant::tiled;
@@ -158,12 +163,15 @@ std::vector<KernelConfig> tiled_candidates(const Problem& p) {
 }
 
 std::vector<KernelConfig> warpspec_candidates(const Problem& p) {
+  // Persistent cooperative kernels (two consumer warpgroups on one 128-row tile) measured best
+  // on H100; 64-row tiles with one consumer for small M.
   const int bk = p.dtype == DType::tf32 ? 32 : 64;
-  std::vector<KernelConfig> out = {warpspec(128, 256, bk, 2, 4, false),
-                                   warpspec(128, 128, bk, 2, 5, false),
-                                   warpspec(64, 128, bk, 1, 6, false)};
-  if (p.M <= 64) std::swap(out[0], out[2]);
-  return out;
+  if (p.dtype == DType::tf32)
+    return {warpspec(128, 128, bk, 2, 5, true), warpspec(64, 128, bk, 1, 6, true),
+            warpspec(128, 64, bk, 2, 6, true)};
+  return {warpspec(128, 256, bk, 2, 4, true), warpspec(128, 128, bk, 2, 6, true),
+          warpspec(64, 128, bk, 1, 6, true), warpspec(128, 64, bk, 2, 6, true),
+          warpspec(64, 64, bk, 1, 8, true)};
 }
 
 }  // namespace
@@ -202,7 +210,7 @@ std::vector<KernelConfig> candidate_configs(const Problem& p, const Device& d) {
       if (c.valid_for(p, d)) out.push_back(c);
   };
   // Hopper: wgmma is the fast path; the tiled variant stays as a fallback and contender.
-  if (d.cc() == 90 && warpspec_built()) keep(warpspec_candidates(p));
+  if (d.cc() == 90) keep(warpspec_candidates(p));
   keep(tiled_candidates(p));
   // Cheapest estimate first; the stable sort keeps the lists' preference among equals.
   std::stable_sort(out.begin(), out.end(), [&](const KernelConfig& a, const KernelConfig& b) {
@@ -218,7 +226,6 @@ KernelConfig default_config(const Problem& p, const Device& d, std::optional<Var
   std::string reasons;
   const auto all = variant == Variant::warpspec ? warpspec_candidates(p) : tiled_candidates(p);
   for (const auto& c : all) reasons += "\n  " + c.key() + ": " + c.why_invalid(p, d);
-  if (variant == Variant::warpspec && !warpspec_built()) reasons += "\n  (warpspec not built)";
   throw InvalidArgument("variant", fmt::format("no {} config can run {} on {}{}",
                                                variant ? name(*variant) : "", p.key(), d.name,
                                                reasons));

@@ -37,9 +37,12 @@ void size_launches(PlanCore& c) {
   const auto col_tiles = static_cast<unsigned>((p.N + c.config.bn - 1) / c.config.bn);
   const unsigned tiles = row_tiles * col_tiles;
   if (c.config.variant == Variant::warpspec) {
-    const unsigned cl = static_cast<unsigned>(c.config.cluster_m);
-    unsigned g = c.config.persistent ? std::min<unsigned>(tiles, c.device.sm_count) : tiles;
-    c.gemm_grid = (g + cl - 1) / cl * cl;
+    // WarpspecGemm::grid_size: clusters of cluster_m CTAs along M; persistent grids stop at
+    // one cluster per cluster_m SMs.
+    const auto cl = static_cast<unsigned>(c.config.cluster_m);
+    const unsigned cluster_tiles = (row_tiles + cl - 1) / cl * col_tiles;
+    const unsigned sms = static_cast<unsigned>(c.device.sm_count) / cl;
+    c.gemm_grid = cl * (c.config.persistent ? std::min(cluster_tiles, sms) : cluster_tiles);
   } else {
     c.gemm_grid = tiles;
   }
