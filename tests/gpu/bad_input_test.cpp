@@ -259,16 +259,20 @@ TEST_CASE("leading dimensions that break the promised alignment are rejected by 
     CAPTURE(c.arg);
     Problem p = base_problem(Mode::train);
     p.N = 64;
+    p.alignment = 16;  // an explicit promise (automatic alignment would just narrow itself)
     p.ldx = c.ldx, p.ldw = c.ldw, p.ldy = c.ldy;
     CHECK(rejected_argument([&] { p.validate(); }) == c.arg);
     CHECK(rejected_argument([&] { Plan plan(p); }) == c.arg);
     CHECK(rejected_argument([&] { ReferenceOp op(p); }) == c.arg);
     CHECK(rejected_argument([&] { BareGemm g(p); }) == c.arg);
   }
-  // The same strides are fine with a 2-byte promise.
+  // The same strides are fine with a 2-byte promise, and automatic alignment picks 2 for them.
   Problem p = base_problem(Mode::train);
   p.ldx = 65, p.ldy = 129, p.alignment = 2;
   CHECK(rejected_argument([&] { p.validate(); }) == "(accepted)");
+  p.alignment = 0;
+  CHECK(rejected_argument([&] { p.validate(); }) == "(accepted)");
+  CHECK(p.effective_alignment() == 2);
 }
 
 TEST_CASE("parameters must be fp32 or the input's storage type") {

@@ -71,6 +71,9 @@ double sweep_threshold(DType dtype);
 // ||got - ref|| / ||ref|| (2-norms; ||got - ref|| when ref is all zero); +inf when got holds a
 // NaN or inf, or the sizes differ.
 double relative_error(const std::vector<double>& got, const std::vector<double>& ref);
+// ||got - ref|| / ||scale||: the error measured against each element's natural scale.
+double scaled_error(const std::vector<double>& got, const std::vector<double>& ref,
+                    const std::vector<double>& scale);
 
 // A case's host inputs in their storage formats: what the GPU is given, bit for bit.
 struct CaseInputs {
