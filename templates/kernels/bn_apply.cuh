@@ -2,6 +2,7 @@
 // in place as y = A (d + tile_mean) + B. Runs after bn_finalize in stream order, which is also
 // what makes it the safe place to bump num_batches_tracked (every reader has finished).
 #pragma once
+#include "common/grid_dependency.cuh"
 #include "common/params.h"
 #include "common/types.cuh"
 #include "epilogue/store.cuh"
@@ -29,8 +30,10 @@ __device__ __forceinline__ void load_vec(const T* src, float (&v)[VEC]) {
   }
 }
 
-// Rows one block rewrites; BM is a multiple of it, so a block sees one row tile's mean.
-constexpr int kApplyRows = 32;
+// Rows one block rewrites; BM is a multiple of it, so a block sees one row tile's mean. Few
+// rows per thread with every load issued before the first use: enough bytes in flight to cover
+// memory latency, and enough blocks to fill every SM.
+constexpr int kApplyRows = 8;
 constexpr int kApplyThreads = 128;
 
 // Grid: x over column chunks (VEC columns per thread), y over kApplyRows-row slabs, walked from
@@ -43,6 +46,7 @@ __device__ void bn_apply(const Params& p) {
                           ? Spec::VEC_BYTES / static_cast<int>(sizeof(T))
                           : 1;
   static_assert(Spec::BM % kApplyRows == 0, "a slab must not straddle two row tiles");
+  wait_for_prior_grid();
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && p.num_batches_tracked)
     *p.num_batches_tracked += 1;
   const int c = (blockIdx.x * kApplyThreads + threadIdx.x) * VEC;
@@ -63,20 +67,25 @@ __device__ void bn_apply(const Params& p) {
   }
   T* y = static_cast<T*>(p.y) + static_cast<long long>(r0) * Spec::LDY + c;
   const int rows = min(kApplyRows, Spec::M - r0);
-#pragma unroll 4
-  for (int r = 0; r < rows; ++r, y += Spec::LDY) {
-    float v[VEC];
-    if (n_here == VEC) {
-      load_vec<T, VEC>(y, v);
-    } else {
-      for (int j = 0; j < n_here; ++j) v[j] = to_float(y[j]);
-    }
+  float v[kApplyRows][VEC];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = a[j] * v[j] + b[j];
+  for (int r = 0; r < kApplyRows; ++r) {
+    if (r >= rows) break;
     if (n_here == VEC) {
-      store_vec<T, VEC>(y, v);
+      load_vec<T, VEC>(y + r * Spec::LDY, v[r]);
     } else {
-      for (int j = 0; j < n_here; ++j) y[j] = from_float<T>(v[j]);
+      for (int j = 0; j < n_here; ++j) v[r][j] = to_float(y[r * Spec::LDY + j]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kApplyRows; ++r) {
+    if (r >= rows) break;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[r][j] = a[j] * v[r][j] + b[j];
+    if (n_here == VEC) {
+      store_vec<T, VEC>(y + r * Spec::LDY, v[r]);
+    } else {
+      for (int j = 0; j < n_here; ++j) y[r * Spec::LDY + j] = from_float<T>(v[r][j]);
     }
   }
 }
@@ -84,6 +93,7 @@ __device__ void bn_apply(const Params& p) {
 // Single-pass train with momentum=None: the GEMM's CTAs all read num_batches_tracked, so the
 // increment waits for this one-thread launch after them.
 __device__ __forceinline__ void bump_batches(const Params& p) {
+  wait_for_prior_grid();
   if (p.num_batches_tracked) *p.num_batches_tracked += 1;
 }
 

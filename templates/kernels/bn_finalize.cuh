@@ -3,6 +3,7 @@
 // folded (A, B) that bn_apply uses. Block = 32 columns x FIN_GROUPS row-tile groups: the groups
 // merge disjoint sets of tiles in parallel, then one warp merges the groups.
 #pragma once
+#include "common/grid_dependency.cuh"
 #include "common/params.h"
 #include "epilogue/bn_math.cuh"
 
@@ -15,6 +16,7 @@ template <class Spec>
 __device__ void bn_finalize(const Params& p) {
   constexpr int kRowTiles = (Spec::M + Spec::BM - 1) / Spec::BM;
   __shared__ float s_n[kFinGroups][kFinCols], s_mean[kFinGroups][kFinCols], s_m2[kFinGroups][kFinCols];
+  wait_for_prior_grid();
   const int cx = threadIdx.x % kFinCols;
   const int g = threadIdx.x / kFinCols;
   const int n = blockIdx.x * kFinCols + cx;

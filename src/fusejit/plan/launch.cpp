@@ -16,7 +16,7 @@ namespace {
 
 // Launch shapes the templates fix (kernels/bn_finalize.cuh, kernels/bn_apply.cuh).
 constexpr unsigned kFinalizeColumns = 32, kFinalizeThreads = 256, kApplyThreads = 128,
-                   kApplyRows = 32;
+                   kApplyRows = 8;
 
 void require_pointer(const void* p, const char* arg, std::size_t align, const char* what) {
   if (!p) throw InvalidArgument(arg, fmt::format("expected a device pointer ({}); got null", what));
@@ -130,17 +130,28 @@ void launch(const PlanCore& c, CUstream stream, const Tensors& t, void* workspac
                            static_cast<unsigned>(c.smem_bytes), stream, args, nullptr),
           "cuLaunchKernel(fj_gemm)");
   }
+  // The BatchNorm passes go out as programmatic dependent launches on sm_90+ (they wait for
+  // the previous kernel inside, see templates/common/grid_dependency.cuh).
+  auto dependent = [&](CUfunction f, unsigned gx, unsigned gy, unsigned block, const char* what) {
+    CUlaunchAttribute pdl{};
+    pdl.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    pdl.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig cfg{};
+    cfg.gridDimX = gx;
+    cfg.gridDimY = gy;
+    cfg.gridDimZ = 1;
+    cfg.blockDimX = block;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.hStream = stream;
+    cfg.attrs = &pdl;
+    cfg.numAttrs = c.device.cc() >= 90 ? 1 : 0;
+    check(d.cuLaunchKernelEx(&cfg, f, args, nullptr), what);
+  };
   if (c.finalize)
-    check(d.cuLaunchKernel(c.finalize, c.finalize_grid, 1, 1, kFinalizeThreads, 1, 1, 0, stream,
-                           args, nullptr),
-          "cuLaunchKernel(fj_finalize)");
+    dependent(c.finalize, c.finalize_grid, 1, kFinalizeThreads, "cuLaunchKernelEx(fj_finalize)");
   if (c.apply)
-    check(d.cuLaunchKernel(c.apply, c.apply_grid, c.apply_grid_y, 1, kApplyThreads, 1, 1, 0, stream,
-                           args, nullptr),
-          "cuLaunchKernel(fj_apply)");
-  if (c.bump)
-    check(d.cuLaunchKernel(c.bump, 1, 1, 1, 1, 1, 1, 0, stream, args, nullptr),
-          "cuLaunchKernel(fj_bump)");
+    dependent(c.apply, c.apply_grid, c.apply_grid_y, kApplyThreads, "cuLaunchKernelEx(fj_apply)");
+  if (c.bump) dependent(c.bump, 1, 1, 1, "cuLaunchKernelEx(fj_bump)");
 }
 
 }  // namespace fusejit
