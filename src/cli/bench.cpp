@@ -228,7 +228,7 @@ void add_bench(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand(
       "bench", "Time the fused op against the bare cuBLASLt GEMM and the reference op");
   auto a = std::make_shared<BenchArgs>();
-  a->problem.add_to(*cmd, false);
+  a->problem.add_to(*cmd, true);
   cmd->add_option("--variant", a->variant, "Fused op: auto, tiled or warpspec")
       ->capture_default_str();
   cmd->add_option("--runs", a->runs, "Timed runs per system (median reported)")
