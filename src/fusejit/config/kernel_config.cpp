@@ -186,16 +186,20 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c) {
     case DType::tf32: per_sm = ws ? 2.9e12 : 1.6e12; break;
     default: per_sm = ws ? 5.9e12 : 3.7e12; break;
   }
-  // Small tiles re-read more operand bytes per FLOP and keep fewer MMAs in flight.
+  // Small tiles re-read more operand bytes per FLOP and keep fewer MMAs in flight; few threads
+  // on an SM leave issue slots empty.
   const double eff = std::sqrt(std::min(1.0, double(c.bm) * c.bn / (128.0 * 256.0)));
-  const double tile_us = 2.0 * c.bm * c.bn * double(p.K) / (per_sm * eff) * 1e6;
   const int sms = std::max(1, d.sm_count);
   const int smem = std::max(1, c.smem_bytes(p));
   const int per_sm_ctas = std::max(1, std::min(std::max(d.smem_per_sm, smem) / smem,
                                                std::max(1, d.max_threads_per_sm) / c.threads()));
   const double tiles = std::ceil(double(p.M) / c.bm) * std::ceil(double(p.N) / c.bn);
-  const double waves = std::ceil(tiles / (double(sms) * per_sm_ctas));
-  double us = waves * per_sm_ctas * tile_us + 3.0;
+  // CTAs that actually share an SM: a grid smaller than the GPU spreads one per SM.
+  const double sharing = std::min<double>(per_sm_ctas, std::ceil(tiles / sms));
+  const double fill = std::sqrt(std::min(1.0, sharing * c.threads() / 256.0));
+  const double waves = std::ceil(tiles / (sms * sharing));
+  const double wave_us = sharing * 2.0 * c.bm * c.bn * double(p.K) / (per_sm * eff * fill) * 1e6;
+  double us = waves * wave_us + 3.0;
   if (p.mode == Mode::train && p.M > c.bm) {
     // Two more launches and one read + write of y (fj_apply).
     us += 6.0 + 2.0 * double(p.M) * p.N * storage_bytes(p.dtype) / 2.5e12 * 1e6;
