@@ -1,5 +1,7 @@
 // The `fusejit` command: each verb's happy path, and bad arguments -> one line, exit code 2.
 #include <doctest/doctest.h>
+
+#include "test_process.hpp"
 #include <sys/wait.h>
 
 #include <array>
@@ -12,23 +14,8 @@
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
-
-Result run(const std::string& args) {
-  const char* cli = std::getenv("FUSEJIT_CLI");
-  REQUIRE_MESSAGE(cli, "FUSEJIT_CLI is set by tests/CMakeLists.txt");
-  Result r;
-  FILE* f = popen((std::string(cli) + " " + args + " 2>&1").c_str(), "r");
-  REQUIRE(f);
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), buf.size(), f)) r.out += buf.data();
-  const int status = pclose(f);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using Result = fusejit::test::CommandResult;
+Result run(const std::string& args) { return fusejit::test::run_cli(args); }
 
 std::string temp_dir(const char* tag) {
   auto p = std::filesystem::temp_directory_path() /

@@ -2,6 +2,8 @@
 // syntax round-trips and reports bad lines, inputs are what the reference sees, error figures,
 // and the check/bench verbs' argument handling.
 #include <doctest/doctest.h>
+
+#include "test_process.hpp"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,28 +22,14 @@ using namespace fusejit;
 
 namespace {
 
+using CliResult = fusejit::test::CommandResult;
+using fusejit::test::run_cli;
+
 template <class T>
 bool contains(const std::set<T>& s, T v) {
   return s.count(v) != 0;
 }
 
-struct CliResult {
-  int code = -1;
-  std::string out;
-};
-
-CliResult run_cli(const std::string& args) {
-  const char* cli = std::getenv("FUSEJIT_CLI");
-  REQUIRE_MESSAGE(cli, "FUSEJIT_CLI is set by tests/CMakeLists.txt");
-  CliResult r;
-  FILE* f = popen((std::string(cli) + " " + args + " 2>&1").c_str(), "r");
-  REQUIRE(f);
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), buf.size(), f)) r.out += buf.data();
-  const int status = pclose(f);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 }  // namespace
 

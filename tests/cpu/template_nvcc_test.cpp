@@ -3,6 +3,8 @@
 // alignments) for sm_80 and sm_90a. Needs nvcc, not a GPU; without nvcc the test says so and
 // passes vacuously (NVRTC coverage lives in nvrtc_all_archs_test).
 #include <doctest/doctest.h>
+
+#include "test_process.hpp"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,38 +18,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string find_nvcc() {
-  if (const char* path = std::getenv("PATH")) {
-    std::string p(path);
-    size_t start = 0;
-    while (start <= p.size()) {
-      const size_t end = std::min(p.find(':', start), p.size());
-      const fs::path cand = fs::path(p.substr(start, end - start)) / "nvcc";
-      std::error_code ec;
-      if (end > start && fs::is_regular_file(cand, ec)) return cand.string();
-      start = end + 1;
-    }
-  }
-  std::error_code ec;
-  if (fs::is_regular_file("/usr/local/cuda/bin/nvcc", ec)) return "/usr/local/cuda/bin/nvcc";
-  return {};
-}
+using fusejit::test::find_nvcc;
+using Run = fusejit::test::CommandResult;
+Run run(const std::string& cmd) { return fusejit::test::run_command(cmd); }
 
-struct Run {
-  int code = -1;
-  std::string out;
-};
-
-Run run(const std::string& cmd) {
-  Run r;
-  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
-  REQUIRE(f);
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), buf.size(), f)) r.out += buf.data();
-  const int status = pclose(f);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 }  // namespace
 

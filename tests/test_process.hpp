@@ -1,0 +1,54 @@
+// Running programs from tests: the `fusejit` command (FUSEJIT_CLI, set by tests/CMakeLists.txt)
+// and toolkit tools such as nvcc. Header-only; doctest must be included first.
+#pragma once
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+namespace fusejit::test {
+
+struct CommandResult {
+  int code = -1;    // exit status, -1 when killed by a signal
+  std::string out;  // stdout and stderr together
+};
+
+inline CommandResult run_command(const std::string& cmd) {
+  CommandResult r;
+  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
+  REQUIRE_MESSAGE(f, "popen failed for: " << cmd);
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), f)) r.out += buf.data();
+  const int status = pclose(f);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// `fusejit ARGS`.
+inline CommandResult run_cli(const std::string& args) {
+  const char* cli = std::getenv("FUSEJIT_CLI");
+  REQUIRE_MESSAGE(cli, "FUSEJIT_CLI is set by tests/CMakeLists.txt");
+  return run_command(std::string(cli) + " " + args);
+}
+
+// nvcc from PATH, else the toolkit's default location; empty when there is none.
+inline std::string find_nvcc() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (const char* path = std::getenv("PATH")) {
+    const std::string p(path);
+    for (std::size_t start = 0; start <= p.size();) {
+      const std::size_t end = std::min(p.find(':', start), p.size());
+      const fs::path cand = fs::path(p.substr(start, end - start)) / "nvcc";
+      if (end > start && fs::is_regular_file(cand, ec)) return cand.string();
+      start = end + 1;
+    }
+  }
+  if (fs::is_regular_file("/usr/local/cuda/bin/nvcc", ec)) return "/usr/local/cuda/bin/nvcc";
+  return {};
+}
+
+}  // namespace fusejit::test
