@@ -1,7 +1,11 @@
-// fusejit compile: warm the disk cache for a problem without a GPU (deployment images, CI).
+// fusejit compile: warm the disk cache for a problem without a GPU (deployment images, CI),
+// or (--from-db) for the winners a tuning database recorded on the deployment GPU.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <future>
+#include <set>
 #include <thread>
 
 #include "cli/problem_options.hpp"
@@ -13,6 +17,8 @@
 #include "fusejit/device/device.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
+#include "fusejit/reference/cublaslt_reference.hpp"
+#include "fusejit/tune/tuning_db.hpp"
 
 namespace fusejit::cli {
 
@@ -23,36 +29,112 @@ struct CompileArgs {
   std::string arch;  // empty: the GPU's
   std::string variant = "auto";
   std::string cache_dir;
+  // --from-db [FILE]: FILE, or (no FILE) every database under <cache dir>/tuning.
+  bool from_db = false;
+  std::string db_file;
+  bool problem_given = false;  // --shapes, --dtypes, --modes or --variant given explicitly
 };
 
-int run_compile(const CompileArgs& a) {
-  Device dev;
-  if (!a.arch.empty()) {
-    dev = Device::for_arch(a.arch);
-  } else if (driver_available()) {
-    dev = Device::get(0);
+struct Job {
+  Problem problem;
+  KernelConfig config;
+  std::string arch;
+  bool reference = false;  // the reference op's plain kernels (a tuned winner), not `config`
+};
+
+KernelSource job_source(const Job& j) {
+  return j.reference ? reference_kernel_source(j.problem.dtype, j.problem.param_dtype)
+                     : generate(j.problem, j.config);
+}
+
+// What the tuning databases' Plans will load: each entry's winner and best fused config (a
+// Plan whose winner is the reference still builds that one), for --arch or the database's CC.
+// Configs that cannot run on that arch are skipped with a note.
+std::vector<Job> database_jobs(const CompileArgs& a, std::string* target) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> files;
+  if (!a.db_file.empty()) {
+    files.push_back(a.db_file);
   } else {
-    throw InvalidArgument("arch", "no GPU here: say which architecture to compile for (--arch sm_90a)");
+    const fs::path dir = TuningDb::default_dir(a.cache_dir);
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+      if (it->path().extension() == ".json" && it->path().filename().string()[0] != '.')
+        files.push_back(it->path());
+    std::sort(files.begin(), files.end());
+    if (files.empty())
+      throw Error(
+          fmt::format("no tuning database under {} (run fusejit autotune on the GPU, or "
+                      "name a file: --from-db FILE)",
+                      dir.string()));
   }
-  // The 'a' suffix only matters on sm_90, where it unlocks wgmma; elsewhere plain sm_XY.
-  const std::string arch = dev.arch();
-  if (a.variant != "auto" && a.variant != "all") parse_variant(a.variant);
-  struct Job {
-    Problem problem;
-    KernelConfig config;
-  };
   std::vector<Job> jobs;
-  for (const Problem& p : a.problem.problems()) {
-    if (a.variant == "all") {
-      for (const auto& c : candidate_configs(p, dev)) jobs.push_back({p, c});
-    } else {
-      std::optional<Variant> v;
-      if (a.variant != "auto") v = parse_variant(a.variant);
-      jobs.push_back({p, default_config(p, dev, v)});
+  std::set<std::string> seen;
+  std::set<std::string> archs;
+  for (const auto& file : files) {
+    const TuningTable t = read_tuning_file(file);
+    const Device dev =
+        Device::for_arch(a.arch.empty() ? fmt::format("sm_{}", t.identity.cc) : a.arch);
+    archs.insert(dev.arch());
+    for (const auto& entry : t.entries) {
+      const TuningEntry& e = entry.second;
+      auto add = [&](const Job& j, const std::string& what) {
+        if (seen.insert(dev.arch() + "|" + entry.first + "|" + what).second) jobs.push_back(j);
+      };
+      if (e.winner == kReferenceCandidate) add({e.problem, {}, dev.arch(), true}, "reference");
+      for (const std::string& k : {e.winner, e.best_fused}) {
+        if (k.empty() || k == kReferenceCandidate) continue;
+        const KernelConfig c = KernelConfig::parse(k);
+        if (const std::string why = c.why_invalid(e.problem, dev); !why.empty()) {
+          fmt::print("  skip {} {} on {}: {}\n", format_shape(e.problem.shape()), k, dev.arch(),
+                     why);
+          continue;
+        }
+        add({e.problem, c, dev.arch(), false}, k);
+      }
     }
   }
+  std::string list;
+  for (const auto& s : archs) list += (list.empty() ? "" : ", ") + s;
+  *target = fmt::format("{} (the winners of {} tuning database(s))", list, files.size());
+  return jobs;
+}
+
+int run_compile(const CompileArgs& a) {
+  if (a.from_db && a.problem_given)
+    throw InvalidArgument("from-db",
+                          "the problems come from the tuning database; drop --shapes, "
+                          "--dtypes, --modes and --variant");
+  std::vector<Job> jobs;
+  std::string target;
+  if (a.from_db) {
+    jobs = database_jobs(a, &target);
+  } else {
+    Device dev;
+    if (!a.arch.empty()) {
+      dev = Device::for_arch(a.arch);
+    } else if (driver_available()) {
+      dev = Device::get(0);
+    } else {
+      throw InvalidArgument("arch",
+                            "no GPU here: say which architecture to compile for (--arch sm_90a)");
+    }
+    // The 'a' suffix only matters on sm_90, where it unlocks wgmma; elsewhere plain sm_XY.
+    const std::string arch = dev.arch();
+    if (a.variant != "auto" && a.variant != "all") parse_variant(a.variant);
+    for (const Problem& p : a.problem.problems()) {
+      if (a.variant == "all") {
+        for (const auto& c : candidate_configs(p, dev)) jobs.push_back({p, c, arch});
+      } else {
+        std::optional<Variant> v;
+        if (a.variant != "auto") v = parse_variant(a.variant);
+        jobs.push_back({p, default_config(p, dev, v), arch});
+      }
+    }
+    target = arch;
+  }
   const std::string dir = a.cache_dir.empty() ? DiskCache::default_dir().string() : a.cache_dir;
-  fmt::print("compiling {} kernel set(s) for {} into {}\n", jobs.size(), arch, dir);
+  fmt::print("compiling {} kernel set(s) for {} into {}\n", jobs.size(), target, dir);
   // NVRTC is thread-safe; the disk cache dedupes concurrent writers.
   const unsigned workers = std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::future<CompiledKernel>> results(jobs.size());
@@ -61,12 +143,12 @@ int run_compile(const CompileArgs& a) {
   double total = 0;
   auto start = [&](std::size_t i) {
     results[i] = std::async(std::launch::async, [&, i] {
-      return compile_cached(generate(jobs[i].problem, jobs[i].config), arch, dir);
+      return compile_cached(job_source(jobs[i]), jobs[i].arch, dir);
     });
   };
   for (; next < jobs.size() && next < workers; ++next) start(next);
   for (std::size_t i = 0; i < jobs.size(); ++i) {
-    const KernelSource src = generate(jobs[i].problem, jobs[i].config);
+    const KernelSource src = job_source(jobs[i]);
     try {
       const CompiledKernel k = results[i].get();
       hits += k.cache_hit;
@@ -94,7 +176,16 @@ void add_compile(CLI::App& app, Action& action) {
   cmd->add_option("--variant", a->variant, "tiled, warpspec, auto (the planner's pick) or all")
       ->capture_default_str();
   cmd->add_option("--cache-dir", a->cache_dir, "Cache directory (default: see README)");
-  cmd->callback([&action, a] { action = [a] { return run_compile(*a); }; });
+  cmd->add_option("--from-db", a->db_file,
+                  "Compile a tuning database's winners (FILE, or every database under "
+                  "<cache dir>/tuning) for --arch or the tuned GPU's architecture")
+      ->expected(0, 1);
+  cmd->callback([&action, a, cmd] {
+    a->from_db = cmd->get_option("--from-db")->count() > 0;
+    for (const char* o : {"--shapes", "--dtypes", "--modes", "--variant"})
+      a->problem_given |= cmd->get_option(o)->count() > 0;
+    action = [a] { return run_compile(*a); };
+  });
 }
 
 }  // namespace fusejit::cli

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   fusejit::cli::add_cache(app, action);
   fusejit::cli::add_check(app, action);
   fusejit::cli::add_bench(app, action);
+  fusejit::cli::add_autotune(app, action);
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     std::string verbs;

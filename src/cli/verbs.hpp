@@ -14,5 +14,6 @@ void add_compile(CLI::App& app, Action& action);
 void add_cache(CLI::App& app, Action& action);
 void add_check(CLI::App& app, Action& action);
 void add_bench(CLI::App& app, Action& action);
+void add_autotune(CLI::App& app, Action& action);
 
 }  // namespace fusejit::cli

@@ -107,8 +107,13 @@ void DeviceBuffer::upload_async(CUstream stream, const void* src, std::size_t by
   if (bytes) FJ_CU(cuMemcpyHtoDAsync(ptr_ + offset, src, bytes, stream));
 }
 
+// The plain memsets run on the legacy stream and return before they finish; non-blocking
+// streams (fusejit::Stream) do not wait for it. Waiting here makes "filled" mean filled, so a
+// poison cannot land after the kernel that was meant to overwrite it.
 void DeviceBuffer::fill_bytes(unsigned char value) {
-  if (capacity_) FJ_CU(cuMemsetD8(ptr_, value, capacity_));
+  if (!capacity_) return;
+  FJ_CU(cuMemsetD8(ptr_, value, capacity_));
+  FJ_CU(cuStreamSynchronize(nullptr));
 }
 
 void DeviceBuffer::fill_bytes_async(CUstream stream, unsigned char value) {
@@ -116,7 +121,9 @@ void DeviceBuffer::fill_bytes_async(CUstream stream, unsigned char value) {
 }
 
 void DeviceBuffer::fill_words(std::uint32_t word) {
-  if (capacity_) FJ_CU(cuMemsetD32(ptr_, word, capacity_ / 4));
+  if (!capacity_) return;
+  FJ_CU(cuMemsetD32(ptr_, word, capacity_ / 4));
+  FJ_CU(cuStreamSynchronize(nullptr));
 }
 
 Stream::Stream() : ctx_(current_or_primary_context()) {

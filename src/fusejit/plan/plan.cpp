@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <future>
 #include <map>
 #include <mutex>
@@ -12,6 +15,8 @@
 #include "fusejit/error.hpp"
 #include "fusejit/plan/launch.hpp"
 #include "fusejit/plan/plan_core.hpp"
+#include "fusejit/reference/cublaslt_reference.hpp"
+#include "fusejit/tune/dispatch.hpp"
 #include "fusejit/util/log.hpp"
 
 namespace fusejit {
@@ -36,6 +41,15 @@ std::string core_key(const Problem& p, CUcontext ctx, const PlanOptions& o) {
 }
 
 }  // namespace
+
+bool autotune_from_env() {
+  const char* v = std::getenv("FUSEJIT_AUTOTUNE");
+  if (v == nullptr) return false;
+  std::string s(v);
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s == "1" || s == "true" || s == "on" || s == "yes";
+}
 
 WorkspaceLayout workspace_layout(const Problem& p, const KernelConfig& c) {
   WorkspaceLayout w;
@@ -102,7 +116,20 @@ Plan::Plan(const Problem& problem, const PlanOptions& options) {
   static std::map<std::string, std::shared_future<std::shared_ptr<const PlanCore>>> cores;
   problem.validate();
   const CUcontext ctx = choose_context(options.device);
-  const std::string key = core_key(problem, ctx, options);
+  // The choice is made before the core cache is consulted and becomes part of its key, so a
+  // tuning recorded since an earlier plan of the same problem takes effect.
+  PlanOptions o = options;
+  bool reference = false;
+  if (!o.config && !o.variant && o.use_tuning_db) {
+    const KernelChoice choice = choose_kernel(problem, Device::current(), o.cache_dir, o.autotune);
+    FJ_CU(cuCtxSetCurrent(ctx));
+    o.config = choice.config;
+    reference = choice.reference;
+    dispatch_ = name(choice.source);
+  } else {
+    dispatch_ = o.config ? "config" : o.variant ? "variant" : "heuristic";
+  }
+  const std::string key = core_key(problem, ctx, o);
   std::shared_future<std::shared_ptr<const PlanCore>> fut;
   std::promise<std::shared_ptr<const PlanCore>> mine;
   bool build = false;
@@ -119,7 +146,7 @@ Plan::Plan(const Problem& problem, const PlanOptions& options) {
   }
   if (build) {
     try {
-      mine.set_value(make_plan_core(problem, options));
+      mine.set_value(make_plan_core(problem, o));
     } catch (...) {
       mine.set_exception(std::current_exception());
       std::lock_guard<std::mutex> lock(mu);
@@ -127,7 +154,18 @@ Plan::Plan(const Problem& problem, const PlanOptions& options) {
     }
   }
   core_ = fut.get();
-  if (core_->workspace.total) {
+  if (reference) {
+    try {
+      ReferenceOpOptions ro;
+      ro.device = options.device;
+      ro.cache_dir = options.cache_dir;
+      reference_ = std::make_shared<const ReferenceOp>(problem, ro);
+    } catch (const std::exception& e) {
+      log()->warn("plan {}: the tuned cuBLASLt reference path is unavailable ({}); running {}",
+                  problem.key(), e.what(), core_->config.key());
+    }
+  }
+  if (core_->workspace.total && !reference_) {
     FJ_CU(cuCtxSetCurrent(core_->context));
     FJ_CU(cuMemAlloc(&own_workspace_, core_->workspace.total));
   }
@@ -137,7 +175,11 @@ Plan::~Plan() {
   if (own_workspace_ && driver_available()) driver().cuMemFree(own_workspace_);
 }
 
-Plan::Plan(Plan&& o) noexcept : core_(std::move(o.core_)), own_workspace_(o.own_workspace_) {
+Plan::Plan(Plan&& o) noexcept
+    : core_(std::move(o.core_)),
+      own_workspace_(o.own_workspace_),
+      reference_(std::move(o.reference_)),
+      dispatch_(std::move(o.dispatch_)) {
   o.own_workspace_ = 0;
 }
 
@@ -147,14 +189,20 @@ Plan& Plan::operator=(Plan&& o) noexcept {
     core_ = std::move(o.core_);
     own_workspace_ = o.own_workspace_;
     o.own_workspace_ = 0;
+    reference_ = std::move(o.reference_);
+    dispatch_ = std::move(o.dispatch_);
   }
   return *this;
 }
 
 const Problem& Plan::problem() const { return core_->problem; }
 const KernelConfig& Plan::config() const { return core_->config; }
-std::size_t Plan::workspace_size() const { return core_->workspace.total; }
-std::vector<std::string> Plan::kernel_names() const { return core_->schedule.kernels; }
+std::size_t Plan::workspace_size() const { return reference_ ? 0 : core_->workspace.total; }
+std::vector<std::string> Plan::kernel_names() const {
+  return reference_ ? reference_->kernel_names() : core_->schedule.kernels;
+}
+const std::string& Plan::dispatch() const { return dispatch_; }
+bool Plan::uses_reference() const { return reference_ != nullptr; }
 bool Plan::cache_hit() const { return core_->cache_hit; }
 double Plan::compile_seconds() const { return core_->compile_seconds; }
 
@@ -165,6 +213,10 @@ void Plan::run(CUstream stream, const Tensors& t) const {
 }
 
 void Plan::run(CUstream stream, const Tensors& t, void* workspace, std::size_t bytes) const {
+  if (reference_) {
+    reference_->run(stream, t);  // validates t exactly as below; needs no workspace
+    return;
+  }
   validate_tensors(core_->problem, t);
   if (core_->workspace.total) {
     if (!workspace)

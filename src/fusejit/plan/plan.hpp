@@ -16,15 +16,26 @@
 
 namespace fusejit {
 
+// True when the environment says FUSEJIT_AUTOTUNE=1 (or true/on/yes): PlanOptions::autotune's
+// default.
+bool autotune_from_env();
+
 struct PlanOptions {
   int device = -1;  // ordinal; -1: the current context's device, else 0
-  // Force a variant or a whole config (testing, benchmarking); otherwise the planner chooses.
+  // Force a variant or a whole config (testing, benchmarking); otherwise the planner chooses:
+  // tuning database exact entry -> nearest tuned bucket -> built-in heuristic (tune/dispatch.hpp).
   std::optional<Variant> variant;
   std::optional<KernelConfig> config;
-  std::string cache_dir;  // empty: DiskCache::default_dir()
+  std::string cache_dir;  // empty: DiskCache::default_dir() (kernels and tuning/ database)
+  // Tune on first sight: a problem without an exact tuning-database entry is measured on this
+  // GPU (seconds, once), recorded, and the winner used.
+  bool autotune = autotune_from_env();
+  // False: ignore the tuning database (the built-in heuristic, as before any tuning).
+  bool use_tuning_db = true;
 };
 
 struct PlanCore;  // compiled + loaded kernels and launch geometry, shared between equal plans
+class ReferenceOp;
 
 class Plan {
  public:
@@ -56,9 +67,20 @@ class Plan {
   bool cache_hit() const;
   double compile_seconds() const;
 
+  // How the config was chosen: "config" or "variant" (forced by PlanOptions), "tuned" (exact
+  // tuning-database entry), "bucket" (nearest tuned problem), "autotuned" (measured just now)
+  // or "heuristic".
+  const std::string& dispatch() const;
+  // True when tuning found the cuBLASLt reference op (ReferenceOp) fastest for this problem on
+  // this GPU: run() then runs it (kernel_names() lists its kernels, workspace_size() is 0) and
+  // config() is the fastest fused config that passed verification, kept for inspection.
+  bool uses_reference() const;
+
  private:
   std::shared_ptr<const PlanCore> core_;
   CUdeviceptr own_workspace_ = 0;
+  std::shared_ptr<const ReferenceOp> reference_;
+  std::string dispatch_;
 };
 
 }  // namespace fusejit

@@ -40,7 +40,7 @@ struct TunerOptions {
   bool include_reference = true;  // time the cuBLASLt reference op as a contender
   unsigned compile_threads = 0;   // 0: one per core
   int warmup = 3;
-  int min_runs = 5;       // timed runs before the early-exit check
+  int min_runs = 5;  // timed runs before the early-exit check
   int max_runs = 50;
   double target_ms = 100;  // timed work per surviving candidate: runs = target / median
   double drop_ratio = 1.5;
@@ -72,9 +72,9 @@ std::string_view name(CandidateOutcome::Status);
 struct TuneResult {
   TuningEntry entry;
   std::vector<CandidateOutcome> candidates;  // fastest first; failed ones last
-  double seconds = 0;          // wall time of the whole tune
-  double compile_seconds = 0;  // wall time of the parallel compile stage
-  bool recorded = false;       // written to the database file
+  double seconds = 0;                        // wall time of the whole tune
+  double compile_seconds = 0;                // wall time of the parallel compile stage
+  bool recorded = false;                     // written to the database file
   std::string db_path;
 };
 

@@ -46,9 +46,13 @@ constexpr std::size_t kMaxFileBytes = std::size_t{64} << 20;
 // The schema nests 4 deep; deeper text is damage, rejected before the JSON parser sees it.
 constexpr int kMaxDepth = 16;
 
-[[noreturn]] void damaged(const std::string& what) { throw Error(what); }
+[[noreturn]] void damaged(const std::string& what) {
+  throw Error(what);
+}
 
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+std::string errno_text(int err) {
+  return std::error_code(err, std::generic_category()).message();
+}
 
 // ---------------------------------------------------------------------------------------------
 // JSON <-> entries. Every field is checked for presence and type: a file that passes is safe to
@@ -64,8 +68,7 @@ std::int64_t get_int(const json& obj, const char* name, const std::string& where
                      std::int64_t lo = std::numeric_limits<std::int64_t>::min(),
                      std::int64_t hi = std::numeric_limits<std::int64_t>::max()) {
   const json& v = field(obj, name, where);
-  if (!v.is_number_integer())
-    damaged(fmt::format("{}: '{}' must be an integer", where, name));
+  if (!v.is_number_integer()) damaged(fmt::format("{}: '{}' must be an integer", where, name));
   if (v.is_number_unsigned() &&
       v.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
     damaged(fmt::format("{}: '{}' is out of range", where, name));
@@ -153,8 +156,8 @@ Problem problem_from_json(const json& j, const std::string& where) {
   }
   p.eps = get_double(field(j, "eps", where), where + ": 'eps'");
   const json& mom = field(j, "momentum", where);
-  p.momentum = mom.is_null() ? std::nullopt
-                             : std::optional<double>(get_double(mom, where + ": 'momentum'"));
+  p.momentum =
+      mom.is_null() ? std::nullopt : std::optional<double>(get_double(mom, where + ": 'momentum'"));
   p.has_bias = get_bool(j, "bias", where);
   p.has_scale = get_bool(j, "scale", where);
   p.has_affine = get_bool(j, "affine", where);
@@ -439,7 +442,8 @@ std::string set_aside(const fs::path& path, const Stamp& read, bool locked, std:
   if (!now.exists || now.dev != read.dev || now.ino != read.ino) return {};
   const std::string base = path.string() + ".damaged-" + utc_now_text();
   std::string target = base;
-  for (int i = 1; fs::exists(fs::path(target)) && i < 1000; ++i) target = fmt::format("{}-{}", base, i);
+  for (int i = 1; fs::exists(fs::path(target)) && i < 1000; ++i)
+    target = fmt::format("{}-{}", base, i);
   if (::rename(path.c_str(), target.c_str()) != 0) {
     *error = errno_text(errno);
     return {};
@@ -491,7 +495,7 @@ Loaded load(const fs::path& path, const TuningIdentity& identity, bool locked) {
                           table->identity.fingerprint, identity.fingerprint));
     out.table = std::move(table);
     return out;
-  } catch (const std::exception& e) {
+  } catch (const Error& e) {  // damage; anything else (bad_alloc) is not the file's fault
     problem = e.what();
   }
   std::string error;
@@ -589,7 +593,8 @@ TuningTable parse_tuning_table(std::string_view text) {
   }
   if (!j.is_object()) damaged("not a JSON object");
   const std::string top = "file";
-  if (get_string(j, "schema", top) != kSchema) damaged("schema is not '" + std::string(kSchema) + "'");
+  if (get_string(j, "schema", top) != kSchema)
+    damaged("schema is not '" + std::string(kSchema) + "'");
   const std::int64_t version = get_int(j, "version", top);
   if (version != kVersion)
     damaged(fmt::format("version {} (this fusejit reads version {})", version, kVersion));
@@ -604,7 +609,8 @@ TuningTable parse_tuning_table(std::string_view text) {
   t.identity.fusejit = get_string(dev, "fusejit", "device");
   const json& entries = field(j, "entries", top);
   if (!entries.is_object()) damaged("'entries' must be an object");
-  for (const auto& [key, value] : entries.items()) t.entries.emplace(key, entry_from_json(key, value));
+  for (const auto& [key, value] : entries.items())
+    t.entries.emplace(key, entry_from_json(key, value));
   return t;
 }
 
@@ -653,8 +659,8 @@ std::shared_ptr<const TuningTable> TuningDb::table() const {
   Slot& slot = slots()[key];
   if (!l.unreadable.empty()) {
     if (!std::exchange(slot.warned_unreadable, true))
-      log()->warn("tuning database {} is unreadable ({}); tuning results will not be used",
-                  key, l.unreadable);
+      log()->warn("tuning database {} is unreadable ({}); tuning results will not be used", key,
+                  l.unreadable);
   }
   slot.loaded = true;
   slot.stamp = l.stamp;
@@ -712,9 +718,10 @@ bool TuningDb::record(const TuningEntry& e) const {
   Slot& slot = slots()[key];
   slot.overlay[e.problem.key()] = e;
   if (!std::exchange(slot.warned_unwritable, true))
-    log()->warn("cannot write tuning database {} ({}); this process keeps its tuning results in "
-                "memory only. Set FUSEJIT_CACHE_DIR to a writable directory to keep them.",
-                key, why);
+    log()->warn(
+        "cannot write tuning database {} ({}); this process keeps its tuning results in "
+        "memory only. Set FUSEJIT_CACHE_DIR to a writable directory to keep them.",
+        key, why);
   else
     log()->debug("cannot write tuning database {} ({})", key, why);
   return false;

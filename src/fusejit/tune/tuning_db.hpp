@@ -52,11 +52,11 @@ struct TuningIdentity {
 TuningIdentity tuning_identity(const Device& device);
 
 struct TuningEntry {
-  Problem problem;             // exactly what was tuned; problem.key() names the entry
-  std::string winner;          // KernelConfig::key() or kReferenceCandidate
-  double winner_ms = 0;        // median time of the winner
+  Problem problem;                     // exactly what was tuned; problem.key() names the entry
+  std::string winner;                  // KernelConfig::key() or kReferenceCandidate
+  double winner_ms = 0;                // median time of the winner
   std::optional<double> reference_ms;  // the cuBLASLt contender (none: it could not run)
-  std::string runner_up;       // next fastest candidate ("" when none)
+  std::string runner_up;               // next fastest candidate ("" when none)
   std::optional<double> runner_up_ms;
   // The fastest fused config that passed verification: the winner unless the reference won
   // ("" when no fused config passed). A Plan whose winner is the reference reports it.

@@ -1,0 +1,170 @@
+#include "fusejit/tune/dispatch.hpp"
+
+#include <fmt/format.h>
+
+#include <future>
+#include <map>
+#include <mutex>
+
+#include "fusejit/device/driver.hpp"
+#include "fusejit/error.hpp"
+#include "fusejit/tune/tuner.hpp"
+#include "fusejit/util/log.hpp"
+
+namespace fusejit {
+
+namespace {
+
+// The entry's choice for `p` on `d`, or nullopt (with *why) when its winner cannot run `p`.
+std::optional<KernelChoice> usable(const TuningEntry& e, const Problem& p, const Device& d,
+                                   std::string* why) {
+  KernelChoice c;
+  if (e.winner == kReferenceCandidate) {
+    c.reference = true;
+    // The fused config the Plan reports: the entry's best fused one where it can run p.
+    std::optional<KernelConfig> fused;
+    if (!e.best_fused.empty()) {
+      const KernelConfig k = KernelConfig::parse(e.best_fused);
+      if (k.valid_for(p, d)) fused = k;
+    }
+    c.config = fused ? *fused : default_config(p, d);
+    return c;
+  }
+  const KernelConfig k = KernelConfig::parse(e.winner);
+  if (const std::string w = k.why_invalid(p, d); !w.empty()) {
+    *why = fmt::format("{} cannot run it ({})", e.winner, w);
+    return std::nullopt;
+  }
+  c.config = k;
+  return c;
+}
+
+std::string describe(const TuningEntry& e) {
+  return fmt::format(
+      "{} {:.4f} ms{}", e.winner, e.winner_ms,
+      e.reference_ms ? fmt::format(", cuBLASLt {:.4f} ms", *e.reference_ms) : std::string());
+}
+
+// Restores the calling thread's context after tuning (which works in the primary context).
+class KeepContext {
+ public:
+  KeepContext() {
+    if (driver().cuCtxGetCurrent(&ctx_) != CUDA_SUCCESS) ctx_ = nullptr;
+  }
+  ~KeepContext() {
+    if (ctx_) driver().cuCtxSetCurrent(ctx_);
+  }
+  KeepContext(const KeepContext&) = delete;
+  KeepContext& operator=(const KeepContext&) = delete;
+
+ private:
+  CUcontext ctx_ = nullptr;
+};
+
+// One tuning per (database, problem) at a time in this process; later callers share it.
+TuningEntry tune_once(const TuningDb& db, const Problem& p, const Device& d,
+                      const std::string& cache_dir) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_future<TuningEntry>> inflight;
+  const std::string key = db.path().string() + "|" + p.key();
+  std::promise<TuningEntry> mine;
+  std::shared_future<TuningEntry> fut;
+  bool run = false;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = inflight.find(key);
+    if (it == inflight.end()) {
+      fut = mine.get_future().share();
+      inflight.emplace(key, fut);
+      run = true;
+    } else {
+      fut = it->second;
+    }
+  }
+  if (run) {
+    try {
+      KeepContext keep;
+      TunerOptions o;
+      o.device = d.ordinal;
+      o.cache_dir = cache_dir;
+      mine.set_value(tune(p, o).entry);
+    } catch (...) {
+      mine.set_exception(std::current_exception());
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    inflight.erase(key);  // recorded (or failed): later plans read the database
+  }
+  return fut.get();
+}
+
+}  // namespace
+
+std::string_view name(KernelChoice::Source s) {
+  switch (s) {
+    case KernelChoice::Source::exact:
+      return "tuned";
+    case KernelChoice::Source::bucket:
+      return "bucket";
+    case KernelChoice::Source::autotuned:
+      return "autotuned";
+    case KernelChoice::Source::heuristic:
+      return "heuristic";
+  }
+  return "?";
+}
+
+KernelChoice choose_from_table(const TuningTable& table, const Problem& p, const Device& d) {
+  std::string skipped;
+  if (auto it = table.entries.find(p.key()); it != table.entries.end()) {
+    std::string why;
+    if (auto c = usable(it->second, p, d, &why)) {
+      c->source = KernelChoice::Source::exact;
+      c->detail = "tuned: " + describe(it->second);
+      return *c;
+    }
+    skipped = "tuned entry skipped: " + why + "; ";
+  }
+  if (auto m = nearest_bucket(table, p)) {
+    std::string why;
+    if (auto c = usable(*m.value().entry, p, d, &why)) {
+      c->source = KernelChoice::Source::bucket;
+      c->detail =
+          fmt::format("{}nearest tuned {} (log2 distance {:.2f}): {}", skipped,
+                      format_shape(m->entry->problem.shape()), m->distance, describe(*m->entry));
+      return *c;
+    }
+    skipped +=
+        fmt::format("nearest tuned {} skipped: {}; ", format_shape(m->entry->problem.shape()), why);
+  }
+  KernelChoice c;
+  c.source = KernelChoice::Source::heuristic;
+  c.config = default_config(p, d);
+  c.detail = skipped + "no usable tuning entry";
+  return c;
+}
+
+KernelChoice choose_kernel(const Problem& p, const Device& d, const std::string& cache_dir,
+                           bool autotune) {
+  const TuningDb db = TuningDb::for_device(d, cache_dir);
+  const auto table = db.table();
+  KernelChoice c = choose_from_table(*table, p, d);
+  if (autotune && !table->entries.count(p.key())) {
+    try {
+      const TuningEntry e = tune_once(db, p, d, cache_dir);
+      std::string why;
+      if (auto tuned = usable(e, p, d, &why)) {
+        c = *tuned;
+        c.source = KernelChoice::Source::autotuned;
+        c.detail = "autotuned: " + describe(e);
+      }
+    } catch (const std::exception& e) {
+      log()->warn("autotune {} failed ({}); using the {} choice", p.key(), e.what(),
+                  name(c.source));
+    }
+  }
+  log()->info("plan {}: {} {} ({})", p.key(), name(c.source),
+              c.reference ? std::string("reference (cuBLASLt)") : c.config.key(), c.detail);
+  return c;
+}
+
+}  // namespace fusejit

@@ -1,0 +1,42 @@
+// How a Plan picks its kernels when the caller forces neither a config nor a variant:
+//   1. the tuning database's exact entry for the problem (TuningDb, Problem::key());
+//   2. with autotuning on (PlanOptions::autotune, FUSEJIT_AUTOTUNE=1) and no exact entry:
+//      tune now, record, use the winner;
+//   3. the nearest tuned problem in the same bucket (tuning_db.hpp), if its winner is
+//      valid_for this problem on this device;
+//   4. the built-in heuristic (default_config).
+// A winner that cannot run the problem (KernelConfig::why_invalid) is skipped, never used.
+#pragma once
+#include <string>
+#include <string_view>
+
+#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/device/device.hpp"
+#include "fusejit/problem.hpp"
+#include "fusejit/tune/tuning_db.hpp"
+
+namespace fusejit {
+
+struct KernelChoice {
+  enum class Source { exact, bucket, autotuned, heuristic };
+  Source source = Source::heuristic;
+  // The cuBLASLt reference op won the tuning: run it. `config` is then the fastest fused
+  // config that passed verification (or the heuristic's), which the Plan still reports.
+  bool reference = false;
+  KernelConfig config;
+  std::string detail;  // for the log: which entry was used, why another was not
+};
+// "tuned", "bucket", "autotuned", "heuristic"
+std::string_view name(KernelChoice::Source);
+
+// Steps 1, 3 and 4 on a table already loaded (no GPU, no tuning).
+KernelChoice choose_from_table(const TuningTable& table, const Problem& p, const Device& d);
+
+// All four steps on the database of `d` under `cache_dir`. Tuning runs on `d` (its ordinal's
+// primary context; the caller's current context is restored afterwards); concurrent callers
+// for the same problem wait for one tuning. A tuning that fails is logged (warning) and the
+// choice falls back to steps 3 and 4.
+KernelChoice choose_kernel(const Problem& p, const Device& d, const std::string& cache_dir,
+                           bool autotune);
+
+}  // namespace fusejit

@@ -1,0 +1,526 @@
+#include "fusejit/tune/tuner.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <ctime>
+#include <exception>
+#include <future>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "fusejit/check/cpu_reference.hpp"
+#include "fusejit/check/device_buffer.hpp"
+#include "fusejit/check/sweep.hpp"
+#include "fusejit/codegen/codegen.hpp"
+#include "fusejit/compile/compiler.hpp"
+#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/device/driver.hpp"
+#include "fusejit/error.hpp"
+#include "fusejit/plan/plan.hpp"
+#include "fusejit/reference/cublaslt_reference.hpp"
+#include "fusejit/util/log.hpp"
+
+namespace fusejit {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Status = CandidateOutcome::Status;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string first_line(const std::string& s) {
+  return s.substr(0, s.find('\n'));
+}
+
+// One contender: a fused config or the reference op, and what became of it.
+struct Contender {
+  std::optional<KernelConfig> config;  // nullopt: the cuBLASLt reference op
+  std::unique_ptr<Plan> plan;
+  std::unique_ptr<ReferenceOp> reference;
+  CandidateOutcome out;
+
+  bool built() const { return plan || reference; }
+  void run(CUstream s, const Tensors& t) const {
+    if (plan)
+      plan->run(s, t);
+    else
+      reference->run(s, t);
+  }
+};
+
+std::vector<Contender> contenders(const Problem& p, const Device& d, bool include_reference) {
+  const std::vector<KernelConfig> cs = candidate_configs(p, d);
+  std::vector<Contender> out;
+  auto add = [&](std::optional<KernelConfig> c) {
+    Contender k;
+    k.out.key = c ? c->key() : std::string(kReferenceCandidate);
+    k.config = std::move(c);
+    out.push_back(std::move(k));
+  };
+  // The heuristic's pick first and the reference next: early exit needs a good "best so far"
+  // early, and these two are the likeliest.
+  if (!cs.empty()) add(cs.front());
+  if (include_reference) add(std::nullopt);
+  for (std::size_t i = 1; i < cs.size(); ++i) add(cs[i]);
+  return out;
+}
+
+void report(const TunerOptions& o, TuneProgress::Stage stage, std::size_t done, std::size_t total,
+            const std::string& candidate) {
+  if (!o.on_progress) return;
+  TuneProgress pr;
+  pr.stage = stage;
+  pr.done = done;
+  pr.total = total;
+  pr.candidate = candidate;
+  o.on_progress(pr);
+}
+
+// Every contender's kernels through compile_cached, `threads` NVRTC jobs at a time. Progress
+// is reported from the calling thread as jobs finish. Returns each job's error ("" if none).
+std::vector<std::string> compile_all(const Problem& p, const std::string& arch,
+                                     const std::vector<Contender>& cs, const TunerOptions& o) {
+  const std::size_t n = cs.size();
+  std::vector<std::string> errors(n);
+  std::atomic<std::size_t> next{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::size_t> finished;
+  auto worker = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < n;) {
+      std::string err;
+      try {
+        const KernelSource src = cs[i].config ? generate(p, *cs[i].config)
+                                              : reference_kernel_source(p.dtype, p.param_dtype);
+        compile_cached(src, arch, o.cache_dir);
+      } catch (const std::exception& e) {
+        err = first_line(e.what());
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        errors[i] = std::move(err);
+        finished.push_back(i);
+      }
+      cv.notify_one();
+    }
+  };
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const std::size_t threads = std::min<std::size_t>(n, o.compile_threads ? o.compile_threads : hw);
+  std::vector<std::thread> pool;
+  pool.reserve(threads);
+  try {
+    for (std::size_t t = 0; t < threads; ++t) pool.emplace_back(worker);
+  } catch (...) {
+    if (pool.empty()) throw;  // with one worker or more every job still runs
+  }
+  std::exception_ptr failure;  // from the progress callback: rethrown after the join
+  for (std::size_t reported = 0; reported < n; ++reported) {
+    std::size_t i = 0;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return finished.size() > reported; });
+      i = finished[reported];
+    }
+    if (!failure) {
+      try {
+        report(o, TuneProgress::Stage::compiling, reported + 1, n, cs[i].out.key);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+  }
+  for (auto& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
+  return errors;
+}
+
+// Input sets the timing runs rotate through, so small problems are not timed from a warm L2:
+// enough to cover three times the L2, within half of the free memory, at most 8.
+int input_sets(const Problem& p, const Device& d) {
+  const double set_bytes = static_cast<double>(storage_bytes(p.dtype)) *
+                           static_cast<double>(p.M * p.lda_x() + p.N * p.lda_w() + p.M * p.lda_y());
+  int sets = static_cast<int>(std::clamp(std::ceil(3.0 * d.l2_bytes / set_bytes), 1.0, 8.0));
+  std::size_t free = 0, total = 0;
+  FJ_CU(cuMemGetInfo(&free, &total));
+  while (sets > 1 && sets * set_bytes > 0.5 * static_cast<double>(free)) --sets;
+  return sets;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+// Event-timed runs on one stream, rotating through the input sets: one event between each
+// pair of consecutive runs.
+class Timer {
+ public:
+  Timer(const Stream& stream, int max_runs, const std::vector<Tensors>& sets)
+      : stream_(stream), sets_(sets), events_(static_cast<std::size_t>(max_runs) + 1) {}
+  // `warmup` untimed runs, then `count` (<= max_runs) timed ones; appends their milliseconds.
+  void time(const Contender& c, int warmup, int count, std::vector<double>& times) {
+    for (int i = 0; i < warmup; ++i) c.run(stream_, next_set());
+    for (int i = 0; i < count; ++i) {
+      events_[i].record(stream_);
+      c.run(stream_, next_set());
+    }
+    events_[count].record(stream_);
+    events_[count].synchronize();
+    for (int i = 0; i < count; ++i) times.push_back(Event::elapsed_ms(events_[i], events_[i + 1]));
+  }
+
+ private:
+  const Tensors& next_set() { return sets_[cursor_++ % sets_.size()]; }
+
+  const Stream& stream_;
+  const std::vector<Tensors>& sets_;
+  std::vector<Event> events_;
+  std::size_t cursor_ = 0;
+};
+
+// The float64 reference for a subset of columns: inputs restricted to those columns of W and
+// the per-column parameters (x whole), run through the same reference the sweep uses.
+struct ColumnCheck {
+  std::vector<std::int64_t> cols;
+  CaseInputs sub;  // the inputs restricted to `cols` (N = cols.size())
+  ReferenceOutputs ref;
+};
+
+HostTensor pick(const HostTensor& t, const std::vector<std::int64_t>& idx, std::size_t row_elems,
+                std::size_t row_stride) {
+  if (t.empty()) return {};
+  HostTensor out(t.dtype(), idx.size() * row_elems);
+  const std::size_t eb = t.bytes() / t.size();
+  const auto* src = static_cast<const unsigned char*>(t.data());
+  auto* dst = static_cast<unsigned char*>(out.data());
+  for (std::size_t j = 0; j < idx.size(); ++j)
+    std::memcpy(dst + j * row_elems * eb, src + static_cast<std::size_t>(idx[j]) * row_stride * eb,
+                row_elems * eb);
+  return out;
+}
+
+ColumnCheck column_reference(const CaseInputs& in, std::vector<std::int64_t> cols,
+                             unsigned threads) {
+  const Problem& p = in.c.problem;
+  ColumnCheck c;
+  c.cols = std::move(cols);
+  c.sub.c = in.c;
+  Problem& q = c.sub.c.problem;
+  q.N = static_cast<std::int64_t>(c.cols.size());
+  q.ldw = 0;  // the picked rows of W are packed
+  q.ldy = 0;
+  c.sub.seed = in.seed;
+  c.sub.x = in.x;
+  const auto K = static_cast<std::size_t>(p.K);
+  c.sub.w = pick(in.w, c.cols, K, static_cast<std::size_t>(p.lda_w()));
+  c.sub.bias = pick(in.bias, c.cols, 1, 1);
+  c.sub.scale = pick(in.scale, c.cols, 1, 1);
+  c.sub.gamma = pick(in.gamma, c.cols, 1, 1);
+  c.sub.beta = pick(in.beta, c.cols, 1, 1);
+  c.sub.running_mean = pick(in.running_mean, c.cols, 1, 1);
+  c.sub.running_var = pick(in.running_var, c.cols, 1, 1);
+  c.sub.num_batches_tracked = in.num_batches_tracked;
+  ReferenceSettings s = reference_settings(p, in.num_batches_tracked);
+  s.threads = threads;
+  c.ref = reference_forward(reference_inputs(c.sub), s);
+  return c;
+}
+
+std::vector<double> pick(const std::vector<double>& v, const std::vector<std::int64_t>& cols) {
+  if (v.empty()) return {};
+  std::vector<double> out(cols.size());
+  for (std::size_t j = 0; j < cols.size(); ++j) out[j] = v[static_cast<std::size_t>(cols[j])];
+  return out;
+}
+
+CaseOutputs pick_columns(const CaseOutputs& got, const std::vector<std::int64_t>& cols,
+                         std::int64_t M, std::int64_t N) {
+  CaseOutputs out;
+  out.y.resize(static_cast<std::size_t>(M) * cols.size());
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::size_t j = 0; j < cols.size(); ++j)
+      out.y[static_cast<std::size_t>(m) * cols.size() + j] =
+          got.y[static_cast<std::size_t>(m * N + cols[j])];
+  out.running_mean = pick(got.running_mean, cols);
+  out.running_var = pick(got.running_var, cols);
+  out.save_mean = pick(got.save_mean, cols);
+  out.save_invstd = pick(got.save_invstd, cols);
+  out.num_batches_tracked = got.num_batches_tracked;
+  out.y_padding_intact = got.y_padding_intact;
+  return out;
+}
+
+// The sweep's pass rule (check/sweep.cpp run_built): every figure under the dtype's threshold,
+// nothing non-finite, the counter advanced once, no write past column N, eval left the stats.
+bool passes(const CaseErrors& e, double threshold, std::string* why) {
+  std::string s;
+  auto note = [&s](const std::string& w) { s += (s.empty() ? "" : "; ") + w; };
+  if (e.non_finite) note("NaN or inf in the output");
+  if (!e.counter_ok) note("num_batches_tracked did not advance by exactly 1");
+  if (!e.padding_ok) note("y was written past column N");
+  if (!e.stats_kept) note("eval changed the running stats");
+  if (!(e.worst() < threshold))
+    note(fmt::format("relative error {:.2e} (y {:.2e}) above {:.0e}", e.worst(), e.y, threshold));
+  *why = s;
+  return s.empty();
+}
+
+}  // namespace
+
+std::string_view name(CandidateOutcome::Status s) {
+  switch (s) {
+    case Status::timed:
+      return "timed";
+    case Status::dropped:
+      return "dropped";
+    case Status::failed:
+      return "failed";
+    case Status::rejected:
+      return "rejected";
+    case Status::verified:
+      return "verified";
+  }
+  return "?";
+}
+
+std::vector<std::string> tuning_candidates(const Problem& p, const Device& d,
+                                           bool include_reference) {
+  std::vector<std::string> out;
+  for (const auto& c : contenders(p, d, include_reference)) out.push_back(c.out.key);
+  return out;
+}
+
+std::vector<std::int64_t> verification_columns(const Problem& p, std::int64_t budget) {
+  const std::int64_t N = p.N;
+  std::vector<std::int64_t> out;
+  if (static_cast<double>(p.M) * static_cast<double>(N) * static_cast<double>(p.K) <=
+      static_cast<double>(budget)) {
+    out.resize(static_cast<std::size_t>(N));
+    for (std::int64_t n = 0; n < N; ++n) out[static_cast<std::size_t>(n)] = n;
+    return out;
+  }
+  const std::int64_t per_column = std::max<std::int64_t>(1, p.M * p.K);
+  const std::int64_t want = std::min(N, std::max<std::int64_t>(64, budget / per_column));
+  std::set<std::int64_t> s;
+  // Edges and tile boundaries are where indexing bugs live.
+  for (std::int64_t n = 0; n < std::min<std::int64_t>(8, N); ++n) s.insert(n);
+  for (std::int64_t n = std::max<std::int64_t>(0, N - 8); n < N; ++n) s.insert(n);
+  for (std::int64_t b = 64; b <= 512 && b < N; b += 64) s.insert({b - 1, b});
+  // `want` distinct positions (N / want >= 1 apart), so the set holds at least `want`.
+  for (std::int64_t i = 0; i < want; ++i) s.insert(i * N / want);
+  return {s.begin(), s.end()};
+}
+
+TuneResult tune(const Problem& p, const TunerOptions& o) {
+  p.validate();
+  if (o.min_runs < 1 || o.max_runs < o.min_runs)
+    throw InvalidArgument("runs", fmt::format("expected 1 <= min_runs <= max_runs; got {} and {}",
+                                              o.min_runs, o.max_runs));
+  const auto t0 = Clock::now();
+  primary_context(o.device);
+  const Device dev = Device::get(o.device);
+  TuneResult result;
+  std::vector<Contender> cs = contenders(p, dev, o.include_reference);
+
+  // 1. Compile everything at once (NVRTC dominates a tune), then load sequentially.
+  const auto tc = Clock::now();
+  const std::vector<std::string> compile_errors = compile_all(p, dev.arch(), cs, o);
+  result.compile_seconds = seconds_since(tc);
+  for (std::size_t i = 0; i < cs.size(); ++i) {
+    Contender& c = cs[i];
+    if (!compile_errors[i].empty()) {
+      c.out.message = "compile: " + compile_errors[i];
+      continue;
+    }
+    try {
+      if (c.config) {
+        PlanOptions po;
+        po.device = o.device;
+        po.config = c.config;
+        po.cache_dir = o.cache_dir;
+        po.autotune = false;
+        c.plan = std::make_unique<Plan>(p, po);
+      } else {
+        ReferenceOpOptions ro;
+        ro.device = o.device;
+        ro.cache_dir = o.cache_dir;
+        c.reference = std::make_unique<ReferenceOp>(p, ro);
+      }
+    } catch (const std::exception& e) {
+      c.out.message = "build: " + first_line(e.what());
+    }
+  }
+
+  // One measurement at a time per process: tunings started from several threads (plans made
+  // concurrently with autotuning on) would otherwise time each other's kernels. Compiling
+  // (above) may overlap.
+  static std::mutex measuring;
+  const std::lock_guard<std::mutex> measure_alone(measuring);
+
+  // 2. Inputs (non-centred x, as KernelBench draws it: the harder case for batch statistics),
+  // and the float64 reference, computed on the other cores while the GPU times.
+  SweepCase sc;
+  sc.problem = p;
+  sc.distribution = Distribution::non_centred;
+  const CaseInputs in = make_case_inputs(sc, o.seed);
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  // Declared after `in`: a std::async future waits in its destructor, so whatever happens
+  // below, the thread is done with `in` before `in` goes away.
+  std::future<ColumnCheck> check = std::async(std::launch::async, [&in, hw] {
+    return column_reference(in, verification_columns(in.c.problem), std::max(1u, hw - 1));
+  });
+  const int nsets = input_sets(p, dev);
+  std::vector<DeviceCase> data;
+  data.reserve(static_cast<std::size_t>(nsets));
+  for (int i = 0; i < nsets; ++i) data.emplace_back(in);
+  std::vector<Tensors> sets;
+  for (const auto& d : data) sets.push_back(d.tensors());
+  // DeviceCase poisons its outputs with memsets on the legacy stream, which our non-blocking
+  // stream does not wait for: finish them before anything runs.
+  FJ_CU(cuCtxSynchronize());
+  const Stream stream;
+  Timer timer(stream, o.max_runs, sets);
+
+  // 3. Time.
+  double best = std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < cs.size(); ++i) {
+    Contender& c = cs[i];
+    if (c.built()) {
+      try {
+        std::vector<double> times;
+        timer.time(c, o.warmup, o.min_runs, times);
+        double med = median(times);
+        if (med > o.drop_ratio * best) {
+          c.out.status = Status::dropped;
+          c.out.message = fmt::format("{:.2f}x the best after {} runs", med / best, o.min_runs);
+        } else {
+          const int total =
+              static_cast<int>(std::clamp(std::ceil(o.target_ms / std::max(med, 1e-6)),
+                                          double(o.min_runs), double(o.max_runs)));
+          if (total > o.min_runs) timer.time(c, 0, total - o.min_runs, times);
+          med = median(times);
+          c.out.status = Status::timed;
+          best = std::min(best, med);
+        }
+        c.out.median_ms = med;
+        c.out.runs = static_cast<int>(times.size());
+      } catch (const std::exception& e) {
+        c.out.status = Status::failed;
+        c.out.message = "run: " + first_line(e.what());
+      }
+    }
+    report(o, TuneProgress::Stage::timing, i + 1, cs.size(), c.out.key);
+  }
+
+  // 4. Verify in order of time until one passes; when the reference wins, go on to the best
+  // fused config too (a Plan that runs the reference still reports one).
+  std::vector<Contender*> order;
+  for (auto& c : cs)
+    if (c.out.median_ms && c.out.status != Status::failed) order.push_back(&c);
+  std::stable_sort(order.begin(), order.end(), [](const Contender* a, const Contender* b) {
+    return *a->out.median_ms < *b->out.median_ms;
+  });
+  const ColumnCheck ref = check.get();
+  const double threshold = sweep_threshold(p.dtype);
+  const std::size_t y_bytes = static_cast<std::size_t>(p.M * p.lda_y()) * storage_bytes(p.dtype);
+  Contender* winner = nullptr;
+  Contender* best_fused = nullptr;
+  std::size_t verified = 0;
+  for (std::size_t k = 0; k < order.size() && !best_fused; ++k) {
+    Contender& c = *order[k];
+    if (winner && !c.config) continue;  // after a reference win, only fused ones are wanted
+    report(o, TuneProgress::Stage::verifying, verified, order.size(), c.out.key);
+    ++verified;
+    try {
+      DeviceCase& d = data.front();
+      d.reset(in);
+      FJ_CU(cuCtxSynchronize());  // the poison must land before the run, not after
+      const Tensors t = d.tensors();
+      c.run(stream, t);
+      const bool inject =
+          !o.inject_wrong_candidate.empty() && (o.inject_wrong_candidate == c.out.key ||
+                                                (o.inject_wrong_candidate == "fastest" && k == 0));
+      if (inject)
+        FJ_CU(cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(t.y), 0x40, y_bytes, stream.get()));
+      stream.synchronize();
+      const CaseOutputs got = pick_columns(d.download(), ref.cols, p.M, p.N);
+      const CaseErrors e = compare(ref.sub, got, ref.ref);
+      c.out.error = e.worst();
+      std::string why;
+      if (passes(e, threshold, &why)) {
+        c.out.status = Status::verified;
+        if (!winner) winner = &c;
+        if (c.config) best_fused = &c;
+      } else {
+        c.out.status = Status::rejected;
+        c.out.message = "verification: " + why;
+        log()->warn("autotune {}: {} is fast ({:.4f} ms) but wrong ({}); trying the next best",
+                    p.key(), c.out.key, *c.out.median_ms, why);
+      }
+    } catch (const std::exception& e) {
+      c.out.status = Status::rejected;
+      c.out.message = "verification run: " + first_line(e.what());
+      log()->warn("autotune {}: {} failed its verification run ({})", p.key(), c.out.key,
+                  c.out.message);
+    }
+  }
+  report(o, TuneProgress::Stage::verifying, verified, verified, winner ? winner->out.key : "");
+
+  std::stable_sort(cs.begin(), cs.end(), [](const Contender& a, const Contender& b) {
+    const bool ra = a.out.median_ms.has_value(), rb = b.out.median_ms.has_value();
+    if (ra != rb) return ra;
+    return ra && *a.out.median_ms < *b.out.median_ms;
+  });
+  for (const auto& c : cs) result.candidates.push_back(c.out);
+  if (!winner) {
+    std::string why;
+    for (const auto& c : cs)
+      why += fmt::format("\n  {}: {} {}", c.out.key, name(c.out.status), c.out.message);
+    throw Error(fmt::format("autotune {}: no candidate passed verification{}", p.key(), why));
+  }
+
+  // 5. Record.
+  TuningEntry& e = result.entry;
+  e.problem = p;
+  e.winner = winner->out.key;
+  e.winner_ms = *winner->out.median_ms;
+  e.error = winner->out.error;
+  e.candidates = static_cast<int>(cs.size());
+  e.timestamp = static_cast<std::int64_t>(std::time(nullptr));
+  for (const auto& c : result.candidates) {
+    if (c.key == kReferenceCandidate && c.median_ms) e.reference_ms = c.median_ms;
+    if (!e.runner_up.empty() || c.key == e.winner || !c.median_ms) continue;
+    if (c.status == Status::rejected || c.status == Status::failed) continue;
+    e.runner_up = c.key;
+    e.runner_up_ms = c.median_ms;
+  }
+  if (best_fused) {
+    e.best_fused = best_fused->out.key;
+    e.best_fused_ms = best_fused->out.median_ms;
+  }
+  const TuningDb db = TuningDb::for_device(dev, o.cache_dir);
+  result.db_path = db.path().string();
+  if (o.record) result.recorded = db.record(e);
+  result.seconds = seconds_since(t0);
+  log()->info("autotune {}: {} {:.4f} ms (reference {}), runner-up {}, {} candidates, {:.1f} s",
+              p.key(), e.winner, e.winner_ms,
+              e.reference_ms ? fmt::format("{:.4f} ms", *e.reference_ms) : std::string("-"),
+              e.runner_up.empty() ? std::string("-") : e.runner_up, e.candidates, result.seconds);
+  report(o, TuneProgress::Stage::done, 1, 1, e.winner);
+  return result;
+}
+
+}  // namespace fusejit

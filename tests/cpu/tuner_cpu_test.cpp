@@ -1,0 +1,376 @@
+// The autotuner's GPU-free parts: which candidates it considers (both variants on sm_90a, only
+// tiled on sm_80, always the reference contender), which columns verification checks, the
+// progress display, PlanOptions::autotune's default, and the `fusejit autotune` and
+// `fusejit compile --from-db` command lines (bad arguments exit 2; no GPU exits 1).
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/device/driver.hpp"
+#include "fusejit/plan/plan.hpp"
+#include "fusejit/tune/progress.hpp"
+#include "fusejit/tune/tuner.hpp"
+#include "fusejit/tune/tuning_db.hpp"
+
+using namespace fusejit;
+namespace fs = std::filesystem;
+
+namespace {
+
+Problem problem(std::int64_t M, std::int64_t N, std::int64_t K, DType d = DType::bf16,
+                Mode m = Mode::train) {
+  Problem p;
+  p.M = M, p.N = N, p.K = K, p.dtype = d, p.mode = m;
+  return p;
+}
+
+int count_prefix(const std::vector<std::string>& v, const std::string& prefix) {
+  return static_cast<int>(std::count_if(
+      v.begin(), v.end(), [&](const std::string& s) { return s.starts_with(prefix); }));
+}
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result run_cli(const std::string& args, const std::string& env = {}) {
+  const char* cli = std::getenv("FUSEJIT_CLI");
+  REQUIRE_MESSAGE(cli, "FUSEJIT_CLI is set by tests/CMakeLists.txt");
+  Result r;
+  FILE* f = popen((env + " " + std::string(cli) + " " + args + " 2>&1").c_str(), "r");
+  REQUIRE(f);
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), f)) r.out += buf.data();
+  const int status = pclose(f);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+int lines(const std::string& s) {
+  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
+}
+
+fs::path temp_dir(const std::string& tag) {
+  const fs::path p = fs::temp_directory_path() /
+                     fmt::format("fusejit-tuner-{}-{}", tag, static_cast<long>(::getpid()));
+  fs::remove_all(p);
+  return p;
+}
+
+std::string read_file(std::FILE* f) {
+  std::string out;
+  std::rewind(f);
+  std::array<char, 4096> buf{};
+  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), f)) out.append(buf.data(), n);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("candidates: both variants on sm_90a, only tiled on sm_80, plus the reference") {
+  const Problem p = problem(1024, 8192, 8192);
+  const Device h100 = Device::for_arch("sm_90a"), a100 = Device::for_arch("sm_80");
+
+  const auto hopper = tuning_candidates(p, h100);
+  CHECK(count_prefix(hopper, "warpspec.") >= 2);
+  CHECK(count_prefix(hopper, "tiled.") >= 2);
+  CHECK(std::count(hopper.begin(), hopper.end(), std::string(kReferenceCandidate)) == 1);
+  // The heuristic's choice is timed first (it sets the early-exit bar), the reference next.
+  CHECK(hopper.front() == default_config(p, h100).key());
+  CHECK(hopper[1] == kReferenceCandidate);
+  CHECK(std::set<std::string>(hopper.begin(), hopper.end()).size() == hopper.size());
+  // Exactly candidate_configs (every one valid for the device) plus the reference.
+  const auto configs = candidate_configs(p, h100);
+  CHECK(hopper.size() == configs.size() + 1);
+  for (const auto& c : configs) {
+    CHECK(std::count(hopper.begin(), hopper.end(), c.key()) == 1);
+    CHECK(c.valid_for(p, h100));
+  }
+
+  const auto ampere = tuning_candidates(p, a100);
+  CHECK(count_prefix(ampere, "warpspec.") == 0);
+  CHECK(count_prefix(ampere, "tiled.") >= 2);
+  CHECK(std::count(ampere.begin(), ampere.end(), std::string(kReferenceCandidate)) == 1);
+
+  // Pruning: strict fp32 has no wgmma path, TMA needs 16-byte rows.
+  const auto strict = tuning_candidates(problem(1024, 1024, 1024, DType::fp32), h100);
+  CHECK(count_prefix(strict, "warpspec.") == 0);
+  CHECK(count_prefix(strict, "tiled.") >= 1);
+  Problem unaligned = problem(1024, 1024, 1001);
+  unaligned.alignment = 2;
+  CHECK(count_prefix(tuning_candidates(unaligned, h100), "warpspec.") == 0);
+  // Without the contender.
+  const auto fused_only = tuning_candidates(p, h100, false);
+  CHECK(std::count(fused_only.begin(), fused_only.end(), std::string(kReferenceCandidate)) == 0);
+  CHECK(fused_only.size() == configs.size());
+}
+
+TEST_CASE("verification checks every column of small problems, a budgeted subset of large ones") {
+  const Problem small = problem(256, 200, 128);
+  const auto all = verification_columns(small);
+  REQUIRE(all.size() == 200);
+  for (std::int64_t n = 0; n < 200; ++n) CHECK(all[static_cast<std::size_t>(n)] == n);
+
+  const Problem big = problem(16384, 4096, 4096);
+  const auto cols = verification_columns(big);
+  CHECK(std::is_sorted(cols.begin(), cols.end()));
+  CHECK(std::adjacent_find(cols.begin(), cols.end()) == cols.end());
+  CHECK(cols.size() >= 64);
+  CHECK(cols.front() == 0);
+  CHECK(cols.back() == 4095);
+  for (std::int64_t c : {1, 7, 63, 64, 127, 128, 511, 512, 4088})
+    CHECK(std::binary_search(cols.begin(), cols.end(), c));
+  // Budget: about kVerifyBudget multiply-adds, but never fewer than 64 spread columns (plus
+  // edges and boundaries).
+  CHECK(static_cast<double>(cols.size()) <=
+        std::max(static_cast<double>(kVerifyBudget) / (16384.0 * 4096.0), 64.0) + 40.0);
+  // Spread over the whole width, not bunched at the start.
+  CHECK(std::count_if(cols.begin(), cols.end(), [](std::int64_t c) { return c >= 2048; }) >= 24);
+  // Where the budget (not the minimum) decides, a larger budget checks more.
+  const Problem wide = problem(1024, 8192, 8192);
+  const auto some = verification_columns(wide);
+  CHECK(some.size() >= 128);
+  CHECK(some.size() < 200);
+  CHECK(verification_columns(wide, kVerifyBudget * 4).size() >= 512);
+}
+
+TEST_CASE("progress: fractions, durations, the bar and the ETA") {
+  CHECK(format_duration(0) == "0s");
+  CHECK(format_duration(7.4) == "7s");
+  CHECK(format_duration(65) == "1m05s");
+  CHECK(format_duration(7380) == "2h03m");
+  CHECK(render_bar(0.5, 10) == "[#####-----]");
+  CHECK(render_bar(0, 4) == "[----]");
+  CHECK(render_bar(2, 4) == "[####]");
+  CHECK(eta_seconds(10, 0.25) == doctest::Approx(30));
+  CHECK(eta_seconds(10, 0.001) < 0);
+  CHECK(eta_seconds(10, 1.0) == doctest::Approx(0));
+
+  // Monotonic through the stages of one tune.
+  double last = -1;
+  for (auto stage : {TuneProgress::Stage::compiling, TuneProgress::Stage::timing,
+                     TuneProgress::Stage::verifying, TuneProgress::Stage::done}) {
+    for (std::size_t done = 0; done <= 4; ++done) {
+      TuneProgress p;
+      p.stage = stage;
+      p.done = done;
+      p.total = 4;
+      const double f = tune_fraction(p);
+      CHECK(f >= last);
+      CHECK(f <= 1.0);
+      last = f;
+    }
+  }
+  CHECK(last == 1.0);
+}
+
+TEST_CASE("progress: plain lines off a terminal, a bar redrawn in place on one") {
+  auto drive = [](TuneProgressBar& bar) {
+    bar.start(0, "64x64x64 bf16 train");
+    for (auto stage : {TuneProgress::Stage::compiling, TuneProgress::Stage::timing,
+                       TuneProgress::Stage::verifying}) {
+      for (std::size_t i = 1; i <= 3; ++i) {
+        TuneProgress p;
+        p.stage = stage;
+        p.done = i;
+        p.total = 3;
+        p.candidate = "tiled.64x64x64.w2x2.s3.g8";
+        bar.update(p);
+      }
+    }
+    bar.finish("64x64x64 bf16 train: tiled.64x64x64.w2x2.s3.g8 0.0100 ms");
+    bar.start(1, "64x64x64 bf16 eval");
+    bar.finish("64x64x64 bf16 eval: FAILED: no GPU");
+    bar.close();
+  };
+  std::FILE* plain = std::tmpfile();
+  REQUIRE(plain);
+  TuneProgressBar p(plain, 2, false);
+  drive(p);
+  const std::string text = read_file(plain);
+  std::fclose(plain);
+  CHECK(text.find('\r') == std::string::npos);
+  CHECK(text.find('\x1b') == std::string::npos);
+  CHECK(text.find("[1/2] 64x64x64 bf16 train: compiling 3 candidates\n") != std::string::npos);
+  CHECK(text.find("[1/2] 64x64x64 bf16 train: timing\n") != std::string::npos);
+  CHECK(text.find("[1/2] 64x64x64 bf16 train: verifying\n") != std::string::npos);
+  CHECK(text.find("[1/2] 64x64x64 bf16 train: tiled.64x64x64.w2x2.s3.g8 0.0100 ms\n") !=
+        std::string::npos);
+  CHECK(text.find("[2/2] 64x64x64 bf16 eval: FAILED: no GPU\n") != std::string::npos);
+  CHECK(lines(text) == 5);  // a line per stage begun, and one per result
+
+  std::FILE* tty = std::tmpfile();
+  REQUIRE(tty);
+  TuneProgressBar b(tty, 2, true, 80);
+  drive(b);
+  const std::string drawn = read_file(tty);
+  std::fclose(tty);
+  CHECK(drawn.find("\r\x1b[K[") != std::string::npos);
+  CHECK(drawn.find("ETA") != std::string::npos);
+  CHECK(drawn.find("[1/2] 64x64x64 bf16 train: tiled.64x64x64.w2x2.s3.g8 0.0100 ms\n") !=
+        std::string::npos);
+  // No drawn line is wider than the terminal.
+  std::size_t start = 0;
+  while (start < drawn.size()) {
+    std::size_t end = drawn.find_first_of("\r\n", start);
+    if (end == std::string::npos) end = drawn.size();
+    std::string seg = drawn.substr(start, end - start);
+    if (seg.starts_with("\x1b[K")) seg = seg.substr(3);
+    CHECK(seg.size() < 80);
+    start = end + 1;
+  }
+}
+
+TEST_CASE("PlanOptions::autotune defaults from FUSEJIT_AUTOTUNE") {
+  const char* old = std::getenv("FUSEJIT_AUTOTUNE");
+  const std::string saved = old ? old : "";
+  ::unsetenv("FUSEJIT_AUTOTUNE");
+  CHECK(!PlanOptions{}.autotune);
+  CHECK(PlanOptions{}.use_tuning_db);
+  ::setenv("FUSEJIT_AUTOTUNE", "1", 1);
+  CHECK(PlanOptions{}.autotune);
+  ::setenv("FUSEJIT_AUTOTUNE", "TRUE", 1);
+  CHECK(PlanOptions{}.autotune);
+  ::setenv("FUSEJIT_AUTOTUNE", "0", 1);
+  CHECK(!PlanOptions{}.autotune);
+  ::setenv("FUSEJIT_AUTOTUNE", "", 1);
+  CHECK(!PlanOptions{}.autotune);
+  if (old)
+    ::setenv("FUSEJIT_AUTOTUNE", saved.c_str(), 1);
+  else
+    ::unsetenv("FUSEJIT_AUTOTUNE");
+}
+
+TEST_CASE("fusejit autotune: bad arguments get one line and exit 2, before any GPU question") {
+  const fs::path dir = temp_dir("cli-bad");
+  fs::create_directories(dir);
+  const fs::path bad_file = dir / "shapes.txt";
+  std::ofstream(bad_file) << "# shapes\n1024x8192x8192\n64x64 # no K\n";
+  const fs::path empty_file = dir / "empty.txt";
+  std::ofstream(empty_file) << "# nothing\n";
+  struct Case {
+    std::string args, expect;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"autotune", "shapes"},
+           {"autotune --shapes 64x64", "shape"},
+           {"autotune --shapes 64x64x64 --dtypes fp64", "dtype"},
+           {"autotune --shapes 64x64x64 --modes infer", "mode"},
+           {"autotune --shapes 1x64x64 --modes train", "M"},
+           {"autotune --shapes 64x64x64 --momentum lots", "momentum"},
+           {"autotune --shapes 64x64x64 --device -1", "device"},
+           {"autotune --shapes 64x64x64 --bogus", "bogus"},
+           {"autotune --shapes 64x64x64 --shapes-file " + bad_file.string(), "not both"},
+           {"autotune --shapes-file " + (dir / "missing.txt").string(), "cannot read"},
+           {"autotune --shapes-file " + bad_file.string(), "shapes.txt:3"},
+           {"autotune --shapes-file " + empty_file.string(), "no shape"},
+       }) {
+    CAPTURE(c.args);
+    // Hide any GPU: argument errors must win over "no GPU".
+    const Result r = run_cli(c.args, "CUDA_VISIBLE_DEVICES=");
+    CHECK(r.code == 2);
+    CHECK(lines(r.out) == 1);
+    CHECK_MESSAGE(r.out.find(c.expect) != std::string::npos, r.out);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("fusejit autotune without a GPU: one clear line, exit 1") {
+  const fs::path dir = temp_dir("cli-nogpu");
+  fs::create_directories(dir);
+  const fs::path file = dir / "shapes.txt";
+  std::ofstream(file) << "64x64x64, 128x128x128  # two shapes\n";
+  for (const std::string& args :
+       {std::string("autotune --shapes 64x64x64,128x64x32 --dtypes bf16,fp16 --modes train,eval"),
+        "autotune --shapes-file " + file.string() + " --json"}) {
+    CAPTURE(args);
+    // CUDA_VISIBLE_DEVICES= hides every GPU, so this holds on GPU machines too.
+    const Result r =
+        run_cli(args + " --cache-dir " + (dir / "cache").string(), "CUDA_VISIBLE_DEVICES=");
+    CHECK(r.code == 1);
+    CHECK(lines(r.out) == 1);
+    CHECK_MESSAGE(r.out.find("no GPU") != std::string::npos, r.out);
+    CHECK(!fs::exists(dir / "cache" / "tuning"));
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("fusejit compile --from-db compiles the tuned winners without a GPU") {
+  const fs::path dir = temp_dir("fromdb");
+  const std::string cache = (dir / "cache").string();
+  // A database as autotune on an A100 would leave it: a fused winner, a reference winner
+  // (its plain kernels and its best fused config), and a warpspec winner that sm_80 cannot run.
+  TuningIdentity id;
+  id.name = "NVIDIA A100-SXM4-80GB";
+  id.cc = 80;
+  id.driver = 13000;
+  id.nvrtc = "13.0";
+  id.fusejit = "test";
+  id.fingerprint = "NVIDIA A100-SXM4-80GB|cc80|driver13000|nvrtc13.0|fusejittest";
+  const TuningDb db(TuningDb::default_dir(cache), id);
+  auto add = [&](const Problem& p, const std::string& winner, const std::string& best_fused) {
+    TuningEntry e;
+    e.problem = p;
+    e.winner = winner;
+    e.winner_ms = 0.01;
+    e.reference_ms = 0.012;
+    e.best_fused = best_fused;
+    e.best_fused_ms = 0.011;
+    e.timestamp = 1700000000;
+    REQUIRE(db.record(e));
+  };
+  add(problem(64, 64, 64, DType::bf16, Mode::eval), "tiled.64x64x64.w2x2.s3.g8",
+      "tiled.64x64x64.w2x2.s3.g8");
+  add(problem(100, 72, 40), std::string(kReferenceCandidate), "tiled.64x128x64.w2x2.s3.g8");
+  add(problem(256, 256, 256), "warpspec.128x128x64.c2.s6.g8.cl1.p1",
+      "warpspec.128x128x64.c2.s6.g8.cl1.p1");
+
+  const Result first = run_cli("compile --from-db --cache-dir " + cache, "CUDA_VISIBLE_DEVICES=");
+  REQUIRE_MESSAGE(first.code == 0, first.out);
+  CHECK(first.out.find("for sm_80") != std::string::npos);
+  CHECK(first.out.find("3 kernel set(s): 0 hit, 3 compiled") != std::string::npos);
+  CHECK(first.out.find("skip 256x256x256 warpspec") != std::string::npos);
+  CHECK(first.out.find("fj.reference.bf16") != std::string::npos);  // the reference's kernels
+  // The deployment image is warm: a second run (explicit file) only hits.
+  const Result second = run_cli("compile --from-db " + db.path().string() + " --cache-dir " + cache,
+                                "CUDA_VISIBLE_DEVICES=");
+  CHECK(second.code == 0);
+  CHECK_MESSAGE(second.out.find("3 kernel set(s): 3 hit, 0 compiled") != std::string::npos,
+                second.out);
+  // For another arch the warpspec winner can run.
+  const Result hopper =
+      run_cli("compile --from-db --arch sm_90a --cache-dir " + cache, "CUDA_VISIBLE_DEVICES=");
+  CHECK(hopper.code == 0);
+  CHECK(hopper.out.find("4 kernel set(s)") != std::string::npos);
+
+  // Errors: the problems come from the database (2); a damaged database (1); none at all (1).
+  Result r = run_cli("compile --from-db --shapes 64x64x64 --cache-dir " + cache);
+  CHECK(r.code == 2);
+  CHECK(lines(r.out) == 1);
+  CHECK(r.out.find("from-db") != std::string::npos);
+  const fs::path damaged = dir / "damaged.json";
+  std::ofstream(damaged) << "{\"schema\": \"fusejit-tuning-db\"";
+  r = run_cli("compile --from-db " + damaged.string() + " --cache-dir " + cache);
+  CHECK(r.code == 1);
+  CHECK(lines(r.out) == 1);
+  CHECK(r.out.find("damaged") != std::string::npos);
+  r = run_cli("compile --from-db --cache-dir " + (dir / "empty").string());
+  CHECK(r.code == 1);
+  CHECK(lines(r.out) == 1);
+  CHECK(r.out.find("no tuning database") != std::string::npos);
+  fs::remove_all(dir);
+}

@@ -1,0 +1,282 @@
+// The autotuner on a GPU: two small shapes tuned end to end, the recorded winner is what the
+// next Plan dispatches to (and it computes the right thing), a deliberately wrong candidate is
+// rejected by verification, tuning on first sight through PlanOptions::autotune, and the
+// `fusejit autotune` command.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "fusejit/check/sweep.hpp"
+#include "fusejit/device/device.hpp"
+#include "fusejit/device/driver.hpp"
+#include "fusejit/plan/plan.hpp"
+#include "fusejit/tune/dispatch.hpp"
+#include "fusejit/tune/tuner.hpp"
+#include "fusejit/tune/tuning_db.hpp"
+#include "fusejit/util/log.hpp"
+#include "gpu_required.hpp"
+
+FUSEJIT_GPU_TEST_EXECUTABLE;
+
+using namespace fusejit;
+using Status = CandidateOutcome::Status;
+
+namespace {
+
+std::string cache_dir() {
+  const char* d = std::getenv("FUSEJIT_CACHE_DIR");  // per test executable (tests/CMakeLists.txt)
+  return d ? d : "";
+}
+
+Problem problem(std::int64_t M, std::int64_t N, std::int64_t K, DType d, Mode m) {
+  Problem p;
+  p.M = M, p.N = N, p.K = K, p.dtype = d, p.mode = m;
+  return p;
+}
+
+// Few runs: these tests prove the mechanism, not the timings.
+TunerOptions quick() {
+  TunerOptions o;
+  o.device = 0;
+  o.cache_dir = cache_dir();
+  o.target_ms = 20;
+  o.max_runs = 20;
+  o.seed = 0x5EED;
+  return o;
+}
+
+PlanOptions plan_options() {
+  PlanOptions o;
+  o.device = 0;
+  o.cache_dir = cache_dir();
+  o.autotune = false;
+  return o;
+}
+
+const CandidateOutcome* outcome(const TuneResult& r, const std::string& key) {
+  for (const auto& c : r.candidates)
+    if (c.key == key) return &c;
+  return nullptr;
+}
+
+// The plan's output on fresh inputs against the float64 reference (the sweep's machinery).
+double plan_error(const Plan& plan, const Problem& p) {
+  SweepCase c;
+  c.problem = p;
+  const CaseInputs in = make_case_inputs(c, 77);
+  DeviceCase d(in);
+  FJ_CU(cuCtxSynchronize());  // DeviceCase's poison memsets run on the legacy stream
+  const Stream s;
+  plan.run(s, d.tensors());
+  s.synchronize();
+  const ReferenceOutputs ref =
+      reference_forward(reference_inputs(in), reference_settings(p, in.num_batches_tracked));
+  const CaseErrors e = compare(in, d.download(), ref);
+  CHECK(!e.non_finite);
+  CHECK(e.counter_ok);
+  return e.worst();
+}
+
+// The plan runs what the entry says: its fused winner, or the reference op (reporting the
+// best fused config).
+void check_dispatches_to(const Plan& plan, const TuningEntry& e) {
+  if (e.winner == kReferenceCandidate) {
+    CHECK(plan.uses_reference());
+    CHECK(plan.workspace_size() == 0);
+    CHECK(plan.kernel_names().front() == "cublasLtMatmul");
+    if (!e.best_fused.empty()) CHECK(plan.config().key() == e.best_fused);
+  } else {
+    CHECK(!plan.uses_reference());
+    CHECK(plan.config().key() == e.winner);
+  }
+}
+
+struct Cli {
+  int code = -1;
+  std::string out;
+};
+
+Cli run_cli(const std::string& args, bool with_stderr = true) {
+  const char* cli = std::getenv("FUSEJIT_CLI");
+  REQUIRE(cli);
+  Cli r;
+  FILE* f = popen(
+      (std::string(cli) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
+  REQUIRE(f);
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), f)) r.out += buf.data();
+  const int status = pclose(f);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("autotune two small shapes end to end; the next Plan runs the recorded winner") {
+  primary_context(0);
+  const Device dev = Device::get(0);
+  const TuningDb db = TuningDb::for_device(dev, cache_dir());
+  for (const Problem& p : {problem(256, 512, 256, DType::bf16, Mode::train),
+                           problem(128, 384, 512, DType::fp16, Mode::eval)}) {
+    CAPTURE(p.key());
+    const TuneResult r = tune(p, quick());
+    MESSAGE(format_shape(p.shape()), " ", name(p.dtype), " ", name(p.mode), ": ", r.entry.winner,
+            " ", r.entry.winner_ms, " ms (cuBLASLt ", r.entry.reference_ms.value_or(-1),
+            " ms), runner-up ", r.entry.runner_up, "; tuned in ", r.seconds, " s (compile ",
+            r.compile_seconds, " s)");
+    CHECK(r.recorded);
+    CHECK(r.db_path == db.path().string());
+    // Every candidate was considered: the configs of both variants (where the GPU has them)
+    // and the reference op, which ran and was timed.
+    CHECK(r.candidates.size() == tuning_candidates(p, dev).size());
+    CHECK(r.entry.candidates == static_cast<int>(r.candidates.size()));
+    CHECK(r.entry.reference_ms.has_value());
+    const CandidateOutcome* w = outcome(r, r.entry.winner);
+    REQUIRE(w);
+    CHECK(w->status == Status::verified);
+    CHECK(w->error < sweep_threshold(p.dtype));
+    CHECK(w->median_ms == r.entry.winner_ms);
+    // The winner is the fastest candidate that was verified, and nothing faster was left out
+    // unverified.
+    for (const auto& c : r.candidates) {
+      if (c.key == r.entry.winner) break;
+      CHECK(c.status == Status::rejected);
+    }
+    for (const auto& c : r.candidates)
+      if (c.median_ms && c.status != Status::rejected) CHECK(*c.median_ms >= r.entry.winner_ms);
+
+    // Recorded...
+    const auto e = db.find(p);
+    REQUIRE(e);
+    CHECK(e->winner == r.entry.winner);
+    CHECK(e->winner_ms == r.entry.winner_ms);
+    // ...and what the next plan runs, correctly, with plan creation in milliseconds.
+    const Plan plan(p, plan_options());
+    CHECK(plan.dispatch() == "tuned");
+    check_dispatches_to(plan, *e);
+    CHECK(plan_error(plan, p) < sweep_threshold(p.dtype));
+    const auto t0 = std::chrono::steady_clock::now();
+    const Plan again(p, plan_options());
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    MESSAGE("plan creation with a warm cache and database: ", ms, " ms");
+    CHECK(ms < 200);
+    check_dispatches_to(again, *e);
+    // Forcing a variant or ignoring the database bypasses the entry.
+    PlanOptions heuristic = plan_options();
+    heuristic.use_tuning_db = false;
+    const Plan h(p, heuristic);
+    CHECK(h.dispatch() == "heuristic");
+    CHECK(h.config().key() == default_config(p, dev).key());
+  }
+}
+
+TEST_CASE("a fast but wrong candidate is rejected by verification and the next best recorded") {
+  primary_context(0);
+  const Device dev = Device::get(0);
+  const TuningDb db = TuningDb::for_device(dev, cache_dir());
+  const Problem p = problem(256, 256, 384, DType::bf16, Mode::eval);
+
+  TunerOptions o = quick();
+  o.inject_wrong_candidate = "fastest";
+  const auto warnings = log_warning_count();
+  const TuneResult r = tune(p, o);
+  REQUIRE(!r.candidates.empty());
+  const CandidateOutcome& fastest = r.candidates.front();  // sorted by time
+  CAPTURE(fastest.key);
+  CHECK(fastest.status == Status::rejected);
+  CHECK(fastest.message.find("verification") != std::string::npos);
+  CHECK(fastest.error > sweep_threshold(p.dtype));
+  CHECK(log_warning_count() > warnings);  // a wrong kernel is worth a warning
+  CHECK(r.entry.winner != fastest.key);
+  const CandidateOutcome* w = outcome(r, r.entry.winner);
+  REQUIRE(w);
+  CHECK(w->status == Status::verified);
+  CHECK(r.candidates[1].key == r.entry.winner);  // the next best, since it is right
+  const auto recorded = db.find(p);
+  REQUIRE(recorded);
+  CHECK(recorded->winner == r.entry.winner);
+
+  // Naming the candidate instead: whatever the timings do, it is never the one recorded.
+  o.inject_wrong_candidate = r.entry.winner;
+  const TuneResult r2 = tune(p, o);
+  CHECK(r2.entry.winner != r.entry.winner);
+  const CandidateOutcome* named = outcome(r2, r.entry.winner);
+  REQUIRE(named);
+  CHECK(named->status != Status::verified);
+  const auto again = db.find(p);
+  REQUIRE(again);
+  CHECK(again->winner == r2.entry.winner);
+}
+
+TEST_CASE("PlanOptions::autotune tunes on first sight; neighbours use the bucket") {
+  primary_context(0);
+  const Device dev = Device::get(0);
+  const TuningDb db = TuningDb::for_device(dev, cache_dir());
+  const Problem p = problem(192, 320, 256, DType::bf16, Mode::train);
+  // The cache directory outlives the test run: start this one from an empty database.
+  std::filesystem::remove(db.path());
+  REQUIRE(!db.find(p));
+  PlanOptions o = plan_options();
+  o.autotune = true;
+  const Plan plan(p, o);
+  CHECK(plan.dispatch() == "autotuned");
+  const auto e = db.find(p);
+  REQUIRE(e);
+  check_dispatches_to(plan, *e);
+  CHECK(plan_error(plan, p) < sweep_threshold(p.dtype));
+  const Plan again(p, o);  // now an exact entry: no second tuning
+  CHECK(again.dispatch() == "tuned");
+
+  // An untuned neighbour (within 4x per dimension, same kind) without autotuning: the
+  // nearest entry's winner where it can run the problem, else the heuristic.
+  Problem q = p;
+  q.M = 200;
+  q.N = 300;
+  const KernelChoice expect = choose_from_table(*db.table(), q, dev);
+  const Plan near(q, plan_options());
+  CHECK(near.dispatch() == std::string(name(expect.source)));
+  CHECK((near.dispatch() == "bucket" || near.dispatch() == "heuristic"));
+  CHECK(near.config().key() == expect.config.key());
+  CHECK(plan_error(near, q) < sweep_threshold(q.dtype));
+}
+
+TEST_CASE("fusejit autotune: JSON results match the database; the table otherwise") {
+  primary_context(0);
+  const Device dev = Device::get(0);
+  const TuningDb db = TuningDb::for_device(dev, cache_dir());
+  const Cli j = run_cli(
+      "autotune --shapes 256x512x256 --dtypes bf16 --modes train --json "
+      "--cache-dir " +
+          cache_dir(),
+      false);
+  REQUIRE_MESSAGE(j.code == 0, j.out);
+  const nlohmann::json out = nlohmann::json::parse(j.out);
+  REQUIRE(out["results"].size() == 1);
+  const auto& res = out["results"][0];
+  CHECK(out["database"] == db.path().string());
+  CHECK(res["recorded"] == true);
+  const Problem p = problem(256, 512, 256, DType::bf16, Mode::train);
+  CHECK(res["problem"] == p.key());
+  const auto e = db.find(p);
+  REQUIRE(e);
+  CHECK(e->winner == res["winner"].get<std::string>());
+  CHECK(res["candidates"].size() == tuning_candidates(p, dev).size());
+
+  const Cli t = run_cli("autotune --shapes 128x384x512 --dtypes fp16 --modes eval --cache-dir " +
+                        cache_dir());
+  REQUIRE_MESSAGE(t.code == 0, t.out);
+  CHECK(t.out.find("vs cuBLASLt") != std::string::npos);
+  CHECK(t.out.find("runner-up") != std::string::npos);
+  CHECK(t.out.find("[1/1] 128x384x512 fp16 eval: compiling") != std::string::npos);  // not a tty
+  CHECK(t.out.find('\r') == std::string::npos);
+  CHECK(t.out.find(db.path().string()) != std::string::npos);
+}
