@@ -478,6 +478,11 @@ TuneResult tune(const Problem& p, const TunerOptions& o) {
     }
   }
   report(o, TuneProgress::Stage::verifying, verified, verified, winner ? winner->out.key : "");
+  // Copies: the sort below moves the contenders that `winner` and `best_fused` point into.
+  const std::optional<CandidateOutcome> won =
+      winner ? std::optional<CandidateOutcome>(winner->out) : std::nullopt;
+  const std::optional<CandidateOutcome> fused =
+      best_fused ? std::optional<CandidateOutcome>(best_fused->out) : std::nullopt;
 
   std::stable_sort(cs.begin(), cs.end(), [](const Contender& a, const Contender& b) {
     const bool ra = a.out.median_ms.has_value(), rb = b.out.median_ms.has_value();
@@ -485,7 +490,7 @@ TuneResult tune(const Problem& p, const TunerOptions& o) {
     return ra && *a.out.median_ms < *b.out.median_ms;
   });
   for (const auto& c : cs) result.candidates.push_back(c.out);
-  if (!winner) {
+  if (!won) {
     std::string why;
     for (const auto& c : cs)
       why += fmt::format("\n  {}: {} {}", c.out.key, name(c.out.status), c.out.message);
@@ -495,9 +500,9 @@ TuneResult tune(const Problem& p, const TunerOptions& o) {
   // 5. Record.
   TuningEntry& e = result.entry;
   e.problem = p;
-  e.winner = winner->out.key;
-  e.winner_ms = *winner->out.median_ms;
-  e.error = winner->out.error;
+  e.winner = won->key;
+  e.winner_ms = *won->median_ms;
+  e.error = won->error;
   e.candidates = static_cast<int>(cs.size());
   e.timestamp = static_cast<std::int64_t>(std::time(nullptr));
   for (const auto& c : result.candidates) {
@@ -507,9 +512,9 @@ TuneResult tune(const Problem& p, const TunerOptions& o) {
     e.runner_up = c.key;
     e.runner_up_ms = c.median_ms;
   }
-  if (best_fused) {
-    e.best_fused = best_fused->out.key;
-    e.best_fused_ms = best_fused->out.median_ms;
+  if (fused) {
+    e.best_fused = fused->key;
+    e.best_fused_ms = fused->median_ms;
   }
   const TuningDb db = TuningDb::for_device(dev, o.cache_dir);
   result.db_path = db.path().string();
