@@ -1,20 +1,55 @@
-// Bad input is rejected with InvalidArgument naming the argument, before anything is enqueued:
-// null, misaligned and unwanted pointers, M = 1 in train mode, leading dimensions that break the
-// promised alignment, mismatched parameter dtypes. Both fusejit::Plan and the ReferenceOp (same
-// Tensors contract). Outputs and running stats hold a byte pattern that must survive a rejected
-// run.
+// Bad input is rejected with InvalidArgument naming the argument, before anything is enqueued,
+// and leaves every output byte as it was (outputs, running stats, saved stats and the batch
+// counter hold a byte pattern that must survive a rejected run). Both fusejit::Plan and the
+// ReferenceOp (same Tensors contract). NaN and Inf inputs are not bad input: they run and
+// propagate as PyTorch propagates them.
+//
+// The catalogue ("bad input catalogue" below; one row per class, in the order of the table):
+//
+//    #  class                                          rejected as
+//    1  null x / W / y                                 "x" / "w" / "y"
+//    2  null parameter the problem has                 "bias" / "scale" / "gamma" / "beta"
+//    3  parameter the problem says is absent           "bias" / "scale" / "gamma"
+//    4  x / W / y offset by 2 bytes (misaligned)       "x" / "w" / "y"
+//    5  misaligned stats or counter                    "running_mean" / "save_invstd" /
+//                                                      "num_batches_tracked"
+//    6  M = 0                                          "M"  (Problem::validate, Plan, ReferenceOp)
+//    7  N < 0                                          "N"
+//    8  K = 0                                          "K"
+//    9  ldx < K                                        "ldx"
+//   10  M = 1 in train                                 "M"
+//   11  fp16 parameters with bf16 x                    "param_dtype"
+//   12  eps <= 0, momentum outside [0, 1]              "eps", "momentum"
+//   13  alignment that is no power of two in 2..16     "alignment"
+//   14  caller workspace null / too small / misaligned "workspace" (two-pass train plan)
+//   15  eval without running stats                     "running_mean" / "running_var"
+//   16  momentum=None without num_batches_tracked      "num_batches_tracked"
+//   17  only one of running_mean / running_var         the missing one
+//   18  batch outputs passed in eval                   "save_mean" / "num_batches_tracked"
+//   19  stream from another CUDA context               "stream" (cuStreamGetCtx in run();
+//                                                      skipped when cuCtxCreate_v2 is missing)
+//   20  compute capability < 8.0 (sm_75 simulated)    "arch" (parse_arch, Device::for_arch)
+//   21  NaN / Inf in x or W                            runs; NaN/Inf where the float64
+//                                                      reference has them, finite elsewhere
 #include <doctest/doctest.h>
 
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "fusejit/check/device_buffer.hpp"
 #include "fusejit/check/sweep.hpp"
 #include "fusejit/device/device.hpp"
+#include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/plan/plan.hpp"
 #include "fusejit/reference/cublaslt_reference.hpp"
@@ -40,11 +75,15 @@ RunFn make_op(const Problem& p, bool reference) {
   return [plan](CUstream s, const Tensors& t) { plan->run(s, t); };
 }
 
+// The argument an InvalidArgument names, "(accepted)", or the type of any other error (so a
+// check for a name fails showing what came instead).
 std::string rejected_argument(const std::function<void()>& f) {
   try {
     f();
   } catch (const InvalidArgument& e) {
     return e.argument();
+  } catch (const std::exception& e) {
+    return std::string("(other error: ") + e.what() + ")";
   }
   return "(accepted)";
 }
@@ -103,17 +142,19 @@ struct Buffers {
   }
 
   // Exactly what the problem wants.
-  Tensors full() const {
+  Tensors full() const { return full(p); }
+  // Exactly what `q` (same shapes and dtypes as p, other flags) wants.
+  Tensors full(const Problem& q) const {
     Tensors t;
     t.x = x.get();
     t.w = w.get();
     t.y = y.get();
-    if (p.has_bias) t.bias = bias.get();
-    if (p.has_scale) t.scale = scale.get();
-    if (p.has_affine) t.gamma = gamma.get(), t.beta = beta.get();
+    if (q.has_bias) t.bias = bias.get();
+    if (q.has_scale) t.scale = scale.get();
+    if (q.has_affine) t.gamma = gamma.get(), t.beta = beta.get();
     t.running_mean = rm.get();
     t.running_var = rv.get();
-    if (p.mode == Mode::train) {
+    if (q.mode == Mode::train) {
       t.num_batches_tracked = nbt.as<std::int64_t>();
       t.save_mean = save_mean.as<float>();
       t.save_invstd = save_invstd.as<float>();
@@ -328,4 +369,354 @@ TEST_CASE("the bare GEMM checks its pointers too") {
   CHECK(rejected_argument([&] { g.run(s, b.x.get(), b.w.get(), offset(b.y.get(), 4)); }) == "y");
   s.synchronize();
   CHECK(b.untouched());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The bad input catalogue (the table at the top of this file).
+
+namespace {
+
+// A second context on device 0, as a host application with a context of its own would have.
+// fusejit never creates contexts, so the driver table has no cuCtxCreate: it is resolved here
+// from the libcuda.so.1 that driver() loaded, under the versioned name whose signature we use.
+class ForeignContext {
+ public:
+  ForeignContext() {
+    driver();
+    void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!lib) {
+      why_ = "libcuda.so.1 is not loaded";
+      return;
+    }
+    create_ = reinterpret_cast<CtxCreate>(::dlsym(lib, "cuCtxCreate_v2"));
+    destroy_ = reinterpret_cast<CtxDestroy>(::dlsym(lib, "cuCtxDestroy_v2"));
+    ::dlclose(lib);  // RTLD_NOLOAD took a reference; driver()'s own handle keeps it loaded
+    if (!create_ || !destroy_) {
+      why_ = "libcuda.so.1 lacks cuCtxCreate_v2 / cuCtxDestroy_v2";
+      return;
+    }
+    CUdevice dev = 0;
+    FJ_CU(cuDeviceGet(&dev, 0));
+    if (const CUresult r = create_(&ctx_, 0, dev); r != CUDA_SUCCESS) {
+      why_ = "cuCtxCreate_v2 failed with CUresult " + std::to_string(static_cast<int>(r));
+      ctx_ = nullptr;
+    } else {
+      stream_.emplace();  // cuCtxCreate made ctx_ current: the stream belongs to it
+    }
+    primary_context(0);
+  }
+  ~ForeignContext() {
+    stream_.reset();
+    if (ctx_) destroy_(ctx_);
+    try {
+      primary_context(0);
+    } catch (...) {
+    }
+  }
+  ForeignContext(const ForeignContext&) = delete;
+  ForeignContext& operator=(const ForeignContext&) = delete;
+
+  bool ok() const { return ctx_ != nullptr; }
+  const std::string& why_not() const { return why_; }
+  CUstream stream() const { return stream_->get(); }
+
+ private:
+  using CtxCreate = CUresult (*)(CUcontext*, unsigned, CUdevice);
+  using CtxDestroy = CUresult (*)(CUcontext);
+  CtxCreate create_ = nullptr;
+  CtxDestroy destroy_ = nullptr;
+  CUcontext ctx_ = nullptr;
+  std::optional<Stream> stream_;
+  std::string why_;
+};
+
+// Two-pass in train (M above any row tile), so a run needs workspace.
+Problem train_problem() {
+  Problem p = base_problem(Mode::train);
+  p.M = 1000;
+  return p;
+}
+Problem eval_problem() {
+  Problem p = train_problem();
+  p.mode = Mode::eval;
+  return p;
+}
+
+struct Fixture {
+  Buffers b{train_problem()};  // eval_problem() has the same shapes and dtypes
+  Stream s;
+  ForeignContext foreign;
+};
+
+// One row: a class of bad input (its number in the table), the argument it must be rejected
+// as, and the attempt (for the Plan, or with reference = true for the ReferenceOp).
+struct BadInput {
+  int cls = 0;
+  std::string what;
+  std::string expect;
+  std::function<void(Fixture&, bool reference)> attempt;
+  std::optional<Problem> problem;  // construction-time classes: Problem::validate is checked too
+  bool both = true;                // also through the ReferenceOp
+  bool foreign_stream = false;     // needs the second context
+};
+
+using Edit = std::function<void(Tensors&, Fixture&)>;
+
+// A run of problem `q` with its full tensors changed by `edit`.
+BadInput run_row(int cls, std::string what, std::string expect, const Problem& q, Edit edit) {
+  BadInput r;
+  r.cls = cls;
+  r.what = std::move(what);
+  r.expect = std::move(expect);
+  r.attempt = [q, edit](Fixture& f, bool reference) {
+    const RunFn op = make_op(q, reference);
+    Tensors t = f.b.full(q);
+    edit(t, f);
+    op(f.s, t);
+  };
+  return r;
+}
+
+// Making a plan (or ReferenceOp) for problem `q`.
+BadInput problem_row(int cls, std::string what, std::string expect, const Problem& q) {
+  BadInput r;
+  r.cls = cls;
+  r.what = std::move(what);
+  r.expect = std::move(expect);
+  r.problem = q;
+  r.attempt = [q](Fixture&, bool reference) { make_op(q, reference); };
+  return r;
+}
+
+// A run of the two-pass train problem with a caller workspace (the Plan's contract only).
+BadInput workspace_row(std::string what, std::ptrdiff_t size_delta, std::size_t shift, bool null) {
+  BadInput r;
+  r.cls = 14;
+  r.what = std::move(what);
+  r.expect = "workspace";
+  r.both = false;
+  r.attempt = [=](Fixture& f, bool) {
+    PlanOptions o;
+    o.variant = Variant::tiled;  // never the reference op, which takes no workspace
+    const Plan plan(train_problem(), o);
+    if (plan.workspace_size() == 0)
+      throw std::runtime_error("the two-pass plan needs no workspace");
+    const DeviceBuffer ws(plan.workspace_size() + 512);
+    void* ptr = null ? nullptr : offset(ws.get(), shift);
+    const auto bytes =
+        static_cast<std::size_t>(static_cast<std::ptrdiff_t>(plan.workspace_size()) + size_delta);
+    plan.run(f.s, f.b.full(), ptr, bytes);
+  };
+  return r;
+}
+
+BadInput arch_row(std::string what, std::function<void()> f) {
+  BadInput r;
+  r.cls = 20;
+  r.what = std::move(what);
+  r.expect = "arch";
+  r.both = false;
+  r.attempt = [f](Fixture&, bool) { f(); };
+  return r;
+}
+
+std::vector<BadInput> catalogue() {
+  const Problem T = train_problem(), E = eval_problem();
+  auto with = [](Problem q, const std::function<void(Problem&)>& f) {
+    f(q);
+    return q;
+  };
+  std::vector<BadInput> rows = {
+      run_row(1, "null x", "x", T, [](Tensors& t, Fixture&) { t.x = nullptr; }),
+      run_row(1, "null W", "w", T, [](Tensors& t, Fixture&) { t.w = nullptr; }),
+      run_row(1, "null y", "y", E, [](Tensors& t, Fixture&) { t.y = nullptr; }),
+      run_row(2, "null bias", "bias", T, [](Tensors& t, Fixture&) { t.bias = nullptr; }),
+      run_row(2, "null scale", "scale", T, [](Tensors& t, Fixture&) { t.scale = nullptr; }),
+      run_row(2, "null gamma", "gamma", E, [](Tensors& t, Fixture&) { t.gamma = nullptr; }),
+      run_row(2, "null beta", "beta", T, [](Tensors& t, Fixture&) { t.beta = nullptr; }),
+      run_row(3, "bias given, has_bias = false", "bias",
+              with(T, [](Problem& q) { q.has_bias = false; }),
+              [](Tensors& t, Fixture& f) { t.bias = f.b.bias.get(); }),
+      run_row(3, "scale given, has_scale = false", "scale",
+              with(E, [](Problem& q) { q.has_scale = false; }),
+              [](Tensors& t, Fixture& f) { t.scale = f.b.scale.get(); }),
+      run_row(3, "gamma and beta given, has_affine = false", "gamma",
+              with(T, [](Problem& q) { q.has_affine = false; }),
+              [](Tensors& t, Fixture& f) { t.gamma = f.b.gamma.get(), t.beta = f.b.beta.get(); }),
+      run_row(4, "x + 2 bytes", "x", T, [](Tensors& t, Fixture&) { t.x = offset(t.x, 2); }),
+      run_row(4, "W + 2 bytes", "w", E, [](Tensors& t, Fixture&) { t.w = offset(t.w, 2); }),
+      run_row(4, "y + 2 bytes", "y", T, [](Tensors& t, Fixture&) { t.y = offset(t.y, 2); }),
+      run_row(5, "running_mean + 2 bytes", "running_mean", T,
+              [](Tensors& t, Fixture&) { t.running_mean = offset(t.running_mean, 2); }),
+      run_row(5, "save_invstd + 2 bytes", "save_invstd", T,
+              [](Tensors& t, Fixture&) { t.save_invstd = offset(t.save_invstd, 2); }),
+      run_row(
+          5, "num_batches_tracked + 4 bytes", "num_batches_tracked", T,
+          [](Tensors& t, Fixture&) { t.num_batches_tracked = offset(t.num_batches_tracked, 4); }),
+      problem_row(6, "M = 0", "M", with(T, [](Problem& q) { q.M = 0; })),
+      problem_row(6, "M = 0 (eval)", "M", with(E, [](Problem& q) { q.M = 0; })),
+      problem_row(7, "N = -1", "N", with(T, [](Problem& q) { q.N = -1; })),
+      problem_row(8, "K = 0", "K", with(E, [](Problem& q) { q.K = 0; })),
+      problem_row(9, "ldx = K - 8", "ldx", with(T, [](Problem& q) { q.ldx = q.K - 8; })),
+      problem_row(10, "M = 1 in train", "M", with(T, [](Problem& q) { q.M = 1; })),
+      problem_row(11, "fp16 parameters, bf16 x", "param_dtype",
+                  with(T, [](Problem& q) { q.param_dtype = DType::fp16; })),
+      problem_row(12, "eps = 0", "eps", with(T, [](Problem& q) { q.eps = 0; })),
+      problem_row(12, "momentum = 1.5", "momentum", with(T, [](Problem& q) { q.momentum = 1.5; })),
+      problem_row(13, "alignment = 3", "alignment", with(T, [](Problem& q) { q.alignment = 3; })),
+      workspace_row("null workspace", 0, 0, true),
+      workspace_row("workspace 256 bytes short", -256, 0, false),
+      workspace_row("workspace + 16 bytes (not 256-byte aligned)", 0, 16, false),
+      run_row(15, "eval without running_mean", "running_mean", E,
+              [](Tensors& t, Fixture&) { t.running_mean = nullptr; }),
+      run_row(15, "eval without running_var", "running_var", E,
+              [](Tensors& t, Fixture&) { t.running_var = nullptr; }),
+      run_row(16, "momentum=None without num_batches_tracked", "num_batches_tracked",
+              with(T, [](Problem& q) { q.momentum = std::nullopt; }),
+              [](Tensors& t, Fixture&) { t.num_batches_tracked = nullptr; }),
+      run_row(17, "running_mean without running_var", "running_var", T,
+              [](Tensors& t, Fixture&) { t.running_var = nullptr; }),
+      run_row(17, "running_var without running_mean", "running_mean", T,
+              [](Tensors& t, Fixture&) { t.running_mean = nullptr; }),
+      run_row(18, "save_mean in eval", "save_mean", E,
+              [](Tensors& t, Fixture& f) { t.save_mean = f.b.save_mean.as<float>(); }),
+      run_row(18, "num_batches_tracked in eval", "num_batches_tracked", E,
+              [](Tensors& t, Fixture& f) { t.num_batches_tracked = f.b.nbt.as<std::int64_t>(); }),
+      arch_row("parse_arch(\"sm_75\")", [] { parse_arch("sm_75"); }),
+      arch_row("parse_arch(\"7.0\")", [] { parse_arch("7.0"); }),
+      arch_row("Device::for_arch(\"sm_75\")", [] { Device::for_arch("sm_75"); }),
+  };
+  for (const Problem& q : {T, E}) {
+    BadInput r;
+    r.cls = 19;
+    r.what = std::string("stream from another context (") + std::string(name(q.mode)) + ")";
+    r.expect = "stream";
+    r.foreign_stream = true;
+    r.attempt = [q](Fixture& f, bool reference) {
+      make_op(q, reference)(f.foreign.stream(), f.b.full(q));
+    };
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("bad input catalogue: each class rejected by name, no output byte changed") {
+  primary_context(0);
+  Fixture f;
+  if (!f.foreign.ok())
+    MESSAGE("class 19 (stream from another context) skipped: " << f.foreign.why_not());
+  const std::vector<BadInput> rows = catalogue();
+  std::set<int> classes;
+  int attempts = 0, skipped = 0;
+  for (const BadInput& row : rows) {
+    for (bool reference : {false, true}) {
+      if (reference && !row.both) continue;
+      if (row.foreign_stream && !f.foreign.ok()) {
+        ++skipped;
+        continue;
+      }
+      CAPTURE(row.cls);
+      CAPTURE(row.what);
+      CAPTURE(reference);
+      f.b.fill_outputs();
+      CHECK(rejected_argument([&] { row.attempt(f, reference); }) == row.expect);
+      f.s.synchronize();
+      if (row.foreign_stream) driver().cuStreamSynchronize(f.foreign.stream());
+      CHECK(f.b.untouched());
+      ++attempts;
+      classes.insert(row.cls);
+    }
+    if (row.problem) {
+      CAPTURE(row.what);
+      CHECK(rejected_argument([&] { row.problem->validate(); }) == row.expect);
+    }
+  }
+  // The byte check can see a write: the same buffers, complete, run and change y.
+  f.b.fill_outputs();
+  f.b.make_runnable();
+  make_op(train_problem(), false)(f.s, f.b.full());
+  f.s.synchronize();
+  const auto y = f.b.y.download_bytes();
+  CHECK(std::count(y.begin(), y.end(), kPattern) < static_cast<std::ptrdiff_t>(y.size() / 2));
+  // Class 21 (NaN / Inf) is the next test case.
+  MESSAGE("bad input catalogue: " << classes.size() + 1 << " classes (21 = NaN/Inf below), "
+                                  << rows.size() << " rows, " << attempts << " rejected attempts, "
+                                  << skipped << " skipped");
+  CHECK(classes.size() + 1 >= 15);
+}
+
+TEST_CASE("NaN and Inf inputs run and propagate as PyTorch does (the float64 reference)") {
+  primary_context(0);
+  enum class Spread { row, column, all };
+  struct Case {
+    const char* line;
+    bool in_w;  // the bad value goes into W (else x)
+    std::int64_t row, k;
+    float value;
+    Spread spread;  // where y must be non-finite
+  };
+  // eval: a bad x row spoils that row of y only (the running stats are fixed); a bad W row n
+  // spoils column n. train: a bad W row spoils column n's batch stats, so that column; a bad x
+  // row enters every column's batch stats, so all of y.
+  const Case cases[] = {
+      {"256x96x64 bf16 eval", false, 5, 3, NAN, Spread::row},
+      {"256x96x64 bf16 eval", false, 7, 10, INFINITY, Spread::row},
+      {"256x96x64 fp32 eval", true, 9, 0, -INFINITY, Spread::column},
+      {"256x96x64 bf16 train", true, 11, 4, NAN, Spread::column},
+      {"256x96x64 fp16 train", true, 2, 1, INFINITY, Spread::column},
+      {"256x96x64 fp32 train", false, 0, 0, NAN, Spread::all},
+  };
+  auto category = [](double v) { return std::isnan(v) ? 0 : std::isinf(v) ? (v > 0 ? 1 : 2) : 3; };
+  for (const Case& cs : cases)
+    for (bool reference : {false, true}) {
+      CAPTURE(cs.line);
+      CAPTURE(cs.in_w);
+      CAPTURE(cs.value);
+      CAPTURE(reference);
+      const SweepCase c = parse_sweep_line(cs.line);
+      const Problem& p = c.problem;
+      CaseInputs in = make_case_inputs(c, 21);
+      HostTensor& h = cs.in_w ? in.w : in.x;
+      h.set(static_cast<std::size_t>(cs.row * (cs.in_w ? p.lda_w() : p.lda_x()) + cs.k), cs.value);
+      DeviceCase dev(in);
+      const Stream s;
+      make_op(p, reference)(s, dev.tensors());
+      s.synchronize();
+      const CaseOutputs got = dev.download();
+      const ReferenceOutputs ref =
+          reference_forward(reference_inputs(in), reference_settings(p, in.num_batches_tracked));
+
+      // Same class (NaN, +Inf, -Inf, finite) as the reference, element by element.
+      auto same_classes = [&](const std::vector<double>& g, const std::vector<double>& r) {
+        if (g.size() != r.size()) return false;
+        for (std::size_t i = 0; i < g.size(); ++i)
+          if (category(g[i]) != category(r[i])) return false;
+        return true;
+      };
+      CHECK(same_classes(got.y, ref.y));
+      CHECK(same_classes(got.running_mean, ref.running_mean));
+      CHECK(same_classes(got.running_var, ref.running_var));
+      if (p.mode == Mode::train) {
+        CHECK(same_classes(got.save_mean, ref.save_mean));
+        CHECK(same_classes(got.save_invstd, ref.save_invstd));
+      }
+      // Exactly the expected spread is non-finite, and the rest agrees with the reference.
+      std::vector<double> g_fin, r_fin;
+      bool spread_ok = true;
+      for (std::int64_t m = 0; m < p.M; ++m)
+        for (std::int64_t n = 0; n < p.N; ++n) {
+          const auto i = static_cast<std::size_t>(m * p.N + n);
+          const bool bad = cs.spread == Spread::all || (cs.spread == Spread::row && m == cs.row) ||
+                           (cs.spread == Spread::column && n == cs.row);
+          if (bad == std::isfinite(got.y[i])) spread_ok = false;
+          if (std::isfinite(got.y[i]) && std::isfinite(ref.y[i])) {
+            g_fin.push_back(got.y[i]);
+            r_fin.push_back(ref.y[i]);
+          }
+        }
+      CHECK(spread_ok);
+      if (!r_fin.empty()) CHECK(relative_error(g_fin, r_fin) < sweep_threshold(p.dtype));
+    }
 }

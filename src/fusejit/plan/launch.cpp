@@ -21,8 +21,8 @@ constexpr unsigned kFinalizeColumns = 32, kFinalizeThreads = 256, kApplyThreads 
 void require_pointer(const void* p, const char* arg, std::size_t align, const char* what) {
   if (!p) throw InvalidArgument(arg, fmt::format("expected a device pointer ({}); got null", what));
   if (reinterpret_cast<std::uintptr_t>(p) % align)
-    throw InvalidArgument(arg, fmt::format("expected a {}-byte aligned pointer ({}); got {}", align,
-                                           what, p));
+    throw InvalidArgument(
+        arg, fmt::format("expected a {}-byte aligned pointer ({}); got {}", align, what, p));
 }
 
 void forbid(const void* p, const char* arg, const char* why) {
@@ -58,9 +58,12 @@ void size_launches(PlanCore& c) {
 void validate_tensors(const Problem& p, const Tensors& t) {
   const auto al = static_cast<std::size_t>(p.effective_alignment());
   const std::size_t pe = storage_bytes(p.param_dtype);
-  require_pointer(t.x, "x", al, fmt::format("x is [{}][{}] {}", p.M, p.lda_x(), name(p.dtype)).c_str());
-  require_pointer(t.w, "w", al, fmt::format("W is [{}][{}] {}", p.N, p.lda_w(), name(p.dtype)).c_str());
-  require_pointer(t.y, "y", al, fmt::format("y is [{}][{}] {}", p.M, p.lda_y(), name(p.dtype)).c_str());
+  require_pointer(t.x, "x", al,
+                  fmt::format("x is [{}][{}] {}", p.M, p.lda_x(), name(p.dtype)).c_str());
+  require_pointer(t.w, "w", al,
+                  fmt::format("W is [{}][{}] {}", p.N, p.lda_w(), name(p.dtype)).c_str());
+  require_pointer(t.y, "y", al,
+                  fmt::format("y is [{}][{}] {}", p.M, p.lda_y(), name(p.dtype)).c_str());
   auto param = [&](const void* ptr, bool present, const char* arg, const char* flag) {
     if (present)
       require_pointer(ptr, arg, pe, fmt::format("[{}] {}", p.N, name(p.param_dtype)).c_str());
@@ -95,11 +98,27 @@ void validate_tensors(const Problem& p, const Tensors& t) {
   }
 }
 
+void validate_stream(CUcontext context, CUstream stream) {
+  if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) return;
+  CUcontext owner = nullptr;
+  if (const CUresult r = driver().cuStreamGetCtx(stream, &owner); r != CUDA_SUCCESS) {
+    const char* n = nullptr;
+    driver().cuGetErrorName(r, &n);
+    throw InvalidArgument(
+        "stream", fmt::format("not a usable stream: cuStreamGetCtx failed with {}", n ? n : "?"));
+  }
+  if (owner != context)
+    throw InvalidArgument("stream",
+                          "the stream belongs to another CUDA context than the plan's; "
+                          "make the stream in the context the plan was made in");
+}
+
 void launch(const PlanCore& c, CUstream stream, const Tensors& t, void* workspace) {
   const Driver& d = driver();
   CUcontext current = nullptr;
   check(d.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
   if (current != c.context) check(d.cuCtxSetCurrent(c.context), "cuCtxSetCurrent");
+  validate_stream(c.context, stream);
   fj::Params prm{};
   prm.x = t.x;
   prm.w = t.w;

@@ -13,6 +13,11 @@ namespace fusejit {
 void size_launches(PlanCore&);
 // Throws InvalidArgument naming the first tensor that is missing, misaligned or not wanted.
 void validate_tensors(const Problem&, const Tensors&);
+// Throws InvalidArgument("stream") when `stream` belongs to a CUDA context other than
+// `context` (the plan's): the driver would refuse the launch with a bare CUDA error, or worse.
+// The null, legacy and per-thread handles mean "the current context's", which the caller has
+// made `context`, so they pass.
+void validate_stream(CUcontext context, CUstream stream);
 // Enqueues the plan's kernels on `stream`. `workspace` was checked by the caller.
 void launch(const PlanCore&, CUstream stream, const Tensors&, void* workspace);
 // The warpspec GEMM's launch: its TMA descriptors name the run's x and W, so they are encoded

@@ -398,6 +398,7 @@ void ReferenceOp::run(CUstream stream, const Tensors& t) const {
   const Problem& p = m.problem;
   validate(t);
   make_current(m.ctx);
+  validate_stream(m.ctx, stream);
   const bool train = p.mode == Mode::train;
   const bool bias_in_gemm =
       m.gemm_bias && reinterpret_cast<std::uintptr_t>(t.bias) % kBiasAlignmentHint == 0;
