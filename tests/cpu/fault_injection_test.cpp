@@ -228,7 +228,7 @@ TEST_CASE("disk_full: store fails as on ENOSPC mid-write, warns once, leaves not
     fault::arm(Fault::disk_full);
     if (cache.store(key, payload(100000), "probe")) return 1;
     if (fault::fired(Fault::disk_full) != fired + 1) return 2;  // the hook was reached
-    if (!files_in(tmp.path()).empty()) return 3;        // temp file removed, no entry
+    if (!files_in(tmp.path()).empty()) return 3;                // temp file removed, no entry
     if (fusejit::log_warning_count() != warnings + 1) return 4;
     if (cache.load(key).has_value()) return 5;
     // Still full: still false, but the warning is not repeated.
@@ -279,7 +279,8 @@ TEST_CASE("disk faults under compile_cached: the kernel still comes back, uncach
     CHECK_FALSE(k.binary.empty());
     CHECK(files_in(tmp.path()).empty());
 
-    const fusejit::CompiledKernel again = fusejit::compile_cached(src, "sm_80", tmp.path().string());
+    const fusejit::CompiledKernel again =
+        fusejit::compile_cached(src, "sm_80", tmp.path().string());
     CHECK_FALSE(again.cache_hit);  // nothing was stored the first time
     CHECK(again.binary == k.binary);
     CHECK(fusejit::compile_cached(src, "sm_80", tmp.path().string()).cache_hit);

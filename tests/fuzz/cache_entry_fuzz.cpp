@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "fuzz_check.hpp"
 #include "fusejit/cache/entry_format.hpp"
 #include "fusejit/util/hash.hpp"
+#include "fuzz_check.hpp"
 
 namespace {
 
@@ -45,9 +45,9 @@ void check_accepted(const std::vector<char>& bytes) {
   const std::size_t header = kCacheEntryFixedBytes + d + 8;
   FJ_FUZZ_CHECK(header <= bytes.size(), "description runs past the end");
   FJ_FUZZ_CHECK(get_le(bytes, 16, 8) == bytes.size() - header, "payload length mismatch accepted");
-  FJ_FUZZ_CHECK(fusejit::xxh3_64(bytes.data() + header, bytes.size() - header) ==
-                    get_le(bytes, 24, 8),
-                "payload checksum mismatch accepted");
+  FJ_FUZZ_CHECK(
+      fusejit::xxh3_64(bytes.data() + header, bytes.size() - header) == get_le(bytes, 24, 8),
+      "payload checksum mismatch accepted");
   FJ_FUZZ_CHECK(fusejit::xxh3_64(bytes.data(), header - 8) == get_le(bytes, header - 8, 8),
                 "header checksum mismatch accepted");
   FJ_FUZZ_CHECK(view->payload_offset == header && view->payload.size() == bytes.size() - header &&
@@ -85,10 +85,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::string problem;
     const auto view = fusejit::parse_cache_entry(entry, &problem);
     FJ_FUZZ_CHECK(view.has_value(), "a freshly serialized entry is rejected: %s", problem.c_str());
-    FJ_FUZZ_CHECK(view->description == description &&
-                      std::equal(view->payload.begin(), view->payload.end(), payload.begin(),
-                                 payload.end()),
-                  "round trip changed the contents");
+    FJ_FUZZ_CHECK(
+        view->description == description &&
+            std::equal(view->payload.begin(), view->payload.end(), payload.begin(), payload.end()),
+        "round trip changed the contents");
     check_accepted(entry);
     const std::size_t bit = op_data.empty() ? 0 : (op_data[0] * 7919u) % (entry.size() * 8);
     std::vector<char> flipped = entry;
@@ -100,7 +100,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   bool fix_header = false;
   for (std::size_t i = 0; i + 4 <= op_data.size(); i += 4) {
     const std::uint8_t kind = op_data[i];
-    const std::size_t at = entry.empty() ? 0 : ((op_data[i + 1] << 8) | op_data[i + 2]) % entry.size();
+    const std::size_t at =
+        entry.empty() ? 0 : ((op_data[i + 1] << 8) | op_data[i + 2]) % entry.size();
     const std::uint8_t v = op_data[i + 3];
     switch (kind % 6) {
       case 0:

@@ -11,8 +11,8 @@
 
 #include "cli/problem_options.hpp"
 #include "cli/verbs.hpp"
-#include "fuzz_check.hpp"
 #include "fusejit/error.hpp"
+#include "fuzz_check.hpp"
 
 namespace {
 
@@ -62,6 +62,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     fusejit::cli::add_cache(app, action);
     fusejit::cli::add_check(app, action);
     fusejit::cli::add_bench(app, action);
+    fusejit::cli::add_autotune(app, action);
   });
 
   // 2. The problem options as compile (lists) and bench (single values) declare them, then the

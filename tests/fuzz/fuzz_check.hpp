@@ -9,14 +9,14 @@
 #include <string_view>
 
 // Not assert(): the property must hold in release builds too, where NDEBUG removes asserts.
-#define FJ_FUZZ_CHECK(cond, ...)                                                     \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
+#define FJ_FUZZ_CHECK(cond, ...)                                                         \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
       std::fprintf(stderr, "%s:%d: property violated: %s\n", __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                             \
-      std::fprintf(stderr, "\n");                                                    \
-      std::abort();                                                                  \
-    }                                                                                \
+      std::fprintf(stderr, __VA_ARGS__);                                                 \
+      std::fprintf(stderr, "\n");                                                        \
+      std::abort();                                                                      \
+    }                                                                                    \
   } while (0)
 
 namespace fusejit::fuzz {

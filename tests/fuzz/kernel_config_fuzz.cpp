@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <string>
 
-#include "fuzz_check.hpp"
 #include "fusejit/config/kernel_config.hpp"
 #include "fusejit/error.hpp"
+#include "fuzz_check.hpp"
 
 namespace {
 

@@ -3,15 +3,17 @@
 #include <cstdint>
 #include <string>
 
-#include "fuzz_check.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/problem.hpp"
+#include "fuzz_check.hpp"
 
 namespace {
 
 constexpr std::int64_t kMaxDim = (std::int64_t{1} << 31) - 1;
 
-bool in_range(std::int64_t v) { return v >= 1 && v <= kMaxDim; }
+bool in_range(std::int64_t v) {
+  return v >= 1 && v <= kMaxDim;
+}
 
 }  // namespace
 

@@ -4,9 +4,9 @@
 #include <cstdint>
 #include <string>
 
-#include "fuzz_check.hpp"
 #include "fusejit/check/sweep.hpp"
 #include "fusejit/error.hpp"
+#include "fuzz_check.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string line = fusejit::fuzz::as_string(data, size);

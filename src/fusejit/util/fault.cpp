@@ -26,8 +26,12 @@ std::mutex g_mu;
 std::array<int, kFaultCount> g_remaining{};  // kAlways, or firings left; guarded by g_mu
 std::array<std::atomic<int>, kFaultCount> g_fired{};
 
-unsigned bit(Fault f) { return 1u << static_cast<unsigned>(f); }
-std::size_t index(Fault f) { return static_cast<std::size_t>(f); }
+unsigned bit(Fault f) {
+  return 1u << static_cast<unsigned>(f);
+}
+std::size_t index(Fault f) {
+  return static_cast<std::size_t>(f);
+}
 
 void set_locked(Fault f, int times) {
   g_remaining[index(f)] = times;
@@ -61,9 +65,10 @@ void read_env_locked() {
     const std::optional<Fault> f = parse(item);
     try {
       if (!f || !ok) {
-        log()->warn("FUSEJIT_FAULTS: ignoring '{}' (expected NAME or NAME:COUNT with NAME one of "
-                    "nvrtc_compile, module_load, kernel_launch, disk_full, disk_read_only)",
-                    item);
+        log()->warn(
+            "FUSEJIT_FAULTS: ignoring '{}' (expected NAME or NAME:COUNT with NAME one of "
+            "nvrtc_compile, module_load, kernel_launch, disk_full, disk_read_only)",
+            item);
         continue;
       }
       // Loud on purpose: a fault armed from the environment must never go unnoticed.
@@ -106,9 +111,13 @@ void disarm_all() {
   for (int i = 0; i < kFaultCount; ++i) set_locked(static_cast<Fault>(i), 0);
 }
 
-int fired(Fault f) { return g_fired[index(f)].load(std::memory_order_relaxed); }
+int fired(Fault f) {
+  return g_fired[index(f)].load(std::memory_order_relaxed);
+}
 
-std::string_view name(Fault f) { return kNames[index(f)]; }
+std::string_view name(Fault f) {
+  return kNames[index(f)];
+}
 
 std::optional<Fault> parse(std::string_view text) {
   for (std::size_t i = 0; i < kNames.size(); ++i)
