@@ -47,8 +47,9 @@ int main() {
       for (auto& x : v) x = o + s * normal(rng);
       return v;
     };
-    std::vector<float> w = random(std::size_t(N) * K, 1.f / std::sqrt(float(K)), 0), b = random(N, 0.1f, 0),
-                       scale = random(N, 0.2f, 1), gamma = random(N, 0.1f, 1), beta = random(N, 0.1f, 0);
+    std::vector<float> w = random(std::size_t(N) * K, 1.f / std::sqrt(float(K)), 0),
+                       b = random(N, 0.1f, 0), scale = random(N, 0.2f, 1),
+                       gamma = random(N, 0.1f, 1), beta = random(N, 0.1f, 0);
     std::vector<float> rm(N, 0.f), rv(N, 1.f);
     DeviceArray dw(w), db(b), ds(scale), dg(gamma), dbeta(beta), drm(rm), drv(rv),
         dy(std::vector<float>(std::size_t(M) * N));
@@ -73,7 +74,8 @@ int main() {
         std::vector<double> z(M);
         for (int m = 0; m < M; ++m) {
           double a = 0;
-          for (int k = 0; k < K; ++k) a += double(x[std::size_t(m) * K + k]) * w[std::size_t(n) * K + k];
+          for (int k = 0; k < K; ++k)
+            a += double(x[std::size_t(m) * K + k]) * w[std::size_t(n) * K + k];
           z[m] = (a + b[n]) * scale[n];
           mean += z[m];
         }
@@ -91,7 +93,8 @@ int main() {
       worst = std::max(worst, std::abs(got_rm[n] - ref_rm[n]) / (std::abs(ref_rm[n]) + 1e-3));
       worst = std::max(worst, std::abs(got_rv[n] - ref_rv[n]) / ref_rv[n]);
     }
-    std::printf("running stats after %d steps: worst relative difference to CPU %.2e\n", steps, worst);
+    std::printf("running stats after %d steps: worst relative difference to CPU %.2e\n", steps,
+                worst);
 
     fusejit::Problem eval = train;
     eval.mode = fusejit::Mode::eval;
@@ -105,8 +108,8 @@ int main() {
     const auto y = dy.get();
     double sum = 0;
     for (float v : y) sum += v;
-    std::printf("eval plan: %s; mean of y over %dx%d outputs: %.4f\n", eval_plan.config().key().c_str(), M,
-                N, sum / double(y.size()));
+    std::printf("eval plan: %s; mean of y over %dx%d outputs: %.4f\n",
+                eval_plan.config().key().c_str(), M, N, sum / double(y.size()));
     if (worst > 1e-4) {
       std::printf("FAILED: running stats differ from the CPU computation\n");
       return 1;

@@ -124,9 +124,10 @@ nlohmann::json bench_problem(const BenchArgs& a, const Problem& p, const Device&
     auto plan = std::make_shared<Plan>(p, o);
     const double plan_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    row.detail = fmt::format("{} (plan {:.1f} ms, {}, chosen by {})",
-                             plan->uses_reference() ? "cuBLASLt reference path" : plan->config().key(),
-                             plan_ms, plan->cache_hit() ? "cache hit" : "compiled", plan->dispatch());
+    row.detail =
+        fmt::format("{} (plan {:.1f} ms, {}, chosen by {})",
+                    plan->uses_reference() ? "cuBLASLt reference path" : plan->config().key(),
+                    plan_ms, plan->cache_hit() ? "cache hit" : "compiled", plan->dispatch());
     row.kernels = plan->kernel_names();
     return [plan, &tensors](int set, CUstream s) { plan->run(s, tensors[set]); };
   });

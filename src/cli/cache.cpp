@@ -15,7 +15,8 @@ void add_cache(CLI::App& app, Action& action) {
     return DiskCache(dir->empty() ? DiskCache::default_dir() : std::filesystem::path(*dir));
   };
   auto* ls = cmd->add_subcommand("ls", "One line per entry: key, bytes, status, description");
-  auto* verify = cmd->add_subcommand("verify", "Check every entry's checksum; exit 1 if any is damaged");
+  auto* verify =
+      cmd->add_subcommand("verify", "Check every entry's checksum; exit 1 if any is damaged");
   auto* clear = cmd->add_subcommand("clear", "Remove every entry");
   for (auto* sub : {ls, verify, clear}) sub->add_option("--cache-dir", *dir, "Cache directory");
   ls->callback([&action, open] {

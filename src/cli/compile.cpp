@@ -169,7 +169,8 @@ int run_compile(const CompileArgs& a) {
 }  // namespace
 
 void add_compile(CLI::App& app, Action& action) {
-  auto* cmd = app.add_subcommand("compile", "Compile a problem's kernels into the cache (no GPU needed)");
+  auto* cmd =
+      app.add_subcommand("compile", "Compile a problem's kernels into the cache (no GPU needed)");
   auto a = std::make_shared<CompileArgs>();
   a->problem.add_to(*cmd, true);
   cmd->add_option("--arch", a->arch, "Target, e.g. sm_80, sm_90a (default: this machine's GPU)");

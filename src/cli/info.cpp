@@ -24,8 +24,8 @@ void add_info(CLI::App& app, Action& action) {
         for (int i = 0; i < count; ++i) {
           try {
             const Device d = Device::get(i);
-            fmt::print("gpu {}:    {} (sm_{}, target {}), {} SMs, {} KiB smem/block, {} MiB L2\n", i,
-                       d.name, d.cc(), d.arch(), d.sm_count, d.smem_per_block_optin / 1024,
+            fmt::print("gpu {}:    {} (sm_{}, target {}), {} SMs, {} KiB smem/block, {} MiB L2\n",
+                       i, d.name, d.cc(), d.arch(), d.sm_count, d.smem_per_block_optin / 1024,
                        d.l2_bytes >> 20);
           } catch (const std::exception& e) {
             fmt::print("gpu {}:    unusable: {}\n", i, e.what());
@@ -41,7 +41,8 @@ void add_info(CLI::App& app, Action& action) {
       const auto entries = cache.list();
       std::uintmax_t bytes = 0;
       for (const auto& e : entries) bytes += e.bytes;
-      fmt::print("cache:    {} ({} entries, {} bytes)\n", cache.dir().string(), entries.size(), bytes);
+      fmt::print("cache:    {} ({} entries, {} bytes)\n", cache.dir().string(), entries.size(),
+                 bytes);
       return 0;
     };
   });

@@ -11,7 +11,8 @@ std::vector<std::string> split_list(const std::string& text) {
   std::size_t start = 0;
   while (start <= text.size()) {
     const auto comma = text.find(',', start);
-    const auto part = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const auto part =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (!part.empty()) out.push_back(part);
     if (comma == std::string::npos) break;
     start = comma + 1;
@@ -24,7 +25,8 @@ void ProblemOptions::add_to(CLI::App& cmd, bool lists) {
   cmd.add_option(lists ? "--shapes,--shape" : "--shape", shapes, s)->capture_default_str();
   cmd.add_option(lists ? "--dtypes,--dtype" : "--dtype", dtypes, "fp32, tf32, fp16 or bf16")
       ->capture_default_str();
-  cmd.add_option(lists ? "--modes,--mode" : "--mode", modes, "train or eval")->capture_default_str();
+  cmd.add_option(lists ? "--modes,--mode" : "--mode", modes, "train or eval")
+      ->capture_default_str();
   cmd.add_option("--param-dtype", param_dtype, "Parameter storage: fp32 or the input's type")
       ->capture_default_str();
   cmd.add_option("--momentum", momentum, "BatchNorm momentum, or none (cumulative)")
@@ -39,7 +41,8 @@ std::vector<Problem> ProblemOptions::problems() const {
     char* end = nullptr;
     const double m = std::strtod(momentum.c_str(), &end);
     if (momentum.empty() || *end != '\0')
-      throw InvalidArgument("momentum", "expected a number in [0, 1] or 'none'; got '" + momentum + "'");
+      throw InvalidArgument("momentum",
+                            "expected a number in [0, 1] or 'none'; got '" + momentum + "'");
     mom = m;
   }
   for (const auto& s : split_list(shapes)) {

@@ -6,20 +6,27 @@ namespace fusejit {
 
 std::string_view name(DType d) {
   switch (d) {
-    case DType::fp32: return "fp32";
-    case DType::tf32: return "tf32";
-    case DType::fp16: return "fp16";
-    case DType::bf16: return "bf16";
+    case DType::fp32:
+      return "fp32";
+    case DType::tf32:
+      return "tf32";
+    case DType::fp16:
+      return "fp16";
+    case DType::bf16:
+      return "bf16";
   }
   return "?";
 }
 
-std::string_view name(Mode m) { return m == Mode::train ? "train" : "eval"; }
+std::string_view name(Mode m) {
+  return m == Mode::train ? "train" : "eval";
+}
 
 DType parse_dtype(std::string_view s) {
   for (DType d : {DType::fp32, DType::tf32, DType::fp16, DType::bf16})
     if (s == name(d)) return d;
-  throw InvalidArgument("dtype", "expected one of fp32, tf32, fp16, bf16; got '" + std::string(s) + "'");
+  throw InvalidArgument("dtype",
+                        "expected one of fp32, tf32, fp16, bf16; got '" + std::string(s) + "'");
 }
 
 Mode parse_mode(std::string_view s) {
@@ -28,8 +35,12 @@ Mode parse_mode(std::string_view s) {
   throw InvalidArgument("mode", "expected train or eval; got '" + std::string(s) + "'");
 }
 
-std::size_t storage_bytes(DType d) { return d == DType::fp16 || d == DType::bf16 ? 2 : 4; }
+std::size_t storage_bytes(DType d) {
+  return d == DType::fp16 || d == DType::bf16 ? 2 : 4;
+}
 
-DType storage_type(DType d) { return d == DType::tf32 ? DType::fp32 : d; }
+DType storage_type(DType d) {
+  return d == DType::tf32 ? DType::fp32 : d;
+}
 
 }  // namespace fusejit

@@ -1,9 +1,9 @@
 #include "fusejit/problem.hpp"
 
-#include <charconv>
-#include <algorithm>
-#include <cmath>
 #include <fmt/format.h>
+#include <algorithm>
+#include <charconv>
+#include <cmath>
 
 #include "fusejit/error.hpp"
 
@@ -28,19 +28,21 @@ Shape parse_shape(std::string_view text) {
     auto x = rest.find('x');
     std::string_view part = i < 2 ? rest.substr(0, x) : rest;
     if ((i < 2 && x == std::string_view::npos) || part.empty())
-      throw InvalidArgument("shape", "expected MxNxK (e.g. 1024x8192x8192); got '" +
-                                         std::string(text) + "'");
+      throw InvalidArgument(
+          "shape", "expected MxNxK (e.g. 1024x8192x8192); got '" + std::string(text) + "'");
     auto [p, ec] = std::from_chars(part.data(), part.data() + part.size(), *dims[i]);
     if (ec != std::errc() || p != part.data() + part.size() || *dims[i] < 1 || *dims[i] > kMaxDim)
       throw InvalidArgument("shape", "expected MxNxK with each size in 1.." +
-                                         std::to_string(kMaxDim) + "; got '" +
-                                         std::string(text) + "'");
+                                         std::to_string(kMaxDim) + "; got '" + std::string(text) +
+                                         "'");
     if (i < 2) rest = rest.substr(x + 1);
   }
   return s;
 }
 
-std::string format_shape(const Shape& s) { return fmt::format("{}x{}x{}", s.M, s.N, s.K); }
+std::string format_shape(const Shape& s) {
+  return fmt::format("{}x{}x{}", s.M, s.N, s.K);
+}
 
 void Problem::validate() const {
   require(M >= 1 && M <= kMaxDim, "M", fmt::format("expected 1 <= M <= {}, got {}", kMaxDim, M));
@@ -52,15 +54,19 @@ void Problem::validate() const {
   require(param_dtype == DType::fp32 || param_dtype == storage_type(dtype), "param_dtype",
           fmt::format("expected fp32 or {} (the storage type of x), got {}",
                       name(storage_type(dtype)), name(param_dtype)));
-  require(ldx == 0 || ldx >= K, "ldx", fmt::format("expected 0 (packed) or >= K={}, got {}", K, ldx));
-  require(ldw == 0 || ldw >= K, "ldw", fmt::format("expected 0 (packed) or >= K={}, got {}", K, ldw));
-  require(ldy == 0 || ldy >= N, "ldy", fmt::format("expected 0 (packed) or >= N={}, got {}", N, ldy));
+  require(ldx == 0 || ldx >= K, "ldx",
+          fmt::format("expected 0 (packed) or >= K={}, got {}", K, ldx));
+  require(ldw == 0 || ldw >= K, "ldw",
+          fmt::format("expected 0 (packed) or >= K={}, got {}", K, ldw));
+  require(ldy == 0 || ldy >= N, "ldy",
+          fmt::format("expected 0 (packed) or >= N={}, got {}", N, ldy));
   require(lda_x() <= kMaxDim && lda_w() <= kMaxDim && lda_y() <= kMaxDim, "ldx",
           "leading dimensions must fit in 31 bits");
   const auto eb = static_cast<int>(storage_bytes(dtype));
   require(alignment == 0 || alignment == 16 || alignment == 8 || alignment == 4 || alignment == 2 ||
               alignment == 1,
-          "alignment", fmt::format("expected 0 (automatic), 16, 8, 4, 2 or 1 bytes, got {}", alignment));
+          "alignment",
+          fmt::format("expected 0 (automatic), 16, 8, 4, 2 or 1 bytes, got {}", alignment));
   const int align = effective_alignment();
   require(align >= eb, "alignment",
           fmt::format("{} elements are {} bytes, so pointers are at least {}-byte aligned; got {}",
@@ -74,7 +80,8 @@ void Problem::validate() const {
   require(lda_y() * eb % align == 0, "ldy",
           fmt::format("row stride of y ({} bytes) is not a multiple of the promised alignment {}",
                       lda_y() * eb, align));
-  require(std::isfinite(eps) && eps > 0, "eps", fmt::format("expected a finite eps > 0, got {}", eps));
+  require(std::isfinite(eps) && eps > 0, "eps",
+          fmt::format("expected a finite eps > 0, got {}", eps));
   require(!momentum || (std::isfinite(*momentum) && *momentum >= 0 && *momentum <= 1), "momentum",
           fmt::format("expected momentum in [0, 1] or None, got {}", momentum.value_or(0)));
 }
@@ -83,14 +90,16 @@ int Problem::effective_alignment() const {
   if (alignment) return alignment;
   const auto eb = static_cast<std::int64_t>(storage_bytes(dtype));
   int a = 16;
-  for (std::int64_t ld : {lda_x(), lda_w(), lda_y()}) a = std::min(a, natural_alignment(0, ld * eb));
+  for (std::int64_t ld : {lda_x(), lda_w(), lda_y()})
+    a = std::min(a, natural_alignment(0, ld * eb));
   return a;
 }
 
 std::string Problem::key() const {
   return fmt::format("{}x{}x{}:{}:p{}:{}:bias{}:scale{}:affine{}:ld{},{},{}:al{}:eps{:a}:mom{}", M,
                      N, K, name(dtype), name(param_dtype), name(mode), int(has_bias),
-                     int(has_scale), int(has_affine), lda_x(), lda_w(), lda_y(), effective_alignment(), eps,
+                     int(has_scale), int(has_affine), lda_x(), lda_w(), lda_y(),
+                     effective_alignment(), eps,
                      momentum ? fmt::format("{:a}", *momentum) : std::string("none"));
 }
 

@@ -11,7 +11,9 @@ struct bf16_t {
   unsigned short bits;
 };
 
-__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(float v) {
+  return v;
+}
 __device__ __forceinline__ float to_float(half_t v) {
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));

@@ -48,12 +48,13 @@ struct BnEpilogue {
     } else {
       // Two-pass statistics inside the tile: mean first, then the sum of squared deviations.
       const float mean_scale = 1.0f / static_cast<float>(rows);
-      column_reduce(tile, red, rows, tid, [](float v, float) { return v; }, coef_a, coef_a, bar);
+      column_reduce(
+          tile, red, rows, tid, [](float v, float) { return v; }, coef_a, coef_a, bar);
       for (int c = tid; c < BN; c += NT) coef_a[c] *= mean_scale;  // coef_a = tile mean
       bar();
       column_reduce(
-          tile, red, rows, tid, [](float v, float mean) { return (v - mean) * (v - mean); },
-          coef_a, coef_b, bar);  // coef_b = M2
+          tile, red, rows, tid, [](float v, float mean) { return (v - mean) * (v - mean); }, coef_a,
+          coef_b, bar);  // coef_b = M2
       if constexpr (Spec::SINGLE_PASS) {
         const float factor = momentum_factor<Spec>(p);
         for (int c = tid; c < cols; c += NT) {
@@ -65,7 +66,8 @@ struct BnEpilogue {
       } else {
         float2* partials = reinterpret_cast<float2*>(p.ws_partials);
         for (int c = tid; c < cols; c += NT) {
-          partials[static_cast<long long>(row_tile) * Spec::N + n0 + c] = make_float2(coef_a[c], coef_b[c]);
+          partials[static_cast<long long>(row_tile) * Spec::N + n0 + c] =
+              make_float2(coef_a[c], coef_b[c]);
           coef_b[c] = -coef_a[c];
           coef_a[c] = 1.f;
         }

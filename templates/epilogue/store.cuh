@@ -36,8 +36,7 @@ __device__ __forceinline__ void store_vec(T* dst, const float (&v)[VEC]) {
 }
 
 template <class Spec, int NT>
-__device__ __forceinline__ void store_affine_tile(const Params& p,
-                                                  AccTile<Spec::BM, Spec::BN> tile,
+__device__ __forceinline__ void store_affine_tile(const Params& p, AccTile<Spec::BM, Spec::BN> tile,
                                                   const float* coef_a, const float* coef_b, int m0,
                                                   int n0, int rows, int cols, int tid) {
   using T = typename Spec::T;

@@ -54,8 +54,8 @@ __device__ void bn_apply(const Params& p) {
   const int r0 = (gridDim.y - 1 - blockIdx.y) * kApplyRows;
   const int n_here = min(VEC, Spec::N - c);
   const float2* coef = reinterpret_cast<const float2*>(p.ws_coef);
-  const float2* tile_stats =
-      reinterpret_cast<const float2*>(p.ws_partials) + static_cast<long long>(r0 / Spec::BM) * Spec::N;
+  const float2* tile_stats = reinterpret_cast<const float2*>(p.ws_partials) +
+                             static_cast<long long>(r0 / Spec::BM) * Spec::N;
   // y = A (d + tile_mean) + B = A d + (A tile_mean + B): one FMA per element.
   float a[VEC], b[VEC];
 #pragma unroll

@@ -15,7 +15,8 @@ constexpr int kFinGroups = 8;
 template <class Spec>
 __device__ void bn_finalize(const Params& p) {
   constexpr int kRowTiles = (Spec::M + Spec::BM - 1) / Spec::BM;
-  __shared__ float s_n[kFinGroups][kFinCols], s_mean[kFinGroups][kFinCols], s_m2[kFinGroups][kFinCols];
+  __shared__ float s_n[kFinGroups][kFinCols], s_mean[kFinGroups][kFinCols],
+      s_m2[kFinGroups][kFinCols];
   wait_for_prior_grid();
   const int cx = threadIdx.x % kFinCols;
   const int g = threadIdx.x / kFinCols;
@@ -36,8 +37,8 @@ __device__ void bn_finalize(const Params& p) {
   if (g != 0 || n >= Spec::N) return;
   for (int k = 1; k < kFinGroups; ++k)
     if (s_n[k][cx] > 0.f) chan_merge(cnt, mean, m2, s_n[k][cx], s_mean[k][cx], s_m2[k][cx]);
-  const Affine f = train_column<Spec>(p, n, mean, m2 / static_cast<float>(Spec::M),
-                                      momentum_factor<Spec>(p));
+  const Affine f =
+      train_column<Spec>(p, n, mean, m2 / static_cast<float>(Spec::M), momentum_factor<Spec>(p));
   reinterpret_cast<float2*>(p.ws_coef)[n] = make_float2(f.a, f.b);
 }
 

@@ -3,8 +3,8 @@
 // AccTile in shared memory composes with any epilogue.
 #pragma once
 #include "common/math_kind.cuh"
-#include "common/select.cuh"
 #include "common/params.h"
+#include "common/select.cuh"
 #include "common/tile.cuh"
 #include "epilogue/bn_epilogue.cuh"
 #include "kernels/tile_scheduler.cuh"
@@ -38,8 +38,7 @@ struct TiledGemm {
     // Single-pass train with a fixed momentum: nobody reads num_batches_tracked, so one thread
     // can bump it here (cumulative mode launches bump_batches after the GEMM instead).
     if constexpr (Spec::TRAIN && Spec::SINGLE_PASS && !Spec::CUMULATIVE) {
-      if (blockIdx.x == 0 && threadIdx.x == 0 && p.num_batches_tracked)
-        *p.num_batches_tracked += 1;
+      if (blockIdx.x == 0 && threadIdx.x == 0 && p.num_batches_tracked) *p.num_batches_tracked += 1;
     }
   }
 };

@@ -1,21 +1,23 @@
 // The `fusejit` command: each verb's happy path, and bad arguments -> one line, exit code 2.
 #include <doctest/doctest.h>
 
-#include "test_process.hpp"
 #include <sys/wait.h>
+#include "test_process.hpp"
 
+#include <unistd.h>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
-#include <unistd.h>
 
 namespace {
 
 using Result = fusejit::test::CommandResult;
-Result run(const std::string& args) { return fusejit::test::run_cli(args); }
+Result run(const std::string& args) {
+  return fusejit::test::run_cli(args);
+}
 
 std::string temp_dir(const char* tag) {
   auto p = std::filesystem::temp_directory_path() /
@@ -43,14 +45,17 @@ TEST_CASE("info reports NVRTC, the GPU (or its absence) and the cache") {
 
 TEST_CASE("compile warms the cache without a GPU; a second run hits; cache ls/verify/clear") {
   const std::string dir = temp_dir("compile");
-  const std::string args = "compile --arch sm_80 --shapes 100x72x40,64x64x64 --dtypes bf16 "
-                           "--modes train,eval --cache-dir " + dir;
+  const std::string args =
+      "compile --arch sm_80 --shapes 100x72x40,64x64x64 --dtypes bf16 "
+      "--modes train,eval --cache-dir " +
+      dir;
   const Result first = run(args);
   REQUIRE_MESSAGE(first.code == 0, first.out);
   CHECK(first.out.find("4 kernel set(s): 0 hit, 4 compiled") != std::string::npos);
   const Result second = run(args);
   CHECK(second.code == 0);
-  CHECK_MESSAGE(second.out.find("4 kernel set(s): 4 hit, 0 compiled") != std::string::npos, second.out);
+  CHECK_MESSAGE(second.out.find("4 kernel set(s): 4 hit, 0 compiled") != std::string::npos,
+                second.out);
   const Result ls = run("cache ls --cache-dir " + dir);
   CHECK(ls.code == 0);
   CHECK(ls.out.find("4 entries") != std::string::npos);

@@ -13,7 +13,9 @@ Problem problem() {
   return p;
 }
 
-KernelConfig config() { return KernelConfig::parse("tiled.128x128x32.w2x4.s4.g8"); }
+KernelConfig config() {
+  return KernelConfig::parse("tiled.128x128x32.w2x4.s4.g8");
+}
 
 }  // namespace
 
@@ -35,7 +37,8 @@ TEST_CASE("codegen is deterministic and specializes the prelude, not the templat
 
 TEST_CASE("the kernel schedule follows the mode and whether M fits one tile") {
   Problem p = problem();
-  CHECK(schedule(p, config()).kernels == std::vector<std::string>{"fj_gemm", "fj_finalize", "fj_apply"});
+  CHECK(schedule(p, config()).kernels ==
+        std::vector<std::string>{"fj_gemm", "fj_finalize", "fj_apply"});
   p.M = 128;
   CHECK(schedule(p, config()).single_pass);
   CHECK(schedule(p, config()).kernels == std::vector<std::string>{"fj_gemm"});

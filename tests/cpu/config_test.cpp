@@ -9,7 +9,8 @@ using namespace fusejit;
 
 namespace {
 
-Problem problem(DType d, Mode m, std::int64_t M = 1024, std::int64_t N = 1024, std::int64_t K = 1024) {
+Problem problem(DType d, Mode m, std::int64_t M = 1024, std::int64_t N = 1024,
+                std::int64_t K = 1024) {
   Problem p;
   p.M = M, p.N = N, p.K = K, p.dtype = d, p.mode = m;
   return p;
@@ -75,11 +76,13 @@ TEST_CASE("pruning mirrors the mainloops' static limits") {
   const Device dev = Device::for_arch("sm_90a");
   Problem p = problem(DType::bf16, Mode::eval);
   // 64x128 warp tile: 256 accumulators per thread.
-  CHECK(KernelConfig::parse("tiled.128x256x64.w2x2.s3.g8").why_invalid(p, dev).find("128 accumulators") !=
-        std::string::npos);
+  CHECK(KernelConfig::parse("tiled.128x256x64.w2x2.s3.g8")
+            .why_invalid(p, dev)
+            .find("128 accumulators") != std::string::npos);
   // 24 bf16 = 48 bytes per k-row: not a power of two.
-  CHECK(KernelConfig::parse("tiled.128x128x24.w2x2.s3.g8").why_invalid(p, dev).find("power of two") !=
-        std::string::npos);
+  CHECK(
+      KernelConfig::parse("tiled.128x128x24.w2x2.s3.g8").why_invalid(p, dev).find("power of two") !=
+      std::string::npos);
   p.dtype = DType::fp32;
   CHECK(KernelConfig::parse("tiled.128x128x16.w4x4.s3.g8").why_invalid(p, dev).find("2048") !=
         std::string::npos);

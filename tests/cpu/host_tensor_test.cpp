@@ -235,9 +235,9 @@ TEST_CASE("distribution names") {
 
 TEST_CASE("tf32 rounding keeps 10 mantissa bits, ties away from zero") {
   CHECK(round_to_tf32(1.0f) == 1.0f);
-  CHECK(round_to_tf32(1.0f + 0x1p-11f) == 1.0f + 0x1p-10f);        // tie: away from zero
+  CHECK(round_to_tf32(1.0f + 0x1p-11f) == 1.0f + 0x1p-10f);  // tie: away from zero
   CHECK(round_to_tf32(-(1.0f + 0x1p-11f)) == -(1.0f + 0x1p-10f));
-  CHECK(round_to_tf32(1.0f + 0x1p-12f) == 1.0f);                   // below half: down
+  CHECK(round_to_tf32(1.0f + 0x1p-12f) == 1.0f);  // below half: down
   CHECK(round_to_tf32(1.0f + 0x1p-11f + 0x1p-20f) == 1.0f + 0x1p-10f);
   CHECK(std::isinf(round_to_tf32(std::numeric_limits<float>::infinity())));
   CHECK(std::isnan(round_to_tf32(std::numeric_limits<float>::quiet_NaN())));

@@ -3,9 +3,9 @@
 // and the check/bench verbs' argument handling.
 #include <doctest/doctest.h>
 
-#include "test_process.hpp"
 #include <sys/wait.h>
 #include <unistd.h>
+#include "test_process.hpp"
 
 #include <array>
 #include <cmath>
@@ -29,7 +29,6 @@ template <class T>
 bool contains(const std::set<T>& s, T v) {
   return s.count(v) != 0;
 }
-
 
 }  // namespace
 

@@ -4,9 +4,9 @@
 // passes vacuously (NVRTC coverage lives in nvrtc_all_archs_test).
 #include <doctest/doctest.h>
 
-#include "test_process.hpp"
 #include <sys/wait.h>
 #include <unistd.h>
+#include "test_process.hpp"
 
 #include <array>
 #include <cstdio>
@@ -20,8 +20,9 @@ namespace {
 
 using fusejit::test::find_nvcc;
 using Run = fusejit::test::CommandResult;
-Run run(const std::string& cmd) { return fusejit::test::run_command(cmd); }
-
+Run run(const std::string& cmd) {
+  return fusejit::test::run_command(cmd);
+}
 
 }  // namespace
 

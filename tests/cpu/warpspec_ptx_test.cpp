@@ -5,9 +5,9 @@
 // form. Needs nvcc, not a GPU; without nvcc the test says so and passes vacuously.
 #include <doctest/doctest.h>
 
-#include "test_process.hpp"
 #include <sys/wait.h>
 #include <unistd.h>
+#include "test_process.hpp"
 
 #include <array>
 #include <cstdio>
@@ -23,8 +23,9 @@ namespace {
 
 using fusejit::test::find_nvcc;
 using Run = fusejit::test::CommandResult;
-Run run(const std::string& cmd) { return fusejit::test::run_command(cmd); }
-
+Run run(const std::string& cmd) {
+  return fusejit::test::run_command(cmd);
+}
 
 // A Spec prelude like codegen's, with the fields WarpspecGemm reads.
 std::string spec(const std::string& name, const std::string& type, int math, bool train,

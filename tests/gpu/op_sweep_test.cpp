@@ -104,8 +104,8 @@ TEST_CASE("quick sweep, warpspec variant (sm_90 only)") {
       // reason); widened to 16 bytes, every case must run and pass.
       const SweepSummary as_is = run_quick(d, m, Implementation::plan, Variant::warpspec);
       CHECK(as_is.passed > 0);
-      const SweepSummary s =
-          run_cases(tma_aligned(builtin_sweep(false, d, m)), d, m, Implementation::plan, Variant::warpspec);
+      const SweepSummary s = run_cases(tma_aligned(builtin_sweep(false, d, m)), d, m,
+                                       Implementation::plan, Variant::warpspec);
       CHECK(s.skipped == 0);
       CHECK(s.passed == s.cases);
     }

@@ -1,4 +1,5 @@
 #include "fusejit/cache/disk_cache.hpp"
+#include "fusejit/util/fd.hpp"
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -127,28 +128,6 @@ std::string temp_name(const std::string& key) {
 std::string errno_text(int err) {
   return std::error_code(err, std::generic_category()).message();
 }
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  explicit operator bool() const { return fd_ >= 0; }
-  // Closes now and reports the error: on NFS and some full disks close() is where a failed
-  // write finally shows up.
-  int close() {
-    const int result = ::close(fd_);
-    fd_ = -1;
-    return result == 0 ? 0 : errno;
-  }
-
- private:
-  int fd_;
-};
 
 // Unlinks the temp file unless the rename went through, whichever way store() leaves.
 class TempFileGuard {

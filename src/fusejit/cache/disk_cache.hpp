@@ -13,11 +13,11 @@
 namespace fusejit {
 
 struct CacheEntryInfo {
-  std::string key;          // file name stem: the 32-hex-digit cache key
-  std::string description;  // what the writer said it is (kernel name, arch)
-  std::uintmax_t bytes = 0; // file size
-  bool valid = false;       // header, length and checksum verified
-  std::string problem;      // why not valid (empty when valid)
+  std::string key;           // file name stem: the 32-hex-digit cache key
+  std::string description;   // what the writer said it is (kernel name, arch)
+  std::uintmax_t bytes = 0;  // file size
+  bool valid = false;        // header, length and checksum verified
+  std::string problem;       // why not valid (empty when valid)
 };
 
 class DiskCache {

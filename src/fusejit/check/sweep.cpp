@@ -653,7 +653,8 @@ CaseErrors compare(const CaseInputs& in, const CaseOutputs& got, const Reference
     // (var + eps) / (E[z^2] + eps), the inverse condition number of the variance. Without this
     // a 2-row column or a near-zero mean fails on rounding no kernel can avoid.
     const double eps = in.c.problem.eps;
-    std::vector<double> rms(ref.save_mean.size()), weighted_got(rms.size()), weighted_ref(rms.size());
+    std::vector<double> rms(ref.save_mean.size()), weighted_got(rms.size()),
+        weighted_ref(rms.size());
     for (std::size_t n = 0; n < rms.size(); ++n) {
       const double var = 1.0 / (ref.save_invstd[n] * ref.save_invstd[n]) - eps;
       const double ez2 = ref.save_mean[n] * ref.save_mean[n] + std::max(var, 0.0);

@@ -10,23 +10,32 @@ namespace {
 
 const char* storage_type_name(DType d) {
   switch (storage_type(d)) {
-    case DType::fp16: return "fj::half_t";
-    case DType::bf16: return "fj::bf16_t";
-    default: return "float";
+    case DType::fp16:
+      return "fj::half_t";
+    case DType::bf16:
+      return "fj::bf16_t";
+    default:
+      return "float";
   }
 }
 
 const char* math_name(DType d) {
   switch (d) {
-    case DType::fp32: return "fj::kMathSimtFp32";
-    case DType::tf32: return "fj::kMathTf32";
-    case DType::fp16: return "fj::kMathFp16";
-    case DType::bf16: return "fj::kMathBf16";
+    case DType::fp32:
+      return "fj::kMathSimtFp32";
+    case DType::tf32:
+      return "fj::kMathTf32";
+    case DType::fp16:
+      return "fj::kMathFp16";
+    case DType::bf16:
+      return "fj::kMathBf16";
   }
   return "?";
 }
 
-const char* b(bool v) { return v ? "true" : "false"; }
+const char* b(bool v) {
+  return v ? "true" : "false";
+}
 
 }  // namespace
 
@@ -58,8 +67,8 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   const KernelSchedule sched = schedule(p, c);
   const bool ws = c.variant == Variant::warpspec;
   KernelSource src;
-  src.name = fmt::format("fj.{}.{}.{}.{}", name(p.dtype), name(p.mode), format_shape(p.shape()),
-                         c.key());
+  src.name =
+      fmt::format("fj.{}.{}.{}.{}", name(p.dtype), name(p.mode), format_shape(p.shape()), c.key());
   std::string& t = src.text;
   t += fmt::format("// fusejit generated kernel: {}\n// problem: {}\n", src.name, p.key());
   t += "#include \"common/types.cuh\"\n#include \"common/math_kind.cuh\"\n";
@@ -80,12 +89,13 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   else
     t += fmt::format("  static constexpr int WARPS_M = {}, WARPS_N = {};\n", c.warps_m, c.warps_n);
   t += fmt::format("  static constexpr int THREADS = {};\n", c.threads());
-  t += fmt::format("  static constexpr int VEC_BYTES = {};\n", std::min(p.effective_alignment(), 16));
+  t += fmt::format("  static constexpr int VEC_BYTES = {};\n",
+                   std::min(p.effective_alignment(), 16));
   t += fmt::format(
       "  static constexpr bool TRAIN = {}, SINGLE_PASS = {}, CUMULATIVE = {};\n"
       "  static constexpr bool HAS_BIAS = {}, HAS_SCALE = {}, HAS_AFFINE = {};\n",
-      b(p.mode == Mode::train), b(sched.single_pass), b(!p.momentum), b(p.has_bias),
-      b(p.has_scale), b(p.has_affine));
+      b(p.mode == Mode::train), b(sched.single_pass), b(!p.momentum), b(p.has_bias), b(p.has_scale),
+      b(p.has_affine));
   t += "};\n";
   const char* gemm = ws ? "fj::WarpspecGemm<Spec>" : "fj::TiledGemm<Spec>";
   t += ws ? "#include \"kernels/warpspec_gemm.cuh\"\n" : "#include \"kernels/tiled_gemm.cuh\"\n";
@@ -99,7 +109,8 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
     if (k == "fj_gemm" && ws) {
       t += fmt::format(
           "extern \"C\" __global__ void __launch_bounds__(Spec::THREADS, 1)\n"
-          "fj_gemm(const __grid_constant__ fj::Params p, const __grid_constant__ fj::TmaDescriptor tx,\n"
+          "fj_gemm(const __grid_constant__ fj::Params p, const __grid_constant__ fj::TmaDescriptor "
+          "tx,\n"
           "        const __grid_constant__ fj::TmaDescriptor tw) {{ {}::run(p, tx, tw); }}\n",
           gemm);
     } else if (k == "fj_gemm") {
@@ -118,8 +129,7 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
     }
   }
   src.kernels = sched.kernels;
-  src.options = {"--std=c++17", "-DNDEBUG",
-                 "--extra-device-vectorization"};
+  src.options = {"--std=c++17", "-DNDEBUG", "--extra-device-vectorization"};
   src.headers = template_headers();
   return src;
 }

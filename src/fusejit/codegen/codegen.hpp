@@ -13,7 +13,7 @@ namespace fusejit {
 
 // Which kernels a run launches, in order, and their names in the generated source.
 struct KernelSchedule {
-  bool single_pass = false;  // train: the GEMM's epilogue sees whole columns (one row tile)
+  bool single_pass = false;          // train: the GEMM's epilogue sees whole columns (one row tile)
   std::vector<std::string> kernels;  // e.g. {"fj_gemm", "fj_finalize", "fj_apply"}
 };
 KernelSchedule schedule(const Problem&, const KernelConfig&);

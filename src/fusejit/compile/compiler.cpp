@@ -25,7 +25,8 @@ constexpr int kCacheFormatVersion = 1;
 
 void check_nvrtc(nvrtcResult r, const char* what) {
   if (r != NVRTC_SUCCESS)
-    throw CudaError(fmt::format("{} failed: {}", what, nvrtcGetErrorString(r)), static_cast<int>(r));
+    throw CudaError(fmt::format("{} failed: {}", what, nvrtcGetErrorString(r)),
+                    static_cast<int>(r));
 }
 
 // The generated-source lines an NVRTC log points at ("name(LINE): error ..."), so the error
@@ -34,7 +35,8 @@ std::string offending_lines(const std::string& log, const KernelSource& src) {
   std::ostringstream out;
   static const std::regex where(R"re(([^\s()]+)\((\d+)\): (error|warning))re");
   int shown = 0;
-  for (std::sregex_iterator it(log.begin(), log.end(), where), end; it != end && shown < 8; ++it, ++shown) {
+  for (std::sregex_iterator it(log.begin(), log.end(), where), end; it != end && shown < 8;
+       ++it, ++shown) {
     const std::string file = (*it)[1];
     const int line = std::stoi((*it)[2]);
     const std::string* text = file == src.name + ".cu" ? &src.text : nullptr;
@@ -106,9 +108,8 @@ CompiledKernel compile(const KernelSource& src, const std::string& arch) {
                                  static_cast<int>(header_text.size()), header_text.data(),
                                  header_names.data()),
               "nvrtcCreateProgram");
-  std::unique_ptr<nvrtcProgram, void (*)(nvrtcProgram*)> guard(&prog, [](nvrtcProgram* p) {
-    nvrtcDestroyProgram(p);
-  });
+  std::unique_ptr<nvrtcProgram, void (*)(nvrtcProgram*)> guard(
+      &prog, [](nvrtcProgram* p) { nvrtcDestroyProgram(p); });
   const auto opts = compile_options(src, arch);
   std::vector<const char*> copts;
   for (const auto& o : opts) copts.push_back(o.c_str());
@@ -126,10 +127,10 @@ CompiledKernel compile(const KernelSource& src, const std::string& arch) {
   std::string joined;
   for (const auto& o : opts) joined += (joined.empty() ? "" : " ") + o;
   if (r != NVRTC_SUCCESS)
-    throw CompileError(fmt::format("NVRTC could not compile {} for {} ({}); options: {}\n{}",
-                                   src.name, arch, nvrtcGetErrorString(r), joined,
-                                   offending_lines(log, src)),
-                       log, joined);
+    throw CompileError(
+        fmt::format("NVRTC could not compile {} for {} ({}); options: {}\n{}", src.name, arch,
+                    nvrtcGetErrorString(r), joined, offending_lines(log, src)),
+        log, joined);
   if (!log.empty()) fusejit::log()->debug("NVRTC log for {}:\n{}", src.name, log);
   CompiledKernel out;
   out.arch = arch;
@@ -167,7 +168,8 @@ std::string cache_key(const KernelSource& src, const std::string& arch,
 
 CompiledKernel compile_cached(const KernelSource& src, const std::string& arch,
                               const std::string& cache_dir) {
-  const DiskCache cache(cache_dir.empty() ? DiskCache::default_dir() : std::filesystem::path(cache_dir));
+  const DiskCache cache(cache_dir.empty() ? DiskCache::default_dir()
+                                          : std::filesystem::path(cache_dir));
   const ArchTarget target = target_for(arch);
   const std::string key = cache_key(src, arch, nvrtc_version());
   if (auto bytes = cache.load(key)) {

@@ -9,10 +9,10 @@
 namespace fusejit {
 
 struct CompiledKernel {
-  std::string arch;           // what was asked for, e.g. "sm_90a"
-  bool is_ptx = false;        // true: `binary` is PTX text for the driver to JIT
-  std::vector<char> binary;   // cubin or PTX
-  double compile_seconds = 0; // 0 when it came from a cache
+  std::string arch;            // what was asked for, e.g. "sm_90a"
+  bool is_ptx = false;         // true: `binary` is PTX text for the driver to JIT
+  std::vector<char> binary;    // cubin or PTX
+  double compile_seconds = 0;  // 0 when it came from a cache
   bool cache_hit = false;
 };
 

@@ -10,7 +10,9 @@
 
 namespace fusejit {
 
-std::string_view name(Variant v) { return v == Variant::tiled ? "tiled" : "warpspec"; }
+std::string_view name(Variant v) {
+  return v == Variant::tiled ? "tiled" : "warpspec";
+}
 
 Variant parse_variant(std::string_view s) {
   if (s == "tiled") return Variant::tiled;
@@ -39,7 +41,8 @@ int KernelConfig::smem_bytes(const Problem& p) const {
   const int nt = threads();
   const int tpc = nt >= bn ? nt / bn : 1;
   const int epilogue = bm * (bn + 8) * 4 + (2 * bn + tpc * bn) * 4;
-  const int ring = p.dtype == DType::fp32 ? stages * bk * (bm + bn + 8) * 4 : stages * (bm + bn) * bk * eb;
+  const int ring =
+      p.dtype == DType::fp32 ? stages * bk * (bm + bn + 8) * 4 : stages * (bm + bn) * bk * eb;
   return std::max(ring, epilogue);
 }
 
@@ -51,13 +54,16 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
     if (v < -512 || v > 512) return "tile, warp and stage fields must lie within -512..512";
   const bool strict_fp32 = p.dtype == DType::fp32;
   if (variant == Variant::warpspec) {
-    if (d.cc() != 90) return "warpspec needs sm_90a (Hopper); this device is sm_" + std::to_string(d.cc());
+    if (d.cc() != 90)
+      return "warpspec needs sm_90a (Hopper); this device is sm_" + std::to_string(d.cc());
     if (strict_fp32) return "warpspec has no strict-fp32 path (wgmma multiplies fp32 as tf32)";
-    if (p.effective_alignment() < 16) return "warpspec loads with TMA, which needs 16-byte aligned rows";
+    if (p.effective_alignment() < 16)
+      return "warpspec loads with TMA, which needs 16-byte aligned rows";
     if (bm != 64 * warps_m && bm != 128 * warps_m)
       return "warpspec: bm must be 64 or 128 rows per consumer warpgroup";
     if (warps_m < 1 || warps_m > 2) return "warpspec: 1 or 2 consumer warpgroups";
-    if (bn != 64 && bn != 128 && bn != 192 && bn != 256) return "warpspec: bn must be 64, 128, 192 or 256";
+    if (bn != 64 && bn != 128 && bn != 192 && bn != 256)
+      return "warpspec: bn must be 64, 128, 192 or 256";
     if (bk * static_cast<int>(storage_bytes(p.dtype)) % 128 != 0)
       return "warpspec: bk must span whole 128-byte swizzle rows";
     if (cluster_m != 1 && cluster_m != 2) return "warpspec: cluster_m must be 1 or 2";
@@ -93,8 +99,8 @@ std::string KernelConfig::key() const {
   if (variant == Variant::tiled)
     return fmt::format("tiled.{}x{}x{}.w{}x{}.s{}.g{}", bm, bn, bk, warps_m, warps_n, stages,
                        group_m);
-  return fmt::format("warpspec.{}x{}x{}.c{}.s{}.g{}.cl{}.p{}", bm, bn, bk, warps_m, stages,
-                     group_m, cluster_m, int(persistent));
+  return fmt::format("warpspec.{}x{}x{}.c{}.s{}.g{}.cl{}.p{}", bm, bn, bk, warps_m, stages, group_m,
+                     cluster_m, int(persistent));
 }
 
 KernelConfig KernelConfig::parse(std::string_view key) {
@@ -116,8 +122,10 @@ KernelConfig KernelConfig::parse(std::string_view key) {
       return c;
     }
   }
-  throw InvalidArgument("config", "expected a key like tiled.128x128x32.w2x4.s4.g8 or "
-                                  "warpspec.128x256x64.c2.s4.g8.cl1.p1; got '" + k + "'");
+  throw InvalidArgument("config",
+                        "expected a key like tiled.128x128x32.w2x4.s4.g8 or "
+                        "warpspec.128x256x64.c2.s4.g8.cl1.p1; got '" +
+                            k + "'");
 }
 
 namespace {
@@ -150,13 +158,15 @@ std::vector<KernelConfig> tiled_candidates(const Problem& p) {
              tiled(64, 64, 16, 2, 1, 3), tiled(128, 32, 16, 2, 1, 3)};
       break;
     case DType::tf32:
-      out = {tiled(128, 128, 32, 2, 2, 3), tiled(64, 128, 32, 2, 2, 3), tiled(128, 256, 32, 2, 4, 3),
-             tiled(128, 64, 32, 4, 1, 3), tiled(64, 64, 32, 2, 2, 3), tiled(128, 32, 32, 4, 1, 3)};
+      out = {tiled(128, 128, 32, 2, 2, 3), tiled(64, 128, 32, 2, 2, 3),
+             tiled(128, 256, 32, 2, 4, 3), tiled(128, 64, 32, 4, 1, 3),
+             tiled(64, 64, 32, 2, 2, 3),   tiled(128, 32, 32, 4, 1, 3)};
       break;
     case DType::fp16:
     case DType::bf16:
-      out = {tiled(128, 256, 64, 2, 4, 3), tiled(64, 128, 64, 2, 2, 3), tiled(128, 128, 64, 2, 2, 3),
-             tiled(128, 64, 64, 4, 1, 3), tiled(64, 64, 64, 2, 2, 3), tiled(128, 32, 64, 4, 1, 3)};
+      out = {tiled(128, 256, 64, 2, 4, 3), tiled(64, 128, 64, 2, 2, 3),
+             tiled(128, 128, 64, 2, 2, 3), tiled(128, 64, 64, 4, 1, 3),
+             tiled(64, 64, 64, 2, 2, 3),   tiled(128, 32, 64, 4, 1, 3)};
       break;
   }
   return out;
@@ -182,9 +192,15 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c) {
   const bool ws = c.variant == Variant::warpspec;
   double per_sm = 0;
   switch (p.dtype) {
-    case DType::fp32: per_sm = 0.35e12; break;
-    case DType::tf32: per_sm = ws ? 2.9e12 : 1.6e12; break;
-    default: per_sm = ws ? 5.9e12 : 3.7e12; break;
+    case DType::fp32:
+      per_sm = 0.35e12;
+      break;
+    case DType::tf32:
+      per_sm = ws ? 2.9e12 : 1.6e12;
+      break;
+    default:
+      per_sm = ws ? 5.9e12 : 3.7e12;
+      break;
   }
   // Small tiles re-read more operand bytes per FLOP and keep fewer MMAs in flight; few threads
   // on an SM leave issue slots empty.
@@ -230,9 +246,9 @@ KernelConfig default_config(const Problem& p, const Device& d, std::optional<Var
   std::string reasons;
   const auto all = variant == Variant::warpspec ? warpspec_candidates(p) : tiled_candidates(p);
   for (const auto& c : all) reasons += "\n  " + c.key() + ": " + c.why_invalid(p, d);
-  throw InvalidArgument("variant", fmt::format("no {} config can run {} on {}{}",
-                                               variant ? name(*variant) : "", p.key(), d.name,
-                                               reasons));
+  throw InvalidArgument(
+      "variant", fmt::format("no {} config can run {} on {}{}", variant ? name(*variant) : "",
+                             p.key(), d.name, reasons));
 }
 
 }  // namespace fusejit

@@ -70,18 +70,40 @@ Device Device::for_arch(const std::string& text) {
   out.cc_minor = a.cc % 10;
   // Architectural limits, so configs can be pruned without a GPU.
   switch (a.cc) {
-    case 80: case 87: out.smem_per_block_optin = 163 * 1024; break;
-    case 86: case 89: case 120: case 121: out.smem_per_block_optin = 99 * 1024; break;
-    default: out.smem_per_block_optin = 227 * 1024; break;
+    case 80:
+    case 87:
+      out.smem_per_block_optin = 163 * 1024;
+      break;
+    case 86:
+    case 89:
+    case 120:
+    case 121:
+      out.smem_per_block_optin = 99 * 1024;
+      break;
+    default:
+      out.smem_per_block_optin = 227 * 1024;
+      break;
   }
   out.smem_per_sm = out.smem_per_block_optin + 1024;
   // The flagship part of each architecture; only the planner's time model reads it.
   switch (a.cc) {
-    case 80: out.sm_count = 108; break;
-    case 90: out.sm_count = 132; break;
-    case 100: case 103: out.sm_count = 148; break;
-    case 120: case 121: out.sm_count = 170; break;
-    default: out.sm_count = 84; break;
+    case 80:
+      out.sm_count = 108;
+      break;
+    case 90:
+      out.sm_count = 132;
+      break;
+    case 100:
+    case 103:
+      out.sm_count = 148;
+      break;
+    case 120:
+    case 121:
+      out.sm_count = 170;
+      break;
+    default:
+      out.sm_count = 84;
+      break;
   }
   out.regs_per_sm = 65536;
   out.max_threads_per_sm = a.cc == 86 || a.cc == 89 || a.cc >= 120 ? 1536 : 2048;
@@ -97,7 +119,9 @@ std::string Device::fingerprint() const {
   return fmt::format("{}|cc{}|driver{}|nvrtc{}", name, cc(), driver_version, nvrtc_version());
 }
 
-std::string Arch::sm() const { return fmt::format("sm_{}{}", cc, arch_specific ? "a" : ""); }
+std::string Arch::sm() const {
+  return fmt::format("sm_{}{}", cc, arch_specific ? "a" : "");
+}
 
 Arch parse_arch(const std::string& text) {
   std::string s = text;
@@ -110,15 +134,16 @@ Arch parse_arch(const std::string& text) {
   }
   auto dot = s.find('.');
   if (dot != std::string::npos) s = s.substr(0, dot) + s.substr(dot + 1);
-  bool digits = !s.empty() && s.size() <= 3 &&
-                s.find_first_not_of("0123456789") == std::string::npos;
+  bool digits =
+      !s.empty() && s.size() <= 3 && s.find_first_not_of("0123456789") == std::string::npos;
   if (!digits)
-    throw InvalidArgument("arch", "expected an architecture like sm_80, sm_90a or 8.6; got '" +
-                                      text + "'");
+    throw InvalidArgument("arch",
+                          "expected an architecture like sm_80, sm_90a or 8.6; got '" + text + "'");
   a.cc = std::stoi(s);
   if (a.cc < 80)
     throw InvalidArgument("arch", fmt::format("fusejit needs compute capability 8.0 or newer; "
-                                              "got '{}'", text));
+                                              "got '{}'",
+                                              text));
   return a;
 }
 

@@ -40,7 +40,7 @@ struct Device {
 struct Arch {
   int cc = 0;
   bool arch_specific = false;  // the 'a' suffix
-  std::string sm() const;       // "sm_90a"
+  std::string sm() const;      // "sm_90a"
 };
 Arch parse_arch(const std::string& text);
 

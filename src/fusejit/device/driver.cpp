@@ -29,11 +29,11 @@ Loaded load() {
   // return the newest ABI, e.g. cuCtxSynchronize_v2(CUcontext) under CUDA 13, which differs.)
 #define FUSEJIT_SYMBOL_NAME(fn) #fn
 #define FUSEJIT_EXPANDED_NAME(fn) FUSEJIT_SYMBOL_NAME(fn)
-#define FUSEJIT_RESOLVE(fn)                                                            \
-  d.fn = reinterpret_cast<decltype(d.fn)>(dlsym(lib, FUSEJIT_EXPANDED_NAME(fn)));      \
-  if (!d.fn) {                                                                         \
-    out.error = "GPU driver too old: libcuda.so.1 lacks " FUSEJIT_EXPANDED_NAME(fn);   \
-    return out;                                                                        \
+#define FUSEJIT_RESOLVE(fn)                                                          \
+  d.fn = reinterpret_cast<decltype(d.fn)>(dlsym(lib, FUSEJIT_EXPANDED_NAME(fn)));    \
+  if (!d.fn) {                                                                       \
+    out.error = "GPU driver too old: libcuda.so.1 lacks " FUSEJIT_EXPANDED_NAME(fn); \
+    return out;                                                                      \
   }
   FUSEJIT_DRIVER_FUNCTIONS(FUSEJIT_RESOLVE)
 #undef FUSEJIT_RESOLVE

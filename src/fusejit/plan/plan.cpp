@@ -25,7 +25,9 @@ namespace {
 
 constexpr std::size_t kWorkspaceAlign = 256;
 
-std::size_t align_up(std::size_t v) { return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+std::size_t align_up(std::size_t v) {
+  return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+}
 
 CUcontext choose_context(int ordinal) {
   if (ordinal >= 0) return primary_context(ordinal);
@@ -92,10 +94,10 @@ std::shared_ptr<const PlanCore> make_plan_core(const Problem& problem, const Pla
   }
   core->smem_bytes = core->module->read_int("fj_smem_bytes");
   if (core->smem_bytes > core->device.smem_per_block_optin)
-    throw InvalidArgument("config", fmt::format("{} needs {} bytes of shared memory; {} allows {}",
-                                                core->config.key(), core->smem_bytes,
-                                                core->device.name,
-                                                core->device.smem_per_block_optin));
+    throw InvalidArgument(
+        "config",
+        fmt::format("{} needs {} bytes of shared memory; {} allows {}", core->config.key(),
+                    core->smem_bytes, core->device.name, core->device.smem_per_block_optin));
   core->gemm = core->module->function("fj_gemm");
   FJ_CU(cuFuncSetAttribute(core->gemm, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                            core->smem_bytes));
@@ -195,18 +197,34 @@ Plan& Plan::operator=(Plan&& o) noexcept {
   return *this;
 }
 
-const Problem& Plan::problem() const { return core_->problem; }
-const KernelConfig& Plan::config() const { return core_->config; }
-std::size_t Plan::workspace_size() const { return reference_ ? 0 : core_->workspace.total; }
+const Problem& Plan::problem() const {
+  return core_->problem;
+}
+const KernelConfig& Plan::config() const {
+  return core_->config;
+}
+std::size_t Plan::workspace_size() const {
+  return reference_ ? 0 : core_->workspace.total;
+}
 std::vector<std::string> Plan::kernel_names() const {
   return reference_ ? reference_->kernel_names() : core_->schedule.kernels;
 }
-const std::string& Plan::dispatch() const { return dispatch_; }
-bool Plan::uses_reference() const { return reference_ != nullptr; }
-bool Plan::cache_hit() const { return core_->cache_hit; }
-double Plan::compile_seconds() const { return core_->compile_seconds; }
+const std::string& Plan::dispatch() const {
+  return dispatch_;
+}
+bool Plan::uses_reference() const {
+  return reference_ != nullptr;
+}
+bool Plan::cache_hit() const {
+  return core_->cache_hit;
+}
+double Plan::compile_seconds() const {
+  return core_->compile_seconds;
+}
 
-void Plan::validate(const Tensors& t) const { validate_tensors(core_->problem, t); }
+void Plan::validate(const Tensors& t) const {
+  validate_tensors(core_->problem, t);
+}
 
 void Plan::run(CUstream stream, const Tensors& t) const {
   run(stream, t, reinterpret_cast<void*>(own_workspace_), core_->workspace.total);
@@ -220,11 +238,13 @@ void Plan::run(CUstream stream, const Tensors& t, void* workspace, std::size_t b
   validate_tensors(core_->problem, t);
   if (core_->workspace.total) {
     if (!workspace)
-      throw InvalidArgument("workspace", fmt::format("this plan needs {} bytes of workspace; got null",
-                                                     core_->workspace.total));
+      throw InvalidArgument(
+          "workspace",
+          fmt::format("this plan needs {} bytes of workspace; got null", core_->workspace.total));
     if (bytes < core_->workspace.total)
-      throw InvalidArgument("workspace", fmt::format("this plan needs {} bytes of workspace; got {}",
-                                                     core_->workspace.total, bytes));
+      throw InvalidArgument("workspace",
+                            fmt::format("this plan needs {} bytes of workspace; got {}",
+                                        core_->workspace.total, bytes));
     if (reinterpret_cast<std::uintptr_t>(workspace) % kWorkspaceAlign)
       throw InvalidArgument("workspace", "expected a 256-byte aligned pointer");
   }

@@ -7,9 +7,9 @@
 namespace fusejit {
 
 struct Tensors {
-  const void* x = nullptr;  // [M][ldx]
-  const void* w = nullptr;  // [N][ldw]  (nn.Linear weight layout)
-  void* y = nullptr;        // [M][ldy]
+  const void* x = nullptr;      // [M][ldx]
+  const void* w = nullptr;      // [N][ldw]  (nn.Linear weight layout)
+  void* y = nullptr;            // [M][ldy]
   const void* bias = nullptr;   // [N], required iff Problem::has_bias
   const void* scale = nullptr;  // [N], required iff Problem::has_scale
   const void* gamma = nullptr;  // [N], required iff Problem::has_affine

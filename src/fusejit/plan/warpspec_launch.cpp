@@ -4,7 +4,8 @@
 
 namespace fusejit {
 
-void launch_warpspec(const PlanCore& c, CUstream stream, const fj::Params& params, const Tensors& t) {
+void launch_warpspec(const PlanCore& c, CUstream stream, const fj::Params& params,
+                     const Tensors& t) {
   WarpspecTensorMaps maps = warpspec_tensor_maps(c.problem, c.config, t.x, t.w);
   fj::Params prm = params;
   void* args[] = {&prm, &maps.x, &maps.w};

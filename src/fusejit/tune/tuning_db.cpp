@@ -1,4 +1,5 @@
 #include "fusejit/tune/tuning_db.hpp"
+#include "fusejit/util/fd.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -252,26 +253,6 @@ int nesting_depth(std::string_view text, int limit) {
 
 // ---------------------------------------------------------------------------------------------
 // Files
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  explicit operator bool() const { return fd_ >= 0; }
-  int close() {
-    const int r = ::close(fd_);
-    fd_ = -1;
-    return r == 0 ? 0 : errno;
-  }
-
- private:
-  int fd_;
-};
 
 // Which file a cached table came from: another process's rename gives a new inode, an
 // in-place edit a new size or mtime.

@@ -1,0 +1,31 @@
+// An owned POSIX file descriptor, closed on scope exit.
+#pragma once
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace fusejit {
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  explicit operator bool() const { return fd_ >= 0; }
+  // Closes now and returns errno (0 on success): on NFS and some full disks close() is where a
+  // failed write finally shows up, so writers must look at it.
+  int close() {
+    const int result = ::close(fd_);
+    fd_ = -1;
+    return result == 0 ? 0 : errno;
+  }
+
+ private:
+  int fd_;
+};
+
+}  // namespace fusejit
