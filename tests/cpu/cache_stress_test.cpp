@@ -4,7 +4,9 @@
 // calling DiskCache::clear(). Every payload a load() hands back is compared byte for byte with
 // what that key must hold, so "no damaged binary is ever loaded" is counted, not assumed.
 #include <doctest/doctest.h>
+
 #include <fmt/format.h>
+#include "test_tempdir.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -223,24 +225,7 @@ int count_suffix(const fs::path& dir, std::string_view suffix) {
   return n;
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "fusejit-cache-stress-XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using fusejit::test::TempDir;
 
 }  // namespace
 

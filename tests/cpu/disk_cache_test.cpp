@@ -2,6 +2,8 @@
 // writing the same entry at once, and must degrade to a warned-once no-op when it cannot write.
 #include <doctest/doctest.h>
 
+#include "test_tempdir.hpp"
+
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -34,25 +36,7 @@ namespace {
 // environment says. Runs before main, so before the logger exists.
 const bool kLogLevelSet = [] { return ::setenv("FUSEJIT_LOG_LEVEL", "warn", 1) == 0; }();
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "fusejit-disk-cache-XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using fusejit::test::TempDir;
 
 std::string key_for(const std::string& name) {
   return fusejit::Hasher().add(name).hex();

@@ -4,8 +4,10 @@
 // fault must succeed. (Module load and kernel launch faults need a GPU:
 // tests/gpu/fault_injection_gpu_test.cpp.)
 #include <doctest/doctest.h>
+
 #include <sys/wait.h>
 #include <unistd.h>
+#include "test_tempdir.hpp"
 
 #include <array>
 #include <atomic>
@@ -43,24 +45,7 @@ struct Disarm {
   ~Disarm() { fault::disarm_all(); }
 };
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "fusejit-fault-XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using fusejit::test::TempDir;
 
 // Every file in `dir` (entries, temp files, anything): a fault must leave none behind.
 std::vector<std::string> files_in(const fs::path& dir) {

@@ -5,7 +5,9 @@
 // Every test uses its own problem shape and cache directory, so neither the in-process plan and
 // module caches nor an earlier test's disk entries can turn the retry into a hit by accident.
 #include <doctest/doctest.h>
+
 #include <stdlib.h>
+#include "test_tempdir.hpp"
 
 #include <cmath>
 #include <cstring>
@@ -35,25 +37,7 @@ struct Disarm {
   ~Disarm() { fault::disarm_all(); }
 };
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "fusejit-fault-gpu-XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string str() const { return path_.string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using fusejit::test::TempDir;
 
 std::size_t file_count(const fs::path& dir) {
   std::size_t n = 0;
