@@ -10,23 +10,57 @@ namespace fusejit {
 
 // Every driver entry point fusejit uses, resolved through cuGetProcAddress at the ABI of the
 // CUDA headers we were built with (so cuMemAlloc means cuMemAlloc_v2, and so on).
-#define FUSEJIT_DRIVER_FUNCTIONS(X)                                                                \
-  X(cuInit)                                                                                        \
-  X(cuDriverGetVersion)                                                                            \
-  X(cuGetErrorName) X(cuGetErrorString) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName)      \
-      X(cuDeviceGetAttribute) X(cuDeviceTotalMem) X(cuDeviceGetUuid) X(cuDevicePrimaryCtxRetain)   \
-          X(cuDevicePrimaryCtxRelease) X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxGetDevice)     \
-              X(cuCtxSynchronize) X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)     \
-                  X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel)                    \
-                      X(cuLaunchKernelEx) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD)               \
-                          X(cuMemcpyDtoH) X(cuMemcpyDtoD) X(cuMemsetD8) X(cuMemsetD32)             \
-                              X(cuMemsetD8Async) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)         \
-                                  X(cuMemGetInfo) X(cuStreamCreate) X(cuStreamDestroy)             \
-                                      X(cuStreamSynchronize) X(cuStreamGetCtx) X(cuEventCreate)    \
-                                          X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize) \
-                                              X(cuEventElapsedTime) X(cuTensorMapEncodeTiled)      \
-                                                  X(cuPointerGetAttribute) X(cuModuleGetGlobal)    \
-                                                      X(cuFuncGetName)
+// One entry a line: clang-format cannot lay out an X-macro list.
+// clang-format off
+#define FUSEJIT_DRIVER_FUNCTIONS(X) \
+  X(cuInit) \
+  X(cuDriverGetVersion) \
+  X(cuGetErrorName) \
+  X(cuGetErrorString) \
+  X(cuDeviceGetCount) \
+  X(cuDeviceGet) \
+  X(cuDeviceGetName) \
+  X(cuDeviceGetAttribute) \
+  X(cuDeviceTotalMem) \
+  X(cuDeviceGetUuid) \
+  X(cuDevicePrimaryCtxRetain) \
+  X(cuDevicePrimaryCtxRelease) \
+  X(cuCtxGetCurrent) \
+  X(cuCtxSetCurrent) \
+  X(cuCtxGetDevice) \
+  X(cuCtxSynchronize) \
+  X(cuModuleLoadData) \
+  X(cuModuleUnload) \
+  X(cuModuleGetFunction) \
+  X(cuFuncSetAttribute) \
+  X(cuFuncGetAttribute) \
+  X(cuLaunchKernel) \
+  X(cuLaunchKernelEx) \
+  X(cuMemAlloc) \
+  X(cuMemFree) \
+  X(cuMemcpyHtoD) \
+  X(cuMemcpyDtoH) \
+  X(cuMemcpyDtoD) \
+  X(cuMemsetD8) \
+  X(cuMemsetD32) \
+  X(cuMemsetD8Async) \
+  X(cuMemcpyHtoDAsync) \
+  X(cuMemcpyDtoHAsync) \
+  X(cuMemGetInfo) \
+  X(cuStreamCreate) \
+  X(cuStreamDestroy) \
+  X(cuStreamSynchronize) \
+  X(cuStreamGetCtx) \
+  X(cuEventCreate) \
+  X(cuEventDestroy) \
+  X(cuEventRecord) \
+  X(cuEventSynchronize) \
+  X(cuEventElapsedTime) \
+  X(cuTensorMapEncodeTiled) \
+  X(cuPointerGetAttribute) \
+  X(cuModuleGetGlobal) \
+  X(cuFuncGetName)
+// clang-format on
 
 struct Driver {
 #define FUSEJIT_DECLARE(fn) decltype(&::fn) fn = nullptr;
