@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <set>
 #include <thread>
@@ -33,6 +34,7 @@ struct CompileArgs {
   bool from_db = false;
   std::string db_file;
   bool problem_given = false;  // --shapes, --dtypes, --modes or --variant given explicitly
+  std::string emit_dir;        // --emit-source: also write each generated translation unit here
 };
 
 struct Job {
@@ -100,6 +102,26 @@ std::vector<Job> database_jobs(const CompileArgs& a, std::string* target) {
   return jobs;
 }
 
+// The generated translation units with their template headers, as files nvcc can build
+// (`nvcc -I DIR/include DIR/NAME.cu`): for reading the code a problem really runs, profiling it
+// outside fusejit, or reporting a compiler bug.
+void emit_sources(const std::vector<Job>& jobs, const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path root(dir);
+  auto write = [](const fs::path& path, const std::string& text) {
+    fs::create_directories(path.parent_path());
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << text;
+    if (!f.flush()) throw Error(fmt::format("cannot write {}", path.string()));
+  };
+  for (const Job& j : jobs) {
+    const KernelSource src = job_source(j);
+    write(root / (src.name + ".cu"), src.text);
+    for (const auto& [name, text] : src.headers) write(root / "include" / name, text);
+  }
+  fmt::print("wrote {} source(s) to {} (headers under include/)\n", jobs.size(), dir);
+}
+
 int run_compile(const CompileArgs& a) {
   if (a.from_db && a.problem_given)
     throw InvalidArgument("from-db",
@@ -134,6 +156,7 @@ int run_compile(const CompileArgs& a) {
     target = arch;
   }
   const std::string dir = a.cache_dir.empty() ? DiskCache::default_dir().string() : a.cache_dir;
+  if (!a.emit_dir.empty()) emit_sources(jobs, a.emit_dir);
   fmt::print("compiling {} kernel set(s) for {} into {}\n", jobs.size(), target, dir);
   // NVRTC is thread-safe; the disk cache dedupes concurrent writers.
   const unsigned workers = std::max(1u, std::thread::hardware_concurrency());
@@ -181,6 +204,8 @@ void add_compile(CLI::App& app, Action& action) {
                   "Compile a tuning database's winners (FILE, or every database under "
                   "<cache dir>/tuning) for --arch or the tuned GPU's architecture")
       ->expected(0, 1);
+  cmd->add_option("--emit-source", a->emit_dir,
+                  "Also write the generated CUDA sources (and template headers) to DIR");
   cmd->callback([&action, a, cmd] {
     a->from_db = cmd->get_option("--from-db")->count() > 0;
     for (const char* o : {"--shapes", "--dtypes", "--modes", "--variant"})

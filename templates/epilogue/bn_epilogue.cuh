@@ -59,7 +59,7 @@ struct BnEpilogue {
         const float factor = momentum_factor<Spec>(p);
         for (int c = tid; c < cols; c += NT) {
           const float var_a = coef_b[c] / static_cast<float>(Spec::M);
-          const Affine f = train_column<Spec>(p, n0 + c, coef_a[c], var_a, factor);
+          const Affine f = train_column<Spec>(p, n0 + c, coef_a[c], var_a, factor, true);
           coef_a[c] = f.a;
           coef_b[c] = f.b;
         }

@@ -37,11 +37,11 @@ __device__ __forceinline__ float momentum_factor(const Params& p) {
 }
 
 // Train mode, one column with its batch statistics of a (biased variance over all M rows):
-// updates the running stats (with the unbiased variance), writes the saved stats and returns
-// the folded affine. Called exactly once per column per run.
+// returns the folded affine and, when `record`, updates the running stats (with the unbiased
+// variance) and writes the saved stats. Exactly one call per column per run records.
 template <class Spec>
 __device__ __forceinline__ Affine train_column(const Params& p, int n, float mean_a, float var_a,
-                                               float factor) {
+                                               float factor, bool record) {
   using P = typename Spec::P;
   const float b = Spec::HAS_BIAS ? load_param<P>(p.bias, n, 0.f) : 0.f;
   const float s = Spec::HAS_SCALE ? load_param<P>(p.scale, n, 1.f) : 1.f;
@@ -50,15 +50,15 @@ __device__ __forceinline__ Affine train_column(const Params& p, int n, float mea
   const float mean_z = s * (mean_a + b);
   const float var_z = s * s * var_a;
   const float invstd = rsqrtf(var_z + p.eps);
-  if (p.running_mean) {
+  if (record && p.running_mean) {
     P* rm = static_cast<P*>(p.running_mean);
     P* rv = static_cast<P*>(p.running_var);
     constexpr float kUnbias = static_cast<float>(Spec::M) / static_cast<float>(Spec::M - 1);
     rm[n] = from_float<P>((1.f - factor) * to_float(rm[n]) + factor * mean_z);
     rv[n] = from_float<P>((1.f - factor) * to_float(rv[n]) + factor * var_z * kUnbias);
   }
-  if (p.save_mean) p.save_mean[n] = mean_z;
-  if (p.save_invstd) p.save_invstd[n] = invstd;
+  if (record && p.save_mean) p.save_mean[n] = mean_z;
+  if (record && p.save_invstd) p.save_invstd[n] = invstd;
   const float A = g * s * invstd;
   return {A, beta - A * mean_a};
 }

@@ -95,7 +95,7 @@ struct FragmentBnEpilogue {
           Affine f{0.f, 0.f};
           if (c < cols) {
             const float var_a = column_total(red, c) / static_cast<float>(Spec::M);
-            f = train_column<Spec>(p, n0 + c, coef_a[c], var_a, factor);
+            f = train_column<Spec>(p, n0 + c, coef_a[c], var_a, factor, true);
           }
           coef_a[c] = f.a;
           coef_b[c] = f.b;

@@ -1,11 +1,12 @@
 // Train mode, second pass, part 2: y holds d = a - tile_mean (see bn_epilogue.cuh); rewrite it
-// in place as y = A (d + tile_mean) + B. Runs after bn_finalize in stream order, which is also
-// what makes it the safe place to bump num_batches_tracked (every reader has finished).
+// in place as y = A (d + tile_mean) + B. Runs after bn_finalize in stream order, or, with few
+// row tiles (FOLD_FINALIZE), does the finalize's merge itself.
 #pragma once
 #include "common/grid_dependency.cuh"
 #include "common/params.h"
 #include "common/types.cuh"
 #include "epilogue/store.cuh"
+#include "kernels/bn_finalize.cuh"
 
 namespace fj {
 
@@ -30,40 +31,85 @@ __device__ __forceinline__ void load_vec(const T* src, float (&v)[VEC]) {
   }
 }
 
-// Rows one block rewrites; BM is a multiple of it, so a block sees one row tile's mean. Few
-// rows per thread with every load issued before the first use: enough bytes in flight to cover
-// memory latency, and enough blocks to fill every SM.
+// Block shape. A block covers a narrow, tall patch (16 x VEC columns by 128 rows) so that the
+// per-column coefficients it needs are few next to the y it rewrites: they are computed once
+// per block into shared memory instead of being re-read by every thread (a thread's own 8x8
+// patch of bf16 is 128 bytes, exactly the size of its 8 columns' (A, B, tile mean) in fp32).
+// A thread rewrites kApplyRows consecutive rows of VEC columns with every load issued before
+// the first use, so enough bytes are in flight to cover memory latency.
 constexpr int kApplyRows = 8;
-constexpr int kApplyThreads = 128;
+constexpr int kApplyColThreads = 16;
+constexpr int kApplyRowThreads = 16;
+constexpr int kApplyThreads = kApplyColThreads * kApplyRowThreads;
+constexpr int kApplyBlockRows = kApplyRows * kApplyRowThreads;
 
-// Grid: x over column chunks (VEC columns per thread), y over kApplyRows-row slabs, walked from
-// the bottom up: the GEMM wrote the last row tiles last, so they are the likeliest to still be
-// in L2 when the first blocks of this kernel run.
+template <class Spec>
+struct ApplyShape {
+  using T = typename Spec::T;
+  static constexpr int VEC = Spec::VEC_BYTES / static_cast<int>(sizeof(T)) > 0
+                                 ? Spec::VEC_BYTES / static_cast<int>(sizeof(T))
+                                 : 1;
+  static constexpr int kCols = kApplyColThreads * VEC;
+  static constexpr int kGridX = (Spec::N + kCols - 1) / kCols;
+  // Walked from the bottom up (see bn_apply).
+  static constexpr int kGridY = (Spec::M + kApplyBlockRows - 1) / kApplyBlockRows;
+  // Row tiles a block's rows can reach (its rows start at a multiple of kApplyBlockRows).
+  static constexpr int kTileSlots = (kApplyBlockRows - 1) / Spec::BM + 2;
+  static_assert(Spec::BM % kApplyRows == 0, "a thread's rows must not straddle two row tiles");
+  static_assert(kCols <= kApplyThreads, "one thread per block column fills the coefficients");
+};
+
+// Grid: x over column strips, y over 128-row slabs from the bottom up: the GEMM wrote the last
+// row tiles last, so they are the likeliest to still be in L2 when the first blocks run.
 template <class Spec>
 __device__ void bn_apply(const Params& p) {
   using T = typename Spec::T;
-  constexpr int VEC = Spec::VEC_BYTES / static_cast<int>(sizeof(T)) > 0
-                          ? Spec::VEC_BYTES / static_cast<int>(sizeof(T))
-                          : 1;
-  static_assert(Spec::BM % kApplyRows == 0, "a slab must not straddle two row tiles");
+  using S = ApplyShape<Spec>;
+  constexpr int VEC = S::VEC;
+  // y = A (d + tile_mean) + B = A d + B', B' = A tile_mean + B per (row tile, column).
+  __shared__ float s_a[S::kCols];
+  __shared__ float s_b[S::kTileSlots][S::kCols];
+  const int slab = gridDim.y - 1 - blockIdx.y;
+  const int row0 = slab * kApplyBlockRows;
+  const int col0 = blockIdx.x * S::kCols;
+  const int first_tile = row0 / Spec::BM;
+  const int last_tile = (min(row0 + kApplyBlockRows, Spec::M) - 1) / Spec::BM;
   wait_for_prior_grid();
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && p.num_batches_tracked)
+  const float2* tile_stats = reinterpret_cast<const float2*>(p.ws_partials);
+  if (threadIdx.x < S::kCols && col0 + static_cast<int>(threadIdx.x) < Spec::N) {
+    const int n = col0 + threadIdx.x;
+    Affine f;
+    if constexpr (Spec::FOLD_FINALIZE) {
+      // Every slab merges its columns' few partials itself (cheaper than a finalize launch);
+      // the bottom slab, which runs first, is the one that records.
+      f = finalize_column<Spec>(p, n, slab == static_cast<int>(gridDim.y) - 1);
+    } else {
+      const float2 ab = reinterpret_cast<const float2*>(p.ws_coef)[n];
+      f = {ab.x, ab.y};
+    }
+    s_a[threadIdx.x] = f.a;
+    for (int t = first_tile; t <= last_tile; ++t)
+      s_b[t - first_tile][threadIdx.x] =
+          f.a * tile_stats[static_cast<long long>(t) * Spec::N + n].x + f.b;
+  }
+  // num_batches_tracked: after every reader. Unfolded, the readers were the finalize kernel,
+  // which has completed; folded with momentum=None, every block here reads it, so bump_batches
+  // runs after this kernel instead.
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && p.num_batches_tracked &&
+      !(Spec::FOLD_FINALIZE && Spec::CUMULATIVE))
     *p.num_batches_tracked += 1;
-  const int c = (blockIdx.x * kApplyThreads + threadIdx.x) * VEC;
-  if (c >= Spec::N) return;
-  const int r0 = (gridDim.y - 1 - blockIdx.y) * kApplyRows;
+  __syncthreads();
+  const int tx = threadIdx.x % kApplyColThreads;
+  const int r0 = row0 + (threadIdx.x / kApplyColThreads) * kApplyRows;
+  const int c = col0 + tx * VEC;
+  if (c >= Spec::N || r0 >= Spec::M) return;
+  const int slot = r0 / Spec::BM - first_tile;
   const int n_here = min(VEC, Spec::N - c);
-  const float2* coef = reinterpret_cast<const float2*>(p.ws_coef);
-  const float2* tile_stats = reinterpret_cast<const float2*>(p.ws_partials) +
-                             static_cast<long long>(r0 / Spec::BM) * Spec::N;
-  // y = A (d + tile_mean) + B = A d + (A tile_mean + B): one FMA per element.
   float a[VEC], b[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    const int n = j < n_here ? c + j : c;
-    const float2 ab = coef[n];
-    a[j] = ab.x;
-    b[j] = ab.x * tile_stats[n].x + ab.y;
+    a[j] = s_a[tx * VEC + j];
+    b[j] = s_b[slot][tx * VEC + j];
   }
   T* y = static_cast<T*>(p.y) + static_cast<long long>(r0) * Spec::LDY + c;
   const int rows = min(kApplyRows, Spec::M - r0);

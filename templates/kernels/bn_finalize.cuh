@@ -2,6 +2,8 @@
 // with Chan's formula, update the running stats once per column, write the saved stats and the
 // folded (A, B) that bn_apply uses. Block = 32 columns x FIN_GROUPS row-tile groups: the groups
 // merge disjoint sets of tiles in parallel, then one warp merges the groups.
+// When there are few row tiles, bn_apply does this merge itself (FOLD_FINALIZE) and this kernel
+// is not launched: see finalize_column.
 #pragma once
 #include "common/grid_dependency.cuh"
 #include "common/params.h"
@@ -9,36 +11,71 @@
 
 namespace fj {
 
-constexpr int kFinCols = 32;
-constexpr int kFinGroups = 8;
+template <class Spec>
+struct FinalizeShape {
+  static constexpr int kRowTiles = (Spec::M + Spec::BM - 1) / Spec::BM;
+  static constexpr int kCols = 32;
+  static constexpr int kGroups = 8;
+  static constexpr int kThreads = kCols * kGroups;
+  static constexpr int kGridX = (Spec::N + kCols - 1) / kCols;
+};
+
+// Chan-merges column n's partials of row tiles first, first + step, ... into (cnt, mean, m2).
+// The loads of UNROLL tiles go out before their merges, so a thread waits on memory once per
+// UNROLL tiles rather than once per tile.
+template <class Spec>
+__device__ __forceinline__ void merge_row_tiles(const Params& p, int n, int first, int step,
+                                                float& cnt, float& mean, float& m2) {
+  constexpr int kRowTiles = FinalizeShape<Spec>::kRowTiles;
+  constexpr int kUnroll = 4;
+  const float2* partials = reinterpret_cast<const float2*>(p.ws_partials);
+  for (int t0 = first; t0 < kRowTiles; t0 += kUnroll * step) {
+    float2 pm[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int t = t0 + u * step;
+      pm[u] = t < kRowTiles ? partials[static_cast<long long>(t) * Spec::N + n] : float2{};
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int t = t0 + u * step;
+      if (t >= kRowTiles) break;
+      const float rows = static_cast<float>(min(Spec::BM, Spec::M - t * Spec::BM));
+      chan_merge(cnt, mean, m2, rows, pm[u].x, pm[u].y);
+    }
+  }
+}
+
+// One thread's whole finalize of column n (bn_apply's folded path). `record`: this call is
+// the one per column that updates the running stats and writes the saved stats.
+template <class Spec>
+__device__ __forceinline__ Affine finalize_column(const Params& p, int n, bool record) {
+  float cnt = 0.f, mean = 0.f, m2 = 0.f;
+  merge_row_tiles<Spec>(p, n, 0, 1, cnt, mean, m2);
+  return train_column<Spec>(p, n, mean, m2 / static_cast<float>(Spec::M), momentum_factor<Spec>(p),
+                            record);
+}
 
 template <class Spec>
 __device__ void bn_finalize(const Params& p) {
-  constexpr int kRowTiles = (Spec::M + Spec::BM - 1) / Spec::BM;
-  __shared__ float s_n[kFinGroups][kFinCols], s_mean[kFinGroups][kFinCols],
-      s_m2[kFinGroups][kFinCols];
+  using S = FinalizeShape<Spec>;
+  __shared__ float s_n[S::kGroups][S::kCols], s_mean[S::kGroups][S::kCols],
+      s_m2[S::kGroups][S::kCols];
   wait_for_prior_grid();
-  const int cx = threadIdx.x % kFinCols;
-  const int g = threadIdx.x / kFinCols;
-  const int n = blockIdx.x * kFinCols + cx;
-  const float2* partials = reinterpret_cast<const float2*>(p.ws_partials);
+  const int cx = threadIdx.x % S::kCols;
+  const int g = threadIdx.x / S::kCols;
+  const int n = blockIdx.x * S::kCols + cx;
   float cnt = 0.f, mean = 0.f, m2 = 0.f;
-  if (n < Spec::N) {
-    for (int t = g; t < kRowTiles; t += kFinGroups) {
-      const float2 pm = partials[static_cast<long long>(t) * Spec::N + n];
-      const float rows = static_cast<float>(min(Spec::BM, Spec::M - t * Spec::BM));
-      chan_merge(cnt, mean, m2, rows, pm.x, pm.y);
-    }
-  }
+  if (n < Spec::N) merge_row_tiles<Spec>(p, n, g, S::kGroups, cnt, mean, m2);
   s_n[g][cx] = cnt;
   s_mean[g][cx] = mean;
   s_m2[g][cx] = m2;
   __syncthreads();
   if (g != 0 || n >= Spec::N) return;
-  for (int k = 1; k < kFinGroups; ++k)
+  for (int k = 1; k < S::kGroups; ++k)
     if (s_n[k][cx] > 0.f) chan_merge(cnt, mean, m2, s_n[k][cx], s_mean[k][cx], s_m2[k][cx]);
-  const Affine f =
-      train_column<Spec>(p, n, mean, m2 / static_cast<float>(Spec::M), momentum_factor<Spec>(p));
+  const Affine f = train_column<Spec>(p, n, mean, m2 / static_cast<float>(Spec::M),
+                                      momentum_factor<Spec>(p), true);
   reinterpret_cast<float2*>(p.ws_coef)[n] = make_float2(f.a, f.b);
 }
 

@@ -37,6 +37,18 @@ TEST_CASE("codegen is deterministic and specializes the prelude, not the templat
 
 TEST_CASE("the kernel schedule follows the mode and whether M fits one tile") {
   Problem p = problem();
+  // 8 row tiles: fj_apply merges the partials itself.
+  CHECK(schedule(p, config()).fold_finalize);
+  CHECK(schedule(p, config()).kernels == std::vector<std::string>{"fj_gemm", "fj_apply"});
+  p.momentum = std::nullopt;
+  CHECK(schedule(p, config()).kernels ==
+        std::vector<std::string>{"fj_gemm", "fj_apply", "fj_bump"});
+  // 9 row tiles: a finalize kernel merges them once per column.
+  p.M = 8 * 128 + 1;
+  CHECK(!schedule(p, config()).fold_finalize);
+  CHECK(schedule(p, config()).kernels ==
+        std::vector<std::string>{"fj_gemm", "fj_finalize", "fj_apply"});
+  p.momentum = 0.1;
   CHECK(schedule(p, config()).kernels ==
         std::vector<std::string>{"fj_gemm", "fj_finalize", "fj_apply"});
   p.M = 128;

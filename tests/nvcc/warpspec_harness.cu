@@ -101,6 +101,7 @@ struct WsSpec {
   static constexpr int VEC_BYTES = 16;
   static constexpr bool TRAIN = MODE_ != kEval;
   static constexpr bool SINGLE_PASS = MODE_ == kTrain1;
+  static constexpr bool FOLD_FINALIZE = false;
   static constexpr bool HAS_BIAS = true, HAS_SCALE = true, HAS_AFFINE = true;
   static constexpr bool CUMULATIVE = false;
   static constexpr bool FRAGMENT_EPILOGUE = FRAG_;
@@ -120,7 +121,8 @@ __global__ void __launch_bounds__(256) ws_finalize(const __grid_constant__ fj::P
   fj::bn_finalize<Spec>(p);
 }
 template <class Spec>
-__global__ void __launch_bounds__(256) ws_apply(const __grid_constant__ fj::Params p) {
+__global__ void __launch_bounds__(fj::kApplyThreads)
+    ws_apply(const __grid_constant__ fj::Params p) {
   fj::bn_apply<Spec>(p);
 }
 
@@ -518,14 +520,10 @@ void run_case(Ctx& ctx, const char* name, bool timed) {
   auto launch_all = [&] {
     launch_gemm();
     if constexpr (Spec::kMode == kTrain2) {
-      ws_finalize<Spec>
-          <<<(N + fj::kFinCols - 1) / fj::kFinCols, fj::kFinCols * fj::kFinGroups, 0, ctx.stream>>>(
-              p);
-      const int chunks = (N + 7) / 8;
-      const long long total = static_cast<long long>(M) * chunks;
-      const int blocks =
-          static_cast<int>(std::min<long long>((total + 255) / 256, ctx.sm_count * 16));
-      ws_apply<Spec><<<blocks, 256, 0, ctx.stream>>>(p);
+      using F = fj::FinalizeShape<Spec>;
+      using A = fj::ApplyShape<Spec>;
+      ws_finalize<Spec><<<F::kGridX, F::kThreads, 0, ctx.stream>>>(p);
+      ws_apply<Spec><<<dim3(A::kGridX, A::kGridY), fj::kApplyThreads, 0, ctx.stream>>>(p);
     }
   };
 

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
+
 #include "fusejit/codegen/embedded_templates.hpp"
 
 namespace fusejit {
@@ -42,15 +44,16 @@ const char* b(bool v) {
 KernelSchedule schedule(const Problem& p, const KernelConfig& c) {
   KernelSchedule s;
   s.kernels.push_back("fj_gemm");
-  if (p.mode == Mode::train) {
-    s.single_pass = p.M <= c.bm;
-    if (!s.single_pass) {
-      s.kernels.push_back("fj_finalize");
-      s.kernels.push_back("fj_apply");
-    } else if (!p.momentum) {
-      s.kernels.push_back("fj_bump");
-    }
-  }
+  if (p.mode != Mode::train) return s;
+  s.single_pass = p.M <= c.bm;
+  // With few row tiles, each fj_apply block re-merging its columns' partials costs less than a
+  // separate finalize launch (which runs alone, between the GEMM and the apply pass).
+  constexpr std::int64_t kFoldMaxRowTiles = 8;
+  s.fold_finalize = !s.single_pass && (p.M + c.bm - 1) / c.bm <= kFoldMaxRowTiles;
+  if (!s.single_pass && !s.fold_finalize) s.kernels.push_back("fj_finalize");
+  if (!s.single_pass) s.kernels.push_back("fj_apply");
+  // momentum=None: every reader of num_batches_tracked must finish before it is bumped.
+  if ((s.single_pass || s.fold_finalize) && !p.momentum) s.kernels.push_back("fj_bump");
   return s;
 }
 
@@ -92,19 +95,25 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   t += fmt::format("  static constexpr int VEC_BYTES = {};\n",
                    std::min(p.effective_alignment(), 16));
   t += fmt::format(
-      "  static constexpr bool TRAIN = {}, SINGLE_PASS = {}, CUMULATIVE = {};\n"
+      "  static constexpr bool TRAIN = {}, SINGLE_PASS = {}, FOLD_FINALIZE = {}, CUMULATIVE = {};\n"
       "  static constexpr bool HAS_BIAS = {}, HAS_SCALE = {}, HAS_AFFINE = {};\n",
-      b(p.mode == Mode::train), b(sched.single_pass), b(!p.momentum), b(p.has_bias), b(p.has_scale),
-      b(p.has_affine));
+      b(p.mode == Mode::train), b(sched.single_pass), b(sched.fold_finalize), b(!p.momentum),
+      b(p.has_bias), b(p.has_scale), b(p.has_affine));
   t += "};\n";
   const char* gemm = ws ? "fj::WarpspecGemm<Spec>" : "fj::TiledGemm<Spec>";
   t += ws ? "#include \"kernels/warpspec_gemm.cuh\"\n" : "#include \"kernels/tiled_gemm.cuh\"\n";
-  if (!sched.single_pass && p.mode == Mode::train)
-    t += "#include \"kernels/bn_finalize.cuh\"\n#include \"kernels/bn_apply.cuh\"\n";
-  else if (sched.single_pass && !p.momentum)
-    t += "#include \"kernels/bn_apply.cuh\"\n";
-  // The host reads the exact dynamic shared memory size from the module.
+  if (sched.kernels.size() > 1) t += "#include \"kernels/bn_apply.cuh\"\n";
+  // The host reads the exact dynamic shared memory size and the launch shapes of the BatchNorm
+  // passes from the module: the templates are their one source of truth.
   t += fmt::format("extern \"C\" __device__ const int fj_smem_bytes = {}::kSmemBytes;\n", gemm);
+  for (const auto& k : sched.kernels) {
+    if (k == "fj_finalize")
+      t += "extern \"C\" __device__ const int fj_finalize_launch[3] = {\n"
+           "    fj::FinalizeShape<Spec>::kGridX, 1, fj::FinalizeShape<Spec>::kThreads};\n";
+    if (k == "fj_apply")
+      t += "extern \"C\" __device__ const int fj_apply_launch[3] = {\n"
+           "    fj::ApplyShape<Spec>::kGridX, fj::ApplyShape<Spec>::kGridY, fj::kApplyThreads};\n";
+  }
   for (const auto& k : sched.kernels) {
     if (k == "fj_gemm" && ws) {
       t += fmt::format(
@@ -119,7 +128,7 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
           "fj_gemm(const fj::Params p) {{ {}::run(p); }}\n",
           gemm);
     } else if (k == "fj_finalize") {
-      t += "extern \"C\" __global__ void __launch_bounds__(fj::kFinCols * fj::kFinGroups)\n"
+      t += "extern \"C\" __global__ void __launch_bounds__(fj::FinalizeShape<Spec>::kThreads)\n"
            "fj_finalize(const fj::Params p) { fj::bn_finalize<Spec>(p); }\n";
     } else if (k == "fj_apply") {
       t += "extern \"C\" __global__ void __launch_bounds__(fj::kApplyThreads)\n"

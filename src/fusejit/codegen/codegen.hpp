@@ -14,6 +14,7 @@ namespace fusejit {
 // Which kernels a run launches, in order, and their names in the generated source.
 struct KernelSchedule {
   bool single_pass = false;          // train: the GEMM's epilogue sees whole columns (one row tile)
+  bool fold_finalize = false;        // train, two-pass: fj_apply merges the partials itself
   std::vector<std::string> kernels;  // e.g. {"fj_gemm", "fj_finalize", "fj_apply"}
 };
 KernelSchedule schedule(const Problem&, const KernelConfig&);

@@ -14,10 +14,6 @@ namespace fusejit {
 
 namespace {
 
-// Launch shapes the templates fix (kernels/bn_finalize.cuh, kernels/bn_apply.cuh).
-constexpr unsigned kFinalizeColumns = 32, kFinalizeThreads = 256, kApplyThreads = 128,
-                   kApplyRows = 8;
-
 void require_pointer(const void* p, const char* arg, std::size_t align, const char* what) {
   if (!p) throw InvalidArgument(arg, fmt::format("expected a device pointer ({}); got null", what));
   if (reinterpret_cast<std::uintptr_t>(p) % align)
@@ -46,13 +42,6 @@ void size_launches(PlanCore& c) {
   } else {
     c.gemm_grid = tiles;
   }
-  c.finalize_grid = static_cast<unsigned>((p.N + kFinalizeColumns - 1) / kFinalizeColumns);
-  // fj_apply: x over column chunks of VEC elements per thread, y over 32-row slabs.
-  const auto vec = static_cast<std::int64_t>(
-      std::max<std::size_t>(1, std::min(p.effective_alignment(), 16) / storage_bytes(p.dtype)));
-  const std::int64_t chunks = (p.N + vec - 1) / vec;
-  c.apply_grid = static_cast<unsigned>((chunks + kApplyThreads - 1) / kApplyThreads);
-  c.apply_grid_y = static_cast<unsigned>((p.M + kApplyRows - 1) / kApplyRows);
 }
 
 void validate_tensors(const Problem& p, const Tensors& t) {
@@ -151,26 +140,24 @@ void launch(const PlanCore& c, CUstream stream, const Tensors& t, void* workspac
   }
   // The BatchNorm passes go out as programmatic dependent launches on sm_90+ (they wait for
   // the previous kernel inside, see templates/common/grid_dependency.cuh).
-  auto dependent = [&](CUfunction f, unsigned gx, unsigned gy, unsigned block, const char* what) {
+  auto dependent = [&](CUfunction f, LaunchShape shape, const char* what) {
     CUlaunchAttribute pdl{};
     pdl.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     pdl.value.programmaticStreamSerializationAllowed = 1;
     CUlaunchConfig cfg{};
-    cfg.gridDimX = gx;
-    cfg.gridDimY = gy;
+    cfg.gridDimX = shape.grid_x;
+    cfg.gridDimY = shape.grid_y;
     cfg.gridDimZ = 1;
-    cfg.blockDimX = block;
+    cfg.blockDimX = shape.threads;
     cfg.blockDimY = cfg.blockDimZ = 1;
     cfg.hStream = stream;
     cfg.attrs = &pdl;
     cfg.numAttrs = c.device.cc() >= 90 ? 1 : 0;
     check(d.cuLaunchKernelEx(&cfg, f, args, nullptr), what);
   };
-  if (c.finalize)
-    dependent(c.finalize, c.finalize_grid, 1, kFinalizeThreads, "cuLaunchKernelEx(fj_finalize)");
-  if (c.apply)
-    dependent(c.apply, c.apply_grid, c.apply_grid_y, kApplyThreads, "cuLaunchKernelEx(fj_apply)");
-  if (c.bump) dependent(c.bump, 1, 1, 1, "cuLaunchKernelEx(fj_bump)");
+  if (c.finalize) dependent(c.finalize, c.finalize_shape, "cuLaunchKernelEx(fj_finalize)");
+  if (c.apply) dependent(c.apply, c.apply_shape, "cuLaunchKernelEx(fj_apply)");
+  if (c.bump) dependent(c.bump, {1, 1, 1}, "cuLaunchKernelEx(fj_bump)");
 }
 
 }  // namespace fusejit

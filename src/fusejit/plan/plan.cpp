@@ -101,9 +101,20 @@ std::shared_ptr<const PlanCore> make_plan_core(const Problem& problem, const Pla
   core->gemm = core->module->function("fj_gemm");
   FJ_CU(cuFuncSetAttribute(core->gemm, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                            core->smem_bytes));
+  auto launch_shape = [&](const char* symbol) {
+    const std::vector<int> v = core->module->read_ints(symbol, 3);
+    return LaunchShape{static_cast<unsigned>(v[0]), static_cast<unsigned>(v[1]),
+                       static_cast<unsigned>(v[2])};
+  };
   for (const auto& k : core->schedule.kernels) {
-    if (k == "fj_finalize") core->finalize = core->module->function(k);
-    if (k == "fj_apply") core->apply = core->module->function(k);
+    if (k == "fj_finalize") {
+      core->finalize = core->module->function(k);
+      core->finalize_shape = launch_shape("fj_finalize_launch");
+    }
+    if (k == "fj_apply") {
+      core->apply = core->module->function(k);
+      core->apply_shape = launch_shape("fj_apply_launch");
+    }
     if (k == "fj_bump") core->bump = core->module->function(k);
   }
   size_launches(*core);

@@ -21,6 +21,10 @@ struct WorkspaceLayout {
 };
 WorkspaceLayout workspace_layout(const Problem&, const KernelConfig&);
 
+struct LaunchShape {
+  unsigned grid_x = 0, grid_y = 0, threads = 0;
+};
+
 struct PlanCore {
   Problem problem;
   KernelConfig config;
@@ -31,7 +35,8 @@ struct PlanCore {
   std::shared_ptr<const Module> module;
   CUfunction gemm = nullptr, finalize = nullptr, apply = nullptr, bump = nullptr;
   int smem_bytes = 0;
-  unsigned gemm_grid = 0, finalize_grid = 0, apply_grid = 0, apply_grid_y = 0;
+  unsigned gemm_grid = 0;
+  LaunchShape finalize_shape, apply_shape;  // from the module (templates/kernels/bn_*.cuh)
   // How the kernels were obtained (for logs, `fusejit bench`, tests of the cache).
   bool cache_hit = false;
   double compile_seconds = 0;

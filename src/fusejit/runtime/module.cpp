@@ -40,13 +40,14 @@ CUfunction Module::function(const std::string& name) const {
   return it->second;
 }
 
-int Module::read_int(const char* symbol) const {
+std::vector<int> Module::read_ints(const char* symbol, std::size_t count) const {
   CUdeviceptr ptr = 0;
   std::size_t bytes = 0;
   FJ_CU(cuModuleGetGlobal(&ptr, &bytes, module_, symbol));
-  if (bytes != sizeof(int)) throw Error(fmt::format("{} has {} bytes, expected 4", symbol, bytes));
-  int v = 0;
-  FJ_CU(cuMemcpyDtoH(&v, ptr, sizeof v));
+  if (bytes != count * sizeof(int))
+    throw Error(fmt::format("{} has {} bytes, expected {}", symbol, bytes, count * sizeof(int)));
+  std::vector<int> v(count);
+  FJ_CU(cuMemcpyDtoH(v.data(), ptr, bytes));
   return v;
 }
 

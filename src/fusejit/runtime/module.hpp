@@ -22,8 +22,10 @@ class Module {
   Module& operator=(const Module&) = delete;
 
   CUfunction function(const std::string& name) const;  // throws InvalidArgument("kernel", ...)
-  // The value of an `extern "C" __device__ const int` the generated source defines.
-  int read_int(const char* symbol) const;
+  // The values of an `extern "C" __device__ const int` (or int[count]) the generated source
+  // defines. Reads device memory: for plan time, never a hot path.
+  int read_int(const char* symbol) const { return read_ints(symbol, 1)[0]; }
+  std::vector<int> read_ints(const char* symbol, std::size_t count) const;
 
   // The cached module for (current context, key), loading it on first use. Thread-safe.
   static std::shared_ptr<const Module> get(const std::string& key, const CompiledKernel& compiled,
