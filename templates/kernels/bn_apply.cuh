@@ -31,15 +31,15 @@ __device__ __forceinline__ void load_vec(const T* src, float (&v)[VEC]) {
   }
 }
 
-// Block shape. A block covers a narrow, tall patch (16 x VEC columns by 128 rows) so that the
-// per-column coefficients it needs are few next to the y it rewrites: they are computed once
-// per block into shared memory instead of being re-read by every thread (a thread's own 8x8
-// patch of bf16 is 128 bytes, exactly the size of its 8 columns' (A, B, tile mean) in fp32).
-// A thread rewrites kApplyRows consecutive rows of VEC columns with every load issued before
-// the first use, so enough bytes are in flight to cover memory latency.
+// Block shape. A block covers a patch of 32 x VEC columns by 64 rows: a warp rewrites whole
+// 512-byte row segments (bf16), and the per-column coefficients the block needs are few next to
+// the y it rewrites, so they are computed once per block into shared memory instead of being
+// re-read by every thread (a thread's own 8 rows x 8 bf16 are 128 bytes, the size of its 8
+// columns' (A, B, tile mean) in fp32). A thread rewrites kApplyRows consecutive rows of VEC
+// columns, all loads issued first: enough bytes in flight to cover memory latency.
 constexpr int kApplyRows = 8;
-constexpr int kApplyColThreads = 16;
-constexpr int kApplyRowThreads = 16;
+constexpr int kApplyColThreads = 32;
+constexpr int kApplyRowThreads = 8;
 constexpr int kApplyThreads = kApplyColThreads * kApplyRowThreads;
 constexpr int kApplyBlockRows = kApplyRows * kApplyRowThreads;
 
@@ -59,8 +59,8 @@ struct ApplyShape {
   static_assert(kCols <= kApplyThreads, "one thread per block column fills the coefficients");
 };
 
-// Grid: x over column strips, y over 128-row slabs from the bottom up: the GEMM wrote the last
-// row tiles last, so they are the likeliest to still be in L2 when the first blocks run.
+// Grid: x over column strips, y over kApplyBlockRows-row slabs from the bottom up: the GEMM wrote
+// the last row tiles last, so they are the likeliest to still be in L2 when the first blocks run.
 template <class Spec>
 __device__ void bn_apply(const Params& p) {
   using T = typename Spec::T;
@@ -74,7 +74,28 @@ __device__ void bn_apply(const Params& p) {
   const int col0 = blockIdx.x * S::kCols;
   const int first_tile = row0 / Spec::BM;
   const int last_tile = (min(row0 + kApplyBlockRows, Spec::M) - 1) / Spec::BM;
+  const int tx = threadIdx.x % kApplyColThreads;
+  const int r0 = row0 + (threadIdx.x / kApplyColThreads) * kApplyRows;
+  const int c = col0 + tx * VEC;
+  const bool active = c < Spec::N && r0 < Spec::M;
+  const int n_here = min(VEC, Spec::N - c);
+  const int rows = min(kApplyRows, Spec::M - r0);
+  T* y = static_cast<T*>(p.y) + static_cast<long long>(r0) * Spec::LDY + c;
   wait_for_prior_grid();
+  // This thread's y first: its latency then overlaps the coefficient work below, which is a
+  // chain of dependent loads (partials, then parameters) of its own.
+  float v[kApplyRows][VEC];
+  if (active) {
+#pragma unroll
+    for (int r = 0; r < kApplyRows; ++r) {
+      if (r >= rows) break;
+      if (n_here == VEC) {
+        load_vec<T, VEC>(y + r * Spec::LDY, v[r]);
+      } else {
+        for (int j = 0; j < n_here; ++j) v[r][j] = to_float(y[r * Spec::LDY + j]);
+      }
+    }
+  }
   const float2* tile_stats = reinterpret_cast<const float2*>(p.ws_partials);
   if (threadIdx.x < S::kCols && col0 + static_cast<int>(threadIdx.x) < Spec::N) {
     const int n = col0 + threadIdx.x;
@@ -99,29 +120,13 @@ __device__ void bn_apply(const Params& p) {
       !(Spec::FOLD_FINALIZE && Spec::CUMULATIVE))
     *p.num_batches_tracked += 1;
   __syncthreads();
-  const int tx = threadIdx.x % kApplyColThreads;
-  const int r0 = row0 + (threadIdx.x / kApplyColThreads) * kApplyRows;
-  const int c = col0 + tx * VEC;
-  if (c >= Spec::N || r0 >= Spec::M) return;
+  if (!active) return;
   const int slot = r0 / Spec::BM - first_tile;
-  const int n_here = min(VEC, Spec::N - c);
   float a[VEC], b[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     a[j] = s_a[tx * VEC + j];
     b[j] = s_b[slot][tx * VEC + j];
-  }
-  T* y = static_cast<T*>(p.y) + static_cast<long long>(r0) * Spec::LDY + c;
-  const int rows = min(kApplyRows, Spec::M - r0);
-  float v[kApplyRows][VEC];
-#pragma unroll
-  for (int r = 0; r < kApplyRows; ++r) {
-    if (r >= rows) break;
-    if (n_here == VEC) {
-      load_vec<T, VEC>(y + r * Spec::LDY, v[r]);
-    } else {
-      for (int j = 0; j < n_here; ++j) v[r][j] = to_float(y[r * Spec::LDY + j]);
-    }
   }
 #pragma unroll
   for (int r = 0; r < kApplyRows; ++r) {

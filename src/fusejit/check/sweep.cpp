@@ -668,6 +668,23 @@ CaseErrors compare(const CaseInputs& in, const CaseOutputs& got, const Reference
       weighted_ref[n] = ref.save_invstd[n] * w;
     }
     e.save_mean = scaled_error(got.save_mean, ref.save_mean, rms);
+    // The running stats move by factor x (batch stat), so they inherit the batch stats' natural
+    // scales; stored in fp16 they also carry its spacing, which below the smallest normal
+    // (6.1e-5) is absolute: a 2-row variance of 1e-6 is one subnormal step from its neighbour.
+    if (!in.running_mean.empty()) {
+      const Problem& p = in.c.problem;
+      const double factor =
+          p.momentum ? *p.momentum : 1.0 / static_cast<double>(in.num_batches_tracked + 1);
+      const double unbias = static_cast<double>(p.M) / static_cast<double>(p.M - 1);
+      const double floor = p.param_dtype == DType::fp16 ? 6.1e-5 : 0.0;
+      std::vector<double> rm_scale(rms.size()), rv_scale(rms.size());
+      for (std::size_t n = 0; n < rms.size() && n < ref.running_mean.size(); ++n) {
+        rm_scale[n] = std::abs(ref.running_mean[n]) + factor * rms[n] + floor;
+        rv_scale[n] = std::abs(ref.running_var[n]) + factor * rms[n] * rms[n] * unbias + floor;
+      }
+      e.running_mean = scaled_error(got.running_mean, ref.running_mean, rm_scale);
+      e.running_var = scaled_error(got.running_var, ref.running_var, rv_scale);
+    }
     e.save_invstd = got.save_invstd.size() == rms.size()
                         ? relative_error(weighted_got, weighted_ref)
                         : INFINITY;
