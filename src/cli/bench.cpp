@@ -29,6 +29,7 @@ namespace {
 struct BenchArgs {
   ProblemOptions problem;
   std::string variant = "auto";
+  std::string config;  // a KernelConfig key: forces that config (overrides --variant)
   int runs = 100;
   int warmup = 10;
   int device = 0;
@@ -119,6 +120,7 @@ nlohmann::json bench_problem(const BenchArgs& a, const Problem& p, const Device&
     o.device = a.device;
     o.cache_dir = a.cache_dir;
     if (a.variant != "auto") o.variant = parse_variant(a.variant);
+    if (!a.config.empty()) o.config = KernelConfig::parse(a.config);
     // Plan creation time as a user sees it: cold (NVRTC) or warm (disk cache + module load).
     const auto t0 = std::chrono::steady_clock::now();
     auto plan = std::make_shared<Plan>(p, o);
@@ -233,6 +235,8 @@ void add_bench(CLI::App& app, Action& action) {
   a->problem.add_to(*cmd, true);
   cmd->add_option("--variant", a->variant, "Fused op: auto, tiled or warpspec")
       ->capture_default_str();
+  cmd->add_option("--config", a->config,
+                  "Fused op: this kernel config (a key as `fusejit bench` prints it)");
   cmd->add_option("--runs", a->runs, "Timed runs per system (median reported)")
       ->check(CLI::Range(50, 1000000))
       ->capture_default_str();

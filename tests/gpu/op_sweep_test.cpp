@@ -44,17 +44,19 @@ std::vector<SweepCase> tma_aligned(std::vector<SweepCase> cases) {
 }
 
 SweepSummary run_cases(const std::vector<SweepCase>& cases, DType d, Mode m, Implementation impl,
-                       std::optional<Variant> v) {
+                       std::optional<Variant> v, std::optional<KernelConfig> config = {}) {
   SweepOptions o;
   o.implementation = impl;
   o.variant = v;
+  o.config = config;
   const SweepReport rep = run_sweep(cases, o);
   for (const auto& r : rep.results)
     if (r.status == CaseResult::Status::failed) FAIL_CHECK(format_result(r));
   const SweepSummary& s = rep.summary;
+  const std::string forced = config ? " " + config->key() : v ? " " + std::string(name(*v)) : "";
   MESSAGE(fmt::format("{} {} {}{}: {} cases, {} passed, {} failed, {} skipped, worst {:.2e}",
-                      name(impl), name(d), name(m), v ? " " + std::string(name(*v)) : "", s.cases,
-                      s.passed, s.failed, s.skipped, s.worst.count(d) ? s.worst.at(d) : 0.0));
+                      name(impl), name(d), name(m), forced, s.cases, s.passed, s.failed, s.skipped,
+                      s.worst.count(d) ? s.worst.at(d) : 0.0));
   CHECK(s.failed == 0);
   return s;
 }
@@ -109,6 +111,30 @@ TEST_CASE("quick sweep, warpspec variant (sm_90 only)") {
       CHECK(s.skipped == 0);
       CHECK(s.passed == s.cases);
     }
+}
+
+TEST_CASE("quick sweep, warpspec pingpong configs (sm_90 only)") {
+  primary_context(0);
+  const Device dev = Device::current();
+  if (dev.cc() != 90) {
+    MESSAGE("warpspec needs sm_90; this GPU is sm_" << dev.cc() << ": nothing to run");
+    return;
+  }
+  // Both pingpong tile shapes (two warpgroups on alternate whole tiles, each with its own
+  // epilogue barriers), every epilogue: eval, train single pass and train two-pass.
+  for (const char* key :
+       {"warpspec.128x128x64.c2.s5.g8.cl1.p1.pp", "warpspec.64x256x64.c2.s4.g8.cl1.p1.pp"})
+    for (DType d : {DType::fp16, DType::bf16})
+      for (Mode m : kModes) {
+        CAPTURE(key);
+        CAPTURE(name(d));
+        CAPTURE(name(m));
+        const SweepSummary s =
+            run_cases(tma_aligned(builtin_sweep(false, d, m)), d, m, Implementation::plan,
+                      std::nullopt, KernelConfig::parse(key));
+        CHECK(s.skipped == 0);
+        CHECK(s.passed == s.cases);
+      }
 }
 
 TEST_CASE("quick sweep, default planner choice and the cuBLASLt reference op") {

@@ -207,6 +207,7 @@ Built build(const SweepCase& c, const SweepOptions& o) {
       PlanOptions po;
       po.device = o.device;
       po.variant = o.variant;
+      po.config = o.config;
       po.cache_dir = o.cache_dir;
       b.op = std::make_unique<PlanOp>(c.problem, po);
     } else {
@@ -216,7 +217,9 @@ Built build(const SweepCase& c, const SweepOptions& o) {
       b.op = std::make_unique<ReferenceSweepOp>(c.problem, ro);
     }
   } catch (const InvalidArgument& e) {
-    (o.variant && e.argument() == "variant" ? b.skip : b.error) = e.what();
+    const bool forced =
+        (o.variant && e.argument() == "variant") || (o.config && e.argument() == "config");
+    (forced ? b.skip : b.error) = e.what();
   } catch (const std::exception& e) {
     b.error = e.what();
   }

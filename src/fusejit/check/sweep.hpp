@@ -149,7 +149,8 @@ std::string format_result(const CaseResult& r);
 
 struct SweepOptions {
   Implementation implementation = Implementation::plan;
-  std::optional<Variant> variant;  // plan: force a variant; cases it cannot run are skipped
+  std::optional<Variant> variant;      // plan: force a variant; cases it cannot run are skipped
+  std::optional<KernelConfig> config;  // plan: force a config; likewise
   int device = 0;
   std::string cache_dir;
   // Case i's inputs use seed + i; without a seed every case draws a fresh one.

@@ -87,8 +87,8 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   if (ws)
     t += fmt::format(
         "  static constexpr int CONSUMERS = {}, CLUSTER_M = {};\n"
-        "  static constexpr bool PERSISTENT = {};\n",
-        c.warps_m, c.cluster_m, b(c.persistent));
+        "  static constexpr bool PERSISTENT = {}, PINGPONG = {};\n",
+        c.warps_m, c.cluster_m, b(c.persistent), b(c.pingpong));
   else
     t += fmt::format("  static constexpr int WARPS_M = {}, WARPS_N = {};\n", c.warps_m, c.warps_n);
   t += fmt::format("  static constexpr int THREADS = {};\n", c.threads());

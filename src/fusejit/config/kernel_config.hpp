@@ -28,6 +28,9 @@ struct KernelConfig {
   int cluster_m = 1;
   // warpspec: persistent CTAs (one per SM, looping over tiles) instead of one CTA per tile.
   bool persistent = false;
+  // warpspec, persistent, two consumers: each consumer warpgroup takes whole BM x BN tiles in
+  // turn, so one's epilogue overlaps the other's mainloop (key suffix ".pp").
+  bool pingpong = false;
 
   int threads() const;
   // Dynamic shared memory bytes the GEMM kernel needs (stages and the epilogue's tile).
