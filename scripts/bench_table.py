@@ -5,6 +5,9 @@ measured side by side in the same process.
 
     scripts/bench_table.py FUSEJIT --shapes 1024x8192x8192,... --dtypes bf16,fp32 \
         --modes train,eval --variants auto,tiled [--json out.json]
+
+--variants also takes kernel config keys (warpspec.128x128x64.c2.s5.g8.cl1.p1.pp): each one is
+forced with `fusejit bench --config` on every problem it can run.
 """
 import argparse, json, subprocess, sys
 
@@ -19,7 +22,7 @@ a = ap.parse_args()
 rows, raw = [], []
 for variant in a.variants.split(","):
     cmd = [a.fusejit, "bench", "--json", "--shapes", a.shapes, "--dtypes", a.dtypes,
-           "--modes", a.modes, "--variant", variant]
+           "--modes", a.modes] + (["--config", variant] if "." in variant else ["--variant", variant])
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode not in (0, 1) or not p.stdout.strip():
         print(f"bench failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr}", file=sys.stderr)
