@@ -12,7 +12,6 @@
 // of the group owns 16 rows and lane (g = lane / 4, q = lane % 4) holds, for every 8-column
 // block j, d[4j + 2h + e] at row 64 ma + 16 w + g + 8 h, column 8 j + 2 q + e.
 #pragma once
-#include "common/cache_hint.cuh"
 #include "common/params.h"
 #include "common/types.cuh"
 #include "epilogue/bn_math.cuh"
@@ -202,9 +201,6 @@ struct FragmentBnEpilogue {
     char* stage = staging + wg * WG_M * kStageLd;
     T* y = static_cast<T*>(p.y);
     const int row_base = m0 + wg * WG_M;
-    // Train's two-pass y is read back by fj_apply: keep it in L2 (common/cache_hint.cuh).
-    constexpr bool kKeep = Spec::TRAIN && !Spec::SINGLE_PASS;
-    const unsigned long long keep = kKeep ? l2_evict_last_policy() : 0ull;
 #pragma unroll
     for (int chunk = 0; chunk < kChunks; ++chunk) {
       group_sync(wg);  // the previous chunk's reads of the staging buffer are done
@@ -239,10 +235,7 @@ struct FragmentBnEpilogue {
           const char* src = stage + r * kStageLd + u * 16;
           T* dst = y + static_cast<long long>(grow) * Spec::LDY + gcol;
           if (gcol + kVec <= Spec::N) {
-            if constexpr (kKeep)
-              store16_hinted(dst, *reinterpret_cast<const uint4*>(src), keep);
-            else
-              *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
           } else {
             // Column tail: element by element straight from shared memory (a register copy
             // indexed at run time would live in local memory).

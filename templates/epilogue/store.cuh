@@ -35,19 +35,6 @@ __device__ __forceinline__ void store_vec(T* dst, const float (&v)[VEC]) {
   }
 }
 
-// 16 bytes of VEC values of T (VEC * sizeof(T) == 16) as one uint4, lower address first.
-template <class T, int VEC>
-__device__ __forceinline__ uint4 pack16(const float (&v)[VEC]) {
-  static_assert(VEC * sizeof(T) == 16, "pack16: 16 bytes");
-  if constexpr (sizeof(T) == 4) {
-    return make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]),
-                      __float_as_uint(v[3]));
-  } else {
-    return make_uint4(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]), pack2<T>(v[4], v[5]),
-                      pack2<T>(v[6], v[7]));
-  }
-}
-
 template <class Spec, int NT>
 __device__ __forceinline__ void store_affine_tile(const Params& p, AccTile<Spec::BM, Spec::BN> tile,
                                                   const float* coef_a, const float* coef_b, int m0,

@@ -2,7 +2,6 @@
 // in place as y = A (d + tile_mean) + B. Runs after bn_finalize in stream order, or, with few
 // row tiles (FOLD_FINALIZE), does the finalize's merge itself.
 #pragma once
-#include "common/cache_hint.cuh"
 #include "common/grid_dependency.cuh"
 #include "common/params.h"
 #include "common/types.cuh"
@@ -129,19 +128,13 @@ __device__ void bn_apply(const Params& p) {
     a[j] = s_a[tx * VEC + j];
     b[j] = s_b[slot][tx * VEC + j];
   }
-  // The GEMM stored y with evict_last priority for this pass; the result goes back to normal.
-  constexpr bool kWide = VEC * sizeof(T) == 16;
-  const unsigned long long normal = kWide ? l2_evict_normal_policy() : 0ull;
 #pragma unroll
   for (int r = 0; r < kApplyRows; ++r) {
     if (r >= rows) break;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) v[r][j] = a[j] * v[r][j] + b[j];
     if (n_here == VEC) {
-      if constexpr (kWide)
-        store16_hinted(y + r * Spec::LDY, pack16<T, VEC>(v[r]), normal);
-      else
-        store_vec<T, VEC>(y + r * Spec::LDY, v[r]);
+      store_vec<T, VEC>(y + r * Spec::LDY, v[r]);
     } else {
       for (int j = 0; j < n_here; ++j) y[r * Spec::LDY + j] = from_float<T>(v[r][j]);
     }
