@@ -43,4 +43,15 @@ DType storage_type(DType d) {
   return d == DType::tf32 ? DType::fp32 : d;
 }
 
+const char* template_type_name(DType d) {
+  switch (storage_type(d)) {
+    case DType::fp16:
+      return "fj::half_t";
+    case DType::bf16:
+      return "fj::bf16_t";
+    default:
+      return "float";
+  }
+}
+
 }  // namespace fusejit

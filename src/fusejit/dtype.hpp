@@ -20,5 +20,8 @@ Mode parse_mode(std::string_view);    // throws InvalidArgument("mode", ...)
 std::size_t storage_bytes(DType);
 // The storage type's own name: tf32 -> fp32.
 DType storage_type(DType);
+// The templates' C++ type for the storage type (templates/common/types.cuh): float, fj::half_t
+// or fj::bf16_t. What generated kernel sources write for a Spec's T and P.
+const char* template_type_name(DType);
 
 }  // namespace fusejit

@@ -10,17 +10,6 @@ namespace fusejit {
 
 namespace {
 
-const char* storage_type_name(DType d) {
-  switch (storage_type(d)) {
-    case DType::fp16:
-      return "fj::half_t";
-    case DType::bf16:
-      return "fj::bf16_t";
-    default:
-      return "float";
-  }
-}
-
 const char* math_name(DType d) {
   switch (d) {
     case DType::fp32:
@@ -76,8 +65,8 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   t += fmt::format("// fusejit generated kernel: {}\n// problem: {}\n", src.name, p.key());
   t += "#include \"common/types.cuh\"\n#include \"common/math_kind.cuh\"\n";
   t += "struct Spec {\n";
-  t += fmt::format("  using T = {};\n  using P = {};\n", storage_type_name(p.dtype),
-                   storage_type_name(p.param_dtype));
+  t += fmt::format("  using T = {};\n  using P = {};\n", template_type_name(p.dtype),
+                   template_type_name(p.param_dtype));
   t += fmt::format("  static constexpr int MATH = {};\n", math_name(p.dtype));
   t += fmt::format("  static constexpr int M = {}, N = {}, K = {};\n", p.M, p.N, p.K);
   t += fmt::format("  static constexpr int LDX = {}, LDW = {}, LDY = {};\n", p.lda_x(), p.lda_w(),

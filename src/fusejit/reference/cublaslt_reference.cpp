@@ -226,17 +226,6 @@ void require_aligned(const void* ptr, const char* arg, int alignment) {
                                            alignment, ptr));
 }
 
-const char* storage_type_name(DType d) {
-  switch (storage_type(d)) {
-    case DType::fp16:
-      return "fj::half_t";
-    case DType::bf16:
-      return "fj::bf16_t";
-    default:
-      return "float";
-  }
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -299,7 +288,7 @@ KernelSource reference_kernel_source(DType dtype, DType param_dtype) {
   t += fmt::format("// fusejit reference kernels: {}\n", src.name);
   t += "#include \"common/types.cuh\"\n";
   t += fmt::format("struct Spec {{\n  using T = {};\n  using P = {};\n}};\n",
-                   storage_type_name(dtype), storage_type_name(param_dtype));
+                   template_type_name(dtype), template_type_name(param_dtype));
   t += "#include \"reference/plain_bn.cuh\"\n";
   t += "extern \"C\" __global__ void __launch_bounds__(fj::kRefStatsThreads)\n"
        "fj_ref_stats(const fj::RefParams p) { fj::ref_stats<Spec>(p); }\n";
