@@ -2,11 +2,13 @@
 // and toolkit tools such as nvcc. Header-only; doctest must be included first.
 #pragma once
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
 
 namespace fusejit::test {
@@ -15,6 +17,28 @@ struct CommandResult {
   int code = -1;    // exit status, -1 when killed by a signal
   std::string out;  // stdout and stderr together
 };
+
+// Runs `body` in a forked child and returns its exit code (100 if it returned nothing usable,
+// 101 if it threw, 128 + signal if killed). The child gets fresh copies of process-wide state
+// (the warn-once flag, fault counts as of the fork) and exits without running the parent's
+// destructors; tests have it return 0 when every property held, else the first that failed.
+inline int in_child(const std::function<int()>& body) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int code = 100;
+    try {
+      code = body();
+    } catch (...) {
+      code = 101;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
 
 inline CommandResult run_command(const std::string& cmd) {
   CommandResult r;

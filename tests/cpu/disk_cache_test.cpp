@@ -2,6 +2,7 @@
 // writing the same entry at once, and must degrade to a warned-once no-op when it cannot write.
 #include <doctest/doctest.h>
 
+#include "test_process.hpp"
 #include "test_tempdir.hpp"
 
 #include <signal.h>
@@ -36,6 +37,7 @@ namespace {
 // environment says. Runs before main, so before the logger exists.
 const bool kLogLevelSet = [] { return ::setenv("FUSEJIT_LOG_LEVEL", "warn", 1) == 0; }();
 
+using fusejit::test::in_child;
 using fusejit::test::TempDir;
 
 std::string key_for(const std::string& name) {
@@ -72,26 +74,6 @@ int count_temp_files(const fs::path& dir) {
     if (it->path().extension() == ".tmp") ++n;
   }
   return n;
-}
-
-// Runs `body` in a forked child and returns its exit code (or 128 + signal). The child gets
-// fresh copies of process-wide state, such as the warn-once flag, and exits without running
-// the parent's destructors.
-int in_child(const std::function<int()>& body) {
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    int code = 100;
-    try {
-      code = body();
-    } catch (...) {
-      code = 101;
-    }
-    ::_exit(code);
-  }
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 bool running_as_root_ignores_modes(const fs::path& read_only_dir) {

@@ -7,6 +7,7 @@
 
 #include <sys/wait.h>
 #include <unistd.h>
+#include "test_process.hpp"
 #include "test_tempdir.hpp"
 
 #include <array>
@@ -45,6 +46,7 @@ struct Disarm {
   ~Disarm() { fault::disarm_all(); }
 };
 
+using fusejit::test::in_child;
 using fusejit::test::TempDir;
 
 // Every file in `dir` (entries, temp files, anything): a fault must leave none behind.
@@ -71,27 +73,6 @@ std::vector<char> payload(std::size_t n) {
   std::vector<char> out(n);
   for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<char>(1 + i % 251);  // never zero
   return out;
-}
-
-// Runs `body` in a forked child (fresh warn-once state, no shared fault counts) and returns its
-// exit code: 0 means every property held; otherwise the number of the first one that failed.
-// (Fault firing counts are inherited from the parent, so children compare differences.)
-int in_child(const std::function<int()>& body) {
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    int code = 100;
-    try {
-      code = body();
-    } catch (...) {
-      code = 101;
-    }
-    ::_exit(code);
-  }
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 struct Command {

@@ -145,20 +145,6 @@ class TempFileGuard {
   bool committed_ = false;
 };
 
-// 0 or an errno value.
-int write_all(int fd, std::span<const char> data) {
-  while (!data.empty()) {
-    const ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (n == 0) return EIO;
-    data = data.subspan(static_cast<std::size_t>(n));
-  }
-  return 0;
-}
-
 struct FileRead {
   bool opened = false;   // false: missing (or unreadable: see error)
   bool regular = false;  // a directory or device under our name is not ours to judge

@@ -327,19 +327,6 @@ FileText read_text(const fs::path& path) {
   return out;
 }
 
-int write_all(int fd, std::span<const char> data) {
-  while (!data.empty()) {
-    const ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (n == 0) return EIO;
-    data = data.subspan(static_cast<std::size_t>(n));
-  }
-  return 0;
-}
-
 std::uint64_t random_u64() {
   std::uint64_t v = 0;
   if (::getrandom(&v, sizeof(v), GRND_NONBLOCK) == static_cast<ssize_t>(sizeof(v))) return v;

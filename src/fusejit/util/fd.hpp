@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <span>
 
 namespace fusejit {
 
@@ -27,5 +28,19 @@ class Fd {
  private:
   int fd_;
 };
+
+// Writes all of `data`, retrying short writes and EINTR. 0 or an errno value.
+inline int write_all(int fd, std::span<const char> data) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (n == 0) return EIO;
+    data = data.subspan(static_cast<std::size_t>(n));
+  }
+  return 0;
+}
 
 }  // namespace fusejit
