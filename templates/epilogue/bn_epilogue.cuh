@@ -4,11 +4,10 @@
 //   eval            : y = A a + B with the folded running-stat affine.
 //   train, 1 pass   : the tile holds every row (M <= BM): column stats, running-stat update and
 //                     y = A a + B in one go.
-//   train, 2 passes : per-column (mean, M2) of this tile's rows (Spec::STAT_ROWS == BM) ->
-//                     workspace (no atomics, so results are deterministic); y = a - tile_mean,
-//                     rounded to T. Storing the deviation rather than a keeps its digits when a
-//                     column's mean is large against its spread; bn_apply adds the mean back
-//                     after the finalize.
+//   train, 2 passes : per-column (mean, M2) of this tile's rows -> workspace (no atomics, so
+//                     results are deterministic); y = a - tile_mean, rounded to T. Storing the
+//                     deviation rather than a keeps its digits when a column's mean is large
+//                     against its spread; bn_apply adds the mean back after the finalize.
 #pragma once
 #include "common/params.h"
 #include "common/tile.cuh"
@@ -65,7 +64,6 @@ struct BnEpilogue {
           coef_b[c] = f.b;
         }
       } else {
-        static_assert(Spec::STAT_ROWS == BM, "BnEpilogue: train partials cover whole row tiles");
         float2* partials = reinterpret_cast<float2*>(p.ws_partials);
         for (int c = tid; c < cols; c += NT) {
           partials[static_cast<long long>(row_tile) * Spec::N + n0 + c] =

@@ -1,12 +1,11 @@
 // The fused BatchNorm epilogue straight from wgmma accumulator registers (warpspec kernel).
 // Same results and workspace contract as BnEpilogue (bn_epilogue.cuh): eval affine; train
-// single pass; train two-pass writing the (mean, M2) of each Spec::STAT_ROWS-row slab and
-// y = a - slab mean (here a slab is one consumer warpgroup's rows, see warpgroup_partials). It
-// differs from BnEpilogue mainly in where the accumulators live: instead of spilling the fp32 tile
-// to shared memory and reading it back per column, column sums are reduced in registers and warp
-// shuffles, and only the rounded outputs pass through a small staging buffer on their way to
-// 16-byte stores. That keeps the epilogue's shared memory small enough to sit beside the full stage
-// ring, so a persistent CTA's producer can load the next tile while the consumers run this.
+// single pass; train two-pass writing this tile's (mean, M2) and y = a - tile_mean. It differs
+// only in where the accumulators live: instead of spilling the fp32 tile to shared memory and
+// reading it back per column, column sums are reduced in registers and warp shuffles, and only
+// the rounded outputs pass through a small staging buffer on their way to 16-byte stores.
+// That keeps the epilogue's shared memory small enough to sit beside the full stage ring, so a
+// persistent CTA's producer can load the next tile while the consumers run this.
 //
 // Fragment layout (wgmma m64nNk*, fp32 D): consumer warpgroup `wg` owns rows
 // [wg * WG_M, (wg + 1) * WG_M) of the tile, M_ATOMS atoms of 64 rows each; in atom `ma`, warp w
@@ -63,8 +62,8 @@ struct FragmentBnEpilogue {
   // memory, 16-byte aligned, owned by this epilogue for the duration of the call. Eval only:
   // `eval_coef` (non-null) holds eval_coefficients() of this tile, [0, BN) = A, [BN, 2 BN) = B,
   // and the call then synchronizes only within each warpgroup.
-  __device__ static void run(const Params& p, Acc& acc, char* scratch, int m0, int n0, int tid,
-                             const float* eval_coef = nullptr) {
+  __device__ static void run(const Params& p, Acc& acc, char* scratch, int m0, int n0, int row_tile,
+                             int tid, const float* eval_coef = nullptr) {
     float* red = reinterpret_cast<float*>(scratch);
     float* coef_a = red + kRedFloats;
     float* coef_b = coef_a + BN;
@@ -75,35 +74,42 @@ struct FragmentBnEpilogue {
         return;
       }
     }
-    if constexpr (Spec::TRAIN && !Spec::SINGLE_PASS) {
-      warpgroup_partials(p, acc, red, coef_a, staging, m0, n0, tid);
-      return;
-    }
     // The previous tile's epilogue may still be reading the coefficients.
     all_sync();
     if constexpr (!Spec::TRAIN) {
       eval_coefficients(p, n0, coef_a, coef_b, tid, NT);
     } else {
-      // Single pass: the tile holds every row of the batch.
       const int rows = min(BM, Spec::M - m0);
       const int cols = min(BN, Spec::N - n0);
       // Tile mean first, then the sum of squared deviations from it (as BnEpilogue does).
       column_partials<false>(acc, red, nullptr, rows, tid);
       all_sync();
       const float mean_scale = 1.0f / static_cast<float>(rows);
-      for (int c = tid; c < BN; c += NT) coef_a[c] = column_total<kWarps>(red, c) * mean_scale;
+      for (int c = tid; c < BN; c += NT) coef_a[c] = column_total(red, c) * mean_scale;
       all_sync();
       column_partials<true>(acc, red, coef_a, rows, tid);
       all_sync();
-      const float factor = momentum_factor<Spec>(p);
-      for (int c = tid; c < BN; c += NT) {
-        Affine f{0.f, 0.f};
-        if (c < cols) {
-          const float var_a = column_total<kWarps>(red, c) / static_cast<float>(Spec::M);
-          f = train_column<Spec>(p, n0 + c, coef_a[c], var_a, factor, true);
+      if constexpr (Spec::SINGLE_PASS) {
+        const float factor = momentum_factor<Spec>(p);
+        for (int c = tid; c < BN; c += NT) {
+          Affine f{0.f, 0.f};
+          if (c < cols) {
+            const float var_a = column_total(red, c) / static_cast<float>(Spec::M);
+            f = train_column<Spec>(p, n0 + c, coef_a[c], var_a, factor, true);
+          }
+          coef_a[c] = f.a;
+          coef_b[c] = f.b;
         }
-        coef_a[c] = f.a;
-        coef_b[c] = f.b;
+      } else {
+        float2* partials = reinterpret_cast<float2*>(p.ws_partials);
+        for (int c = tid; c < BN; c += NT) {
+          const float mean = coef_a[c];
+          if (c < cols)
+            partials[static_cast<long long>(row_tile) * Spec::N + n0 + c] =
+                make_float2(mean, column_total(red, c));
+          coef_a[c] = 1.f;
+          coef_b[c] = -mean;
+        }
       }
     }
     all_sync();
@@ -118,43 +124,11 @@ struct FragmentBnEpilogue {
     asm volatile("bar.sync %0, 128;\n" ::"r"(BAR0 + 1 + wg) : "memory");
   }
 
-  // Sum over WARPS consecutive warps' rows of red for column c.
-  template <int WARPS>
   __device__ __forceinline__ static float column_total(const float* red, int c) {
     float s = 0.f;
 #pragma unroll
-    for (int w = 0; w < WARPS; ++w) s += red[w * BN + c];
+    for (int w = 0; w < kWarps; ++w) s += red[w * BN + c];
     return s;
-  }
-
-  // Train, two passes: each warpgroup records the (mean, M2) of its own WG_M rows (so
-  // Spec::STAT_ROWS == WG_M) and stores y = a - that mean. The warpgroups of a tile then never
-  // wait for each other: like eval's, this epilogue synchronizes only within a warpgroup, so a
-  // group that leaves its mainloop first is not held at a tile-wide barrier four times per tile.
-  // `means` holds one BN-float mean row per warpgroup (the coefficient space, unused here).
-  __device__ static void warpgroup_partials(const Params& p, const Acc& acc, float* red,
-                                            float* means, char* staging, int m0, int n0, int tid) {
-    static_assert(Spec::STAT_ROWS == WG_M,
-                  "fragment epilogue: train partials cover one warpgroup's rows (STAT_ROWS)");
-    const int wg = tid / 128, wtid = tid % 128;
-    const int rows = min(WG_M, Spec::M - (m0 + wg * WG_M));
-    if (rows <= 0) return;  // uniform over the warpgroup: its rows all lie past M
-    const int tile_rows = min(BM, Spec::M - m0);
-    const int cols = min(BN, Spec::N - n0);
-    const float* wred = red + wg * 4 * BN;
-    float* mean = means + wg * BN;
-    column_partials<false>(acc, red, nullptr, tile_rows, tid);
-    group_sync(wg);
-    const float mean_scale = 1.0f / static_cast<float>(rows);
-    for (int c = wtid; c < BN; c += 128) mean[c] = column_total<4>(wred, c) * mean_scale;
-    group_sync(wg);
-    column_partials<true>(acc, red, mean, tile_rows, tid);
-    group_sync(wg);
-    float2* partials = reinterpret_cast<float2*>(p.ws_partials);
-    const long long slot = m0 / WG_M + wg;
-    for (int c = wtid; c < cols; c += 128)
-      partials[slot * Spec::N + n0 + c] = make_float2(mean[c], column_total<4>(wred, c));
-    store<true>(p, acc, nullptr, mean, staging, m0, n0, tid);
   }
 
   // red[warp][c] = this warp's sum over its valid rows of v (CENTERED: (v - ref[c])^2) for every
@@ -217,9 +191,7 @@ struct FragmentBnEpilogue {
     }
   }
 
-  // y = coef_a * acc + coef_b (SHIFT: y = acc - coef_b), rounded to T, through the staging
-  // buffer into 16-byte stores.
-  template <bool SHIFT = false>
+  // y = coef_a * acc + coef_b, rounded to T, through the staging buffer into 16-byte stores.
   __device__ __forceinline__ static void store(const Params& p, const Acc& acc, const float* coef_a,
                                                const float* coef_b, char* staging, int m0, int n0,
                                                int tid) {
@@ -235,18 +207,15 @@ struct FragmentBnEpilogue {
 #pragma unroll
       for (int jj = 0; jj < kChunkCols / 8; ++jj) {
         const int j = chunk * (kChunkCols / 8) + jj;
-        float2 ca{1.f, 1.f};
-        if constexpr (!SHIFT) ca = *reinterpret_cast<const float2*>(coef_a + 8 * j + 2 * q);
+        const float2 ca = *reinterpret_cast<const float2*>(coef_a + 8 * j + 2 * q);
         const float2 cb = *reinterpret_cast<const float2*>(coef_b + 8 * j + 2 * q);
 #pragma unroll
         for (int ma = 0; ma < M_ATOMS; ++ma)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int r = 64 * ma + 16 * wq + g + 8 * h;
-            const float lo =
-                SHIFT ? acc[ma][4 * j + 2 * h] - cb.x : ca.x * acc[ma][4 * j + 2 * h] + cb.x;
-            const float hi = SHIFT ? acc[ma][4 * j + 2 * h + 1] - cb.y
-                                   : ca.y * acc[ma][4 * j + 2 * h + 1] + cb.y;
+            const float lo = ca.x * acc[ma][4 * j + 2 * h] + cb.x;
+            const float hi = ca.y * acc[ma][4 * j + 2 * h + 1] + cb.y;
             char* dst = stage + r * kStageLd + (8 * jj + 2 * q) * static_cast<int>(sizeof(T));
             if constexpr (sizeof(T) == 4) {
               *reinterpret_cast<float2*>(dst) = make_float2(lo, hi);

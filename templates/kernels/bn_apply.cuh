@@ -1,6 +1,6 @@
-// Train mode, second pass, part 2: y holds d = a - slab_mean (see bn_epilogue.cuh); rewrite it
-// in place as y = A (d + slab_mean) + B. Runs after bn_finalize in stream order, or, with few
-// slabs (FOLD_FINALIZE), does the finalize's merge itself.
+// Train mode, second pass, part 2: y holds d = a - tile_mean (see bn_epilogue.cuh); rewrite it
+// in place as y = A (d + tile_mean) + B. Runs after bn_finalize in stream order, or, with few
+// row tiles (FOLD_FINALIZE), does the finalize's merge itself.
 #pragma once
 #include "common/grid_dependency.cuh"
 #include "common/params.h"
@@ -47,7 +47,7 @@ struct Packed {
 // 512-byte row segments (bf16), and the per-column coefficients the block needs are few next to
 // the y it rewrites, so they are computed once per block into shared memory instead of being
 // re-read by every thread (a thread's own 8 rows x 8 bf16 are 128 bytes, the size of its 8
-// columns' (A, B, slab mean) in fp32). A thread rewrites kApplyRows consecutive rows of VEC
+// columns' (A, B, tile mean) in fp32). A thread rewrites kApplyRows consecutive rows of VEC
 // columns, all loads issued first: enough bytes in flight to cover memory latency.
 constexpr int kApplyRows = 8;
 constexpr int kApplyColThreads = 32;
@@ -65,9 +65,9 @@ struct ApplyShape {
   static constexpr int kGridX = (Spec::N + kCols - 1) / kCols;
   // Walked from the bottom up (see bn_apply).
   static constexpr int kGridY = (Spec::M + kApplyBlockRows - 1) / kApplyBlockRows;
-  // Statistics slabs a block's rows can reach (its rows start at a multiple of kApplyBlockRows).
-  static constexpr int kSlabSlots = (kApplyBlockRows - 1) / Spec::STAT_ROWS + 2;
-  static_assert(Spec::STAT_ROWS % kApplyRows == 0, "a thread's rows must not straddle two slabs");
+  // Row tiles a block's rows can reach (its rows start at a multiple of kApplyBlockRows).
+  static constexpr int kTileSlots = (kApplyBlockRows - 1) / Spec::BM + 2;
+  static_assert(Spec::BM % kApplyRows == 0, "a thread's rows must not straddle two row tiles");
   static_assert(kCols <= kApplyThreads, "one thread per block column fills the coefficients");
 };
 
@@ -78,14 +78,14 @@ __device__ void bn_apply(const Params& p) {
   using T = typename Spec::T;
   using S = ApplyShape<Spec>;
   constexpr int VEC = S::VEC;
-  // y = A (d + slab_mean) + B = A d + B', B' = A slab_mean + B per (slab, column).
+  // y = A (d + tile_mean) + B = A d + B', B' = A tile_mean + B per (row tile, column).
   __shared__ float s_a[S::kCols];
-  __shared__ float s_b[S::kSlabSlots][S::kCols];
+  __shared__ float s_b[S::kTileSlots][S::kCols];
   const int slab = gridDim.y - 1 - blockIdx.y;
   const int row0 = slab * kApplyBlockRows;
   const int col0 = blockIdx.x * S::kCols;
-  const int first_slab = row0 / Spec::STAT_ROWS;
-  const int last_slab = (min(row0 + kApplyBlockRows, Spec::M) - 1) / Spec::STAT_ROWS;
+  const int first_tile = row0 / Spec::BM;
+  const int last_tile = (min(row0 + kApplyBlockRows, Spec::M) - 1) / Spec::BM;
   const int tx = threadIdx.x % kApplyColThreads;
   const int r0 = row0 + (threadIdx.x / kApplyColThreads) * kApplyRows;
   const int c = col0 + tx * VEC;
@@ -103,7 +103,7 @@ __device__ void bn_apply(const Params& p) {
     for (int r = 0; r < kApplyRows; ++r)
       if (r < rows) raw[r].load(y + r * Spec::LDY);
   }
-  const float2* slab_stats = reinterpret_cast<const float2*>(p.ws_partials);
+  const float2* tile_stats = reinterpret_cast<const float2*>(p.ws_partials);
   if (threadIdx.x < S::kCols && col0 + static_cast<int>(threadIdx.x) < Spec::N) {
     const int n = col0 + threadIdx.x;
     Affine f;
@@ -116,9 +116,9 @@ __device__ void bn_apply(const Params& p) {
       f = {ab.x, ab.y};
     }
     s_a[threadIdx.x] = f.a;
-    for (int t = first_slab; t <= last_slab; ++t)
-      s_b[t - first_slab][threadIdx.x] =
-          f.a * slab_stats[static_cast<long long>(t) * Spec::N + n].x + f.b;
+    for (int t = first_tile; t <= last_tile; ++t)
+      s_b[t - first_tile][threadIdx.x] =
+          f.a * tile_stats[static_cast<long long>(t) * Spec::N + n].x + f.b;
   }
   // num_batches_tracked: after every reader. Unfolded, the readers were the finalize kernel,
   // which has completed; folded with momentum=None, every block here reads it, so bump_batches
@@ -128,7 +128,7 @@ __device__ void bn_apply(const Params& p) {
     *p.num_batches_tracked += 1;
   __syncthreads();
   if (!active) return;
-  const int slot = r0 / Spec::STAT_ROWS - first_slab;
+  const int slot = r0 / Spec::BM - first_tile;
   if (n_here < VEC) {
     for (int r = 0; r < rows; ++r)
       for (int j = 0; j < n_here; ++j) {

@@ -1,10 +1,9 @@
-// Train mode, second pass, part 1: combine the (mean, M2) partials of each column, one per
-// Spec::STAT_ROWS-row slab of the batch (a row tile, or a warpgroup's share of one), with Chan's
-// formula, update the running stats once per column, write the saved stats and the folded
-// (A, B) that bn_apply uses. Block = 32 columns x kGroups slab groups: the groups merge disjoint
-// sets of slabs in parallel, then one warp merges the groups.
-// When there are few slabs, bn_apply does this merge itself (FOLD_FINALIZE) and this kernel is
-// not launched: see finalize_column.
+// Train mode, second pass, part 1: combine the per-row-tile (mean, M2) partials of each column
+// with Chan's formula, update the running stats once per column, write the saved stats and the
+// folded (A, B) that bn_apply uses. Block = 32 columns x FIN_GROUPS row-tile groups: the groups
+// merge disjoint sets of tiles in parallel, then one warp merges the groups.
+// When there are few row tiles, bn_apply does this merge itself (FOLD_FINALIZE) and this kernel
+// is not launched: see finalize_column.
 #pragma once
 #include "common/grid_dependency.cuh"
 #include "common/params.h"
@@ -14,34 +13,34 @@ namespace fj {
 
 template <class Spec>
 struct FinalizeShape {
-  static constexpr int kSlabs = (Spec::M + Spec::STAT_ROWS - 1) / Spec::STAT_ROWS;
+  static constexpr int kRowTiles = (Spec::M + Spec::BM - 1) / Spec::BM;
   static constexpr int kCols = 32;
   static constexpr int kGroups = 8;
   static constexpr int kThreads = kCols * kGroups;
   static constexpr int kGridX = (Spec::N + kCols - 1) / kCols;
 };
 
-// Chan-merges column n's partials of slabs first, first + step, ... into (cnt, mean, m2).
-// The loads of kUnroll slabs go out before their merges, so a thread waits on memory once per
-// kUnroll slabs rather than once per slab.
+// Chan-merges column n's partials of row tiles first, first + step, ... into (cnt, mean, m2).
+// The loads of UNROLL tiles go out before their merges, so a thread waits on memory once per
+// UNROLL tiles rather than once per tile.
 template <class Spec>
-__device__ __forceinline__ void merge_slabs(const Params& p, int n, int first, int step, float& cnt,
-                                            float& mean, float& m2) {
-  constexpr int kSlabs = FinalizeShape<Spec>::kSlabs;
-  constexpr int kUnroll = 8;
+__device__ __forceinline__ void merge_row_tiles(const Params& p, int n, int first, int step,
+                                                float& cnt, float& mean, float& m2) {
+  constexpr int kRowTiles = FinalizeShape<Spec>::kRowTiles;
+  constexpr int kUnroll = 4;
   const float2* partials = reinterpret_cast<const float2*>(p.ws_partials);
-  for (int t0 = first; t0 < kSlabs; t0 += kUnroll * step) {
+  for (int t0 = first; t0 < kRowTiles; t0 += kUnroll * step) {
     float2 pm[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int t = t0 + u * step;
-      pm[u] = t < kSlabs ? partials[static_cast<long long>(t) * Spec::N + n] : float2{};
+      pm[u] = t < kRowTiles ? partials[static_cast<long long>(t) * Spec::N + n] : float2{};
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int t = t0 + u * step;
-      if (t >= kSlabs) break;
-      const float rows = static_cast<float>(min(Spec::STAT_ROWS, Spec::M - t * Spec::STAT_ROWS));
+      if (t >= kRowTiles) break;
+      const float rows = static_cast<float>(min(Spec::BM, Spec::M - t * Spec::BM));
       chan_merge(cnt, mean, m2, rows, pm[u].x, pm[u].y);
     }
   }
@@ -52,7 +51,7 @@ __device__ __forceinline__ void merge_slabs(const Params& p, int n, int first, i
 template <class Spec>
 __device__ __forceinline__ Affine finalize_column(const Params& p, int n, bool record) {
   float cnt = 0.f, mean = 0.f, m2 = 0.f;
-  merge_slabs<Spec>(p, n, 0, 1, cnt, mean, m2);
+  merge_row_tiles<Spec>(p, n, 0, 1, cnt, mean, m2);
   return train_column<Spec>(p, n, mean, m2 / static_cast<float>(Spec::M), momentum_factor<Spec>(p),
                             record);
 }
@@ -67,7 +66,7 @@ __device__ void bn_finalize(const Params& p) {
   const int g = threadIdx.x / S::kCols;
   const int n = blockIdx.x * S::kCols + cx;
   float cnt = 0.f, mean = 0.f, m2 = 0.f;
-  if (n < Spec::N) merge_slabs<Spec>(p, n, g, S::kGroups, cnt, mean, m2);
+  if (n < Spec::N) merge_row_tiles<Spec>(p, n, g, S::kGroups, cnt, mean, m2);
   s_n[g][cx] = cnt;
   s_mean[g][cx] = mean;
   s_m2[g][cx] = m2;

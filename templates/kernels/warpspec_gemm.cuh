@@ -385,9 +385,9 @@ struct WarpspecGemm {
         char* scratch = reinterpret_cast<char*>(smem + kEpiOffset);
         if (kPingpong && group == 1) {
           FragEpiOf<kPingpong ? 1 : 0>::run(p, acc, scratch + FragEpi::kScratchBytes, t.m0, t.n0,
-                                            etid, coef);
+                                            t.row, etid, coef);
         } else {
-          FragEpi::run(p, acc, scratch, t.m0, t.n0, etid, coef);
+          FragEpi::run(p, acc, scratch, t.m0, t.n0, t.row, etid, coef);
         }
         if constexpr (kCoefWarp) {
           // Every reader arrives itself (rather than one lane per warp after __syncwarp): each

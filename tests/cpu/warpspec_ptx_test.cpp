@@ -42,8 +42,6 @@ std::string spec(const std::string& name, const std::string& type, int math, boo
     << ", CLUSTER_M = " << cluster << ";\n"
     << "  static constexpr bool PERSISTENT = " << (persistent ? "true" : "false") << ";\n"
     << "  static constexpr int GROUP_M = 8, VEC_BYTES = 16;\n"
-    // As KernelConfig::stat_rows(): the fragment epilogue records one partial per warpgroup.
-    << "  static constexpr int STAT_ROWS = " << (fragment ? 64 : 64 * consumers) << ";\n"
     << "  static constexpr bool TRAIN = " << (train ? "true" : "false")
     << ", SINGLE_PASS = " << (single_pass ? "true" : "false") << ";\n"
     << "  static constexpr bool HAS_BIAS = true, HAS_SCALE = true, HAS_AFFINE = true;\n"

@@ -98,8 +98,6 @@ struct WsSpec {
   static constexpr int CLUSTER_M = CLUSTER_;
   static constexpr bool PERSISTENT = PERS_;
   static constexpr int GROUP_M = 8;
-  // As KernelConfig::stat_rows(): the fragment epilogue records one partial per warpgroup.
-  static constexpr int STAT_ROWS = FRAG_ && !PP_ ? BM_ / CONS_ : BM_;
   static constexpr int VEC_BYTES = 16;
   static constexpr bool TRAIN = MODE_ != kEval;
   static constexpr bool SINGLE_PASS = MODE_ == kTrain1;
@@ -460,17 +458,17 @@ void run_case(Ctx& ctx, const char* name, bool timed) {
         *d_beta = dev_vec(sd.beta), *d_rm = dev_vec(sd.rm), *d_rv = dev_vec(sd.rv);
   float *d_save_mean = nullptr, *d_save_invstd = nullptr, *d_part = nullptr, *d_coef = nullptr;
   long long* d_nbt = nullptr;
-  constexpr int kSlabs = (M + Spec::STAT_ROWS - 1) / Spec::STAT_ROWS;
+  constexpr int kRowTiles = (M + Spec::BM - 1) / Spec::BM;
   CK(cudaMalloc(&d_save_mean, N * 4));
   CK(cudaMalloc(&d_save_invstd, N * 4));
-  CK(cudaMalloc(&d_part, sizeof(float) * 2 * kSlabs * N));
+  CK(cudaMalloc(&d_part, sizeof(float) * 2 * kRowTiles * N));
   CK(cudaMalloc(&d_coef, sizeof(float) * 2 * N));
   CK(cudaMalloc(&d_nbt, 8));
   CK(cudaMemset(d_nbt, 0, 8));
   CK(cudaMemset(dy, 0xFF, y_elems * sizeof(S)));  // NaN in every storage type
   CK(cudaMemset(d_save_mean, 0xFF, N * 4));
   CK(cudaMemset(d_save_invstd, 0xFF, N * 4));
-  CK(cudaMemset(d_part, 0xFF, sizeof(float) * 2 * kSlabs * N));
+  CK(cudaMemset(d_part, 0xFF, sizeof(float) * 2 * kRowTiles * N));
 
   fj::Params p{};
   p.x = sd.dx;

@@ -35,11 +35,10 @@ KernelSchedule schedule(const Problem& p, const KernelConfig& c) {
   s.kernels.push_back("fj_gemm");
   if (p.mode != Mode::train) return s;
   s.single_pass = p.M <= c.bm;
-  // With few statistics slabs, each fj_apply block re-merging its columns' partials (two
-  // rounds of 8 loads in flight) costs less than a separate finalize launch, which runs alone
-  // between the GEMM and the apply pass.
-  constexpr std::int64_t kFoldMaxSlabs = 16;
-  s.fold_finalize = !s.single_pass && (p.M + c.stat_rows() - 1) / c.stat_rows() <= kFoldMaxSlabs;
+  // With few row tiles, each fj_apply block re-merging its columns' partials costs less than a
+  // separate finalize launch (which runs alone, between the GEMM and the apply pass).
+  constexpr std::int64_t kFoldMaxRowTiles = 8;
+  s.fold_finalize = !s.single_pass && (p.M + c.bm - 1) / c.bm <= kFoldMaxRowTiles;
   if (!s.single_pass && !s.fold_finalize) s.kernels.push_back("fj_finalize");
   if (!s.single_pass) s.kernels.push_back("fj_apply");
   // momentum=None: every reader of num_batches_tracked must finish before it is bumped.
@@ -74,7 +73,6 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
                    p.lda_y());
   t += fmt::format("  static constexpr int BM = {}, BN = {}, BK = {}, STAGES = {}, GROUP_M = {};\n",
                    c.bm, c.bn, c.bk, c.stages, c.group_m);
-  t += fmt::format("  static constexpr int STAT_ROWS = {};\n", c.stat_rows());
   if (ws)
     t += fmt::format(
         "  static constexpr int CONSUMERS = {}, CLUSTER_M = {};\n"

@@ -24,10 +24,6 @@ int KernelConfig::threads() const {
   return variant == Variant::tiled ? warps_m * warps_n * 32 : 128 * (warps_m + 1);
 }
 
-int KernelConfig::stat_rows() const {
-  return variant == Variant::warpspec && !pingpong && warps_m > 0 ? bm / warps_m : bm;
-}
-
 int KernelConfig::smem_bytes(const Problem& p) const {
   const int eb = static_cast<int>(storage_bytes(p.dtype));
   auto up16 = [](int v) { return (v + 15) / 16 * 16; };

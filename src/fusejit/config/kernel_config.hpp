@@ -33,10 +33,6 @@ struct KernelConfig {
   bool pingpong = false;
 
   int threads() const;
-  // Train, two passes: rows behind one per-column (mean, M2) partial. A warpspec tile shared by
-  // two consumer warpgroups records one per warpgroup (its epilogue then never synchronizes
-  // the two); everything else records one per row tile.
-  int stat_rows() const;
   // Dynamic shared memory bytes the GEMM kernel needs (stages and the epilogue's tile).
   int smem_bytes(const Problem&) const;
   // Empty when the config can run `problem` on `device`, else why not (shared memory, tile

@@ -56,8 +56,8 @@ bool autotune_from_env() {
 WorkspaceLayout workspace_layout(const Problem& p, const KernelConfig& c) {
   WorkspaceLayout w;
   if (p.mode != Mode::train || schedule(p, c).single_pass) return w;
-  const std::size_t slabs = static_cast<std::size_t>((p.M + c.stat_rows() - 1) / c.stat_rows());
-  w.partials_bytes = slabs * static_cast<std::size_t>(p.N) * 8;
+  const std::size_t row_tiles = static_cast<std::size_t>((p.M + c.bm - 1) / c.bm);
+  w.partials_bytes = row_tiles * static_cast<std::size_t>(p.N) * 8;
   w.coef_offset = align_up(w.partials_bytes);
   w.coef_bytes = static_cast<std::size_t>(p.N) * 8;
   w.total = align_up(w.coef_offset + w.coef_bytes);
