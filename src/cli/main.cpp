@@ -8,15 +8,8 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"fusejit: fused Linear -> scale -> BatchNorm1d kernels, generated at run time"};
-  app.require_subcommand(1);
-  app.set_help_all_flag("--help-all", "Show help for every verb");
   fusejit::cli::Action action;
-  fusejit::cli::add_info(app, action);
-  fusejit::cli::add_compile(app, action);
-  fusejit::cli::add_cache(app, action);
-  fusejit::cli::add_check(app, action);
-  fusejit::cli::add_bench(app, action);
-  fusejit::cli::add_autotune(app, action);
+  fusejit::cli::add_verbs(app, action);
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     std::string verbs;

@@ -16,4 +16,8 @@ void add_check(CLI::App& app, Action& action);
 void add_bench(CLI::App& app, Action& action);
 void add_autotune(CLI::App& app, Action& action);
 
+// The whole command line: one verb required, --help-all, every verb above. main() and the CLI
+// fuzzer register exactly this.
+void add_verbs(CLI::App& app, Action& action);
+
 }  // namespace fusejit::cli

@@ -52,18 +52,9 @@ void parse(const std::vector<std::string>& args, Setup&& setup) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::vector<std::string> args = split_args(fusejit::fuzz::as_string(data, size));
 
-  // 1. The real verbs (the same registrations as src/cli/main.cpp).
+  // 1. The real verbs (add_verbs, as src/cli/main.cpp registers them).
   fusejit::cli::Action action;
-  parse(args, [&](CLI::App& app) {
-    app.require_subcommand(1);
-    app.set_help_all_flag("--help-all", "Show help for every verb");
-    fusejit::cli::add_info(app, action);
-    fusejit::cli::add_compile(app, action);
-    fusejit::cli::add_cache(app, action);
-    fusejit::cli::add_check(app, action);
-    fusejit::cli::add_bench(app, action);
-    fusejit::cli::add_autotune(app, action);
-  });
+  parse(args, [&](CLI::App& app) { fusejit::cli::add_verbs(app, action); });
 
   // 2. The problem options as compile (lists) and bench (single values) declare them, then the
   //    Problems they describe, which must each be valid.
