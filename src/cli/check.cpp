@@ -22,6 +22,7 @@ struct CheckArgs {
   std::string dtypes = "fp32,tf32,fp16,bf16";
   std::string modes = "train,eval";
   std::string variant = "auto";
+  std::string config;  // a KernelConfig key: forces that config (overrides --variant)
   std::string op = "fused";
   std::string seed;
   std::string cache_dir;
@@ -68,6 +69,11 @@ int run_check(const CheckArgs& a) {
       throw InvalidArgument("variant", "only the fused op has variants");
     o.variant = parse_variant(a.variant);
   }
+  if (!a.config.empty()) {
+    if (o.implementation != Implementation::plan)
+      throw InvalidArgument("config", "only the fused op has kernel configs");
+    o.config = KernelConfig::parse(a.config);
+  }
   if (!a.seed.empty()) o.seed = parse_seed(a.seed);
   o.device = a.device;
   o.cache_dir = a.cache_dir;
@@ -79,8 +85,9 @@ int run_check(const CheckArgs& a) {
     return 0;
   }
   if (cases.empty()) throw InvalidArgument("sweep", "no case matches the dtypes and modes given");
-  fmt::print("check: {} cases ({} op{}{})\n", cases.size(), name(o.implementation),
+  fmt::print("check: {} cases ({} op{}{}{})\n", cases.size(), name(o.implementation),
              o.variant ? ", variant " + std::string(name(*o.variant)) : std::string(),
+             o.config ? ", config " + o.config->key() : std::string(),
              o.seed ? fmt::format(", seed {:#x}", *o.seed) : std::string());
   o.on_result = [&a](const CaseResult& r) {
     if (a.verbose || r.status == CaseResult::Status::failed) fmt::print("{}\n", format_result(r));
@@ -113,6 +120,9 @@ void add_check(CLI::App& app, Action& action) {
       ->capture_default_str();
   cmd->add_option("--variant", a->variant, "auto, tiled or warpspec (fused op only)")
       ->capture_default_str();
+  cmd->add_option("--config", a->config,
+                  "Fused op: this kernel config (a key as `fusejit bench` prints); cases it "
+                  "cannot run are skipped");
   cmd->add_option("--op", a->op, "fused (fusejit::Plan) or reference (cuBLASLt + plain kernels)")
       ->capture_default_str();
   cmd->add_option("--seed", a->seed, "Base seed (case i uses seed + i); default: fresh each run");

@@ -10,10 +10,11 @@
 // Operands are staged transposed, [k][row], so that a thread's 4 consecutive rows (or columns)
 // at one k are one 16-byte load. The transpose happens in the copy itself: 4-byte cp.async per
 // element into the transposed slot, STAGES deep, which keeps the latency of global loads off the
-// FFMA stream without staging registers. Thread t copies element k = t % BK of row t / BK (+ a
-// multiple of THREADS / BK): a warp reads 32 / BK row segments of 4 * BK bytes, whole 32-byte
-// sectors (coalesced), and, with rows padded by 4 floats, writes 32 distinct banks at BK = 8
-// (the padding tells only 8 k rows apart: at BK = 16 and 32 the writes conflict 2- and 4-way).
+// FFMA stream without staging registers. A warp copies 8 k by 4 rows (+ multiples of
+// THREADS / BK rows): it reads 4 row segments of 32 bytes, whole sectors (coalesced), and, with
+// rows padded by 4 floats (a k row's stride is 4 banks mod 32), writes 32 distinct banks. The
+// plain mapping (k = t % BK, row = t / BK) wrote one row per warp at BK = 32, 4 k apart per
+// bank: 4-way conflicts, a quarter more shared-memory wavefronts than the FFMA loop's reads.
 //
 // A thread's 8 rows are two groups of 4, half a warp tile apart, and its TN columns TN / 4 groups
 // of 4, a 1 / (TN / 4) warp tile apart. Lane l takes row group l % LM and column group l / LM;
@@ -72,6 +73,10 @@ struct SimtFp32Mainloop {
     static constexpr int kIters = (kElems + THREADS - 1) / THREADS;
     static constexpr int kRowStep = THREADS / BK;
     static constexpr bool kRowTail = NROWS % ROWS != 0;
+    // 8 k x 4 rows per warp needs whole 8-k chunks and the warps to split evenly over them;
+    // otherwise (BK < 8, or fewer warps than chunks) the plain mapping.
+    static constexpr int kChunks = BK >= 8 ? BK / 8 : 1;
+    static constexpr bool kBlocked = BK >= 8 && (THREADS / 32) % kChunks == 0;
     const float* base;
     const float* g;  // this thread's element of k-tile 0
     int k;           // this thread's k inside a tile
@@ -80,8 +85,14 @@ struct SimtFp32Mainloop {
 
     __device__ __forceinline__ void init(const void* ptr, int row0, int tid) {
       base = static_cast<const float*>(ptr);
-      k = tid % BK;
-      row = tid / BK;
+      if constexpr (kBlocked) {
+        const int lane = tid % 32, warp = tid / 32;
+        k = 8 * (warp % kChunks) + lane % 8;
+        row = 4 * (warp / kChunks) + lane / 8;  // rows [0, THREADS / BK) as warps go
+      } else {
+        k = tid % BK;
+        row = tid / BK;
+      }
       rows_left = NROWS - row0 - row;
       g = base + static_cast<long long>(row0 + row) * LD + k;
     }
