@@ -1,28 +1,19 @@
 // Strict-fp32 GEMM mainloop of the tiled variant: register-blocked FFMA on the CUDA cores, every
-// product and sum in IEEE fp32 (no tensor cores, no tf32). Each thread owns an 8 x TN block of
-// the BM x BN tile, TN set by the warp tile (no config field of its own):
-//   8x8  (warp tile of 32 * 64): 4 shared-memory vector loads per 64 FFMAs, which is exactly what
-//        shared memory can feed the FFMA pipe, so that balance caps the loop;
-//   8x16 (warp tile of 32 * 128): 6 loads per 128 FFMAs, a third less shared-memory traffic per
-//        FFMA. 128 accumulators take up to 255 registers, hence 4-warp CTAs (cuBLAS's SGEMM
-//        shape); twice the independent FFMAs per load let those fewer warps keep the pipe busy.
+// product and sum in IEEE fp32 (no tensor cores, no tf32). Each thread owns an 8x8 block of the
+// BM x BN tile, so one k step costs it 4 shared-memory vector loads for 64 FFMAs.
 //
 // Operands are staged transposed, [k][row], so that a thread's 4 consecutive rows (or columns)
 // at one k are one 16-byte load. The transpose happens in the copy itself: 4-byte cp.async per
 // element into the transposed slot, STAGES deep, which keeps the latency of global loads off the
-// FFMA stream without staging registers. A warp copies 8 k by 4 rows (+ multiples of
-// THREADS / BK rows): it reads 4 row segments of 32 bytes, whole sectors (coalesced), and, with
-// rows padded by 4 floats (a k row's stride is 4 banks mod 32), writes 32 distinct banks. The
-// plain mapping (k = t % BK, row = t / BK) wrote one row per warp at BK = 32, 4 k apart per
-// bank: 4-way conflicts, a quarter more shared-memory wavefronts than the FFMA loop's reads.
+// FFMA stream without staging registers. Thread t copies element k = t % BK of row t / BK (+ a
+// multiple of THREADS / BK): a warp reads 32 / BK row segments of 4 * BK bytes (coalesced). With
+// rows padded by 4 floats its writes hit 32 distinct banks at BK = 8 and conflict 2- and 4-way
+// at BK = 16 and 32; a conflict-free mapping (8 k x 4 rows per warp, 4 lines per request) measured
+// 3% slower on H100, so the copy keeps whole row segments per warp.
 //
-// A thread's 8 rows are two groups of 4, half a warp tile apart, and its TN columns TN / 4 groups
-// of 4, a 1 / (TN / 4) warp tile apart. Lane l takes row group l % LM and column group l / LM;
-// LM * LN = 32 makes both powers of two, so the 8 lanes of a 16-byte shared-memory phase (a
-// quarter warp) hold either 8 consecutive row groups and one column group (LM >= 8, e.g. 64x64
-// warp tiles: A reads 8 distinct consecutive vectors, B one broadcast vector) or all LM row
-// groups and 8 / LM consecutive column groups. Either way the distinct vectors one load reads
-// per phase lie within 8 consecutive float4s, 32 consecutive floats: never two in the same banks.
+// A thread's 8 rows are two groups of 4, half a warp tile apart (and likewise its columns):
+// then the 8 lanes of a 16-byte shared-memory phase read 8 distinct consecutive vectors or the
+// same one (broadcast), never two vectors in the same banks.
 #pragma once
 #include "common/cp_async.cuh"
 #include "common/math_kind.cuh"
@@ -39,9 +30,7 @@ struct SimtFp32Mainloop {
   static constexpr int STAGES = Spec::STAGES, THREADS = Spec::THREADS;
   static constexpr int M = Spec::M, N = Spec::N, K = Spec::K;
   static constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;  // warp tile
-  static constexpr int TN = WTM * WTN == 32 * 128 ? 16 : 8;     // thread block: 8 x TN
-  static constexpr int CG = TN / 4, CSTEP = WTN / CG;           // column groups, their distance
-  static constexpr int LM = WTM / 8, LN = WTN / TN;             // lanes along m and n
+  static constexpr int LM = WTM / 8, LN = WTN / 8;              // lanes along m and n
   static constexpr int LDA = BM + 4, LDB = BN + 4;              // padded [k][row] strides, floats
   static constexpr int kStageFloats = BK * (LDA + LDB);
   static constexpr int kStageBytes = kStageFloats * 4;
@@ -54,11 +43,9 @@ struct SimtFp32Mainloop {
   static_assert(THREADS == WARPS_M * WARPS_N * 32, "THREADS must be WARPS_M * WARPS_N * 32");
   static_assert(BM % WARPS_M == 0 && BN % WARPS_N == 0,
                 "BM and BN must divide evenly among WARPS_M and WARPS_N");
-  static_assert(WTM * WTN == 32 * 64 || WTM * WTN == 32 * 128,
-                "each lane owns an 8x8 or 8x16 block: (BM / WARPS_M) * (BN / WARPS_N) must be "
-                "32 * 64 or 32 * 128 (e.g. 128x128 with 4x2 or 2x2 warps)");
-  static_assert(WTM % 8 == 0 && WTN % TN == 0 && LM * LN == 32,
-                "warp tile sides: BM / WARPS_M a multiple of 8, BN / WARPS_N of TN (8 or 16)");
+  static_assert(WTM % 8 == 0 && WTN % 8 == 0 && LM * LN == 32,
+                "each lane owns an 8x8 block: (BM / WARPS_M) * (BN / WARPS_N) must be 32 * 64 "
+                "with both sides multiples of 8 (e.g. 128x128 with 2x4 warps)");
   static_assert(BK >= 1 && BK <= 32 && (BK & (BK - 1)) == 0,
                 "BK must be a power of two up to 32 (a warp copies whole k rows)");
   static_assert(STAGES >= 2, "STAGES must be at least 2 (one tile computing, one loading)");
@@ -73,10 +60,6 @@ struct SimtFp32Mainloop {
     static constexpr int kIters = (kElems + THREADS - 1) / THREADS;
     static constexpr int kRowStep = THREADS / BK;
     static constexpr bool kRowTail = NROWS % ROWS != 0;
-    // 8 k x 4 rows per warp needs whole 8-k chunks and the warps to split evenly over them;
-    // otherwise (BK < 8, or fewer warps than chunks) the plain mapping.
-    static constexpr int kChunks = BK >= 8 ? BK / 8 : 1;
-    static constexpr bool kBlocked = BK >= 8 && (THREADS / 32) % kChunks == 0;
     const float* base;
     const float* g;  // this thread's element of k-tile 0
     int k;           // this thread's k inside a tile
@@ -85,14 +68,8 @@ struct SimtFp32Mainloop {
 
     __device__ __forceinline__ void init(const void* ptr, int row0, int tid) {
       base = static_cast<const float*>(ptr);
-      if constexpr (kBlocked) {
-        const int lane = tid % 32, warp = tid / 32;
-        k = 8 * (warp % kChunks) + lane % 8;
-        row = 4 * (warp / kChunks) + lane / 8;  // rows [0, THREADS / BK) as warps go
-      } else {
-        k = tid % BK;
-        row = tid / BK;
-      }
+      k = tid % BK;
+      row = tid / BK;
       rows_left = NROWS - row0 - row;
       g = base + static_cast<long long>(row0 + row) * LD + k;
     }
@@ -117,7 +94,7 @@ struct SimtFp32Mainloop {
     const int warp = tid >> 5;
     const int lm = lane % LM;
     const int ln = lane / LM;
-    // First row / column of this thread's 4-wide groups (the others are WTM / 2, CSTEP on).
+    // First row / column of this thread's two 4-wide groups (the second is half a warp tile on).
     const int ra = (warp / WARPS_N) * WTM + lm * 4;
     const int cb = (warp % WARPS_N) * WTN + ln * 4;
 
@@ -137,11 +114,11 @@ struct SimtFp32Mainloop {
       cp_async_commit();  // one group per slot, even empty, so the wait count below is exact
     }
 
-    float acc[8][TN];
+    float acc[8][8];
 #pragma unroll
     for (int i = 0; i < 8; ++i)
 #pragma unroll
-      for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
+      for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
 
     int rs = 0;           // stage being read
     int ws = STAGES - 1;  // stage the next tile goes to
@@ -161,21 +138,16 @@ struct SimtFp32Mainloop {
       const float* Bs = As + BK * LDA;
 #pragma unroll
       for (int k = 0; k < BK; ++k) {
-        float a[8], b[TN];
-#pragma unroll
-        for (int g = 0; g < 2; ++g) {
-          const float4 v = *reinterpret_cast<const float4*>(As + k * LDA + ra + g * (WTM / 2));
-          a[4 * g] = v.x, a[4 * g + 1] = v.y, a[4 * g + 2] = v.z, a[4 * g + 3] = v.w;
-        }
-#pragma unroll
-        for (int g = 0; g < CG; ++g) {
-          const float4 v = *reinterpret_cast<const float4*>(Bs + k * LDB + cb + g * CSTEP);
-          b[4 * g] = v.x, b[4 * g + 1] = v.y, b[4 * g + 2] = v.z, b[4 * g + 3] = v.w;
-        }
+        const float4 a0 = *reinterpret_cast<const float4*>(As + k * LDA + ra);
+        const float4 a1 = *reinterpret_cast<const float4*>(As + k * LDA + ra + WTM / 2);
+        const float4 b0 = *reinterpret_cast<const float4*>(Bs + k * LDB + cb);
+        const float4 b1 = *reinterpret_cast<const float4*>(Bs + k * LDB + cb + WTN / 2);
+        const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
         for (int i = 0; i < 8; ++i)
 #pragma unroll
-          for (int j = 0; j < TN; ++j) acc[i][j] = __fmaf_rn(a[i], b[j], acc[i][j]);
+          for (int j = 0; j < 8; ++j) acc[i][j] = __fmaf_rn(a[i], b[j], acc[i][j]);
       }
       rs = rs + 1 == STAGES ? 0 : rs + 1;
     }
@@ -186,13 +158,11 @@ struct SimtFp32Mainloop {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int r = ra + (i & 3) + (i >> 2) * (WTM / 2);
-#pragma unroll
-      for (int g = 0; g < CG; ++g) {
-        float4 v;
-        v.x = acc[i][4 * g], v.y = acc[i][4 * g + 1], v.z = acc[i][4 * g + 2];
-        v.w = acc[i][4 * g + 3];
-        *reinterpret_cast<float4*>(&tile(r, cb + g * CSTEP)) = v;
-      }
+      float4 lo, hi;
+      lo.x = acc[i][0], lo.y = acc[i][1], lo.z = acc[i][2], lo.w = acc[i][3];
+      hi.x = acc[i][4], hi.y = acc[i][5], hi.z = acc[i][6], hi.w = acc[i][7];
+      *reinterpret_cast<float4*>(&tile(r, cb)) = lo;
+      *reinterpret_cast<float4*>(&tile(r, cb + WTN / 2)) = hi;
     }
     __syncthreads();
   }

@@ -1,8 +1,6 @@
 #include <doctest/doctest.h>
 
 #include <set>
-#include <string>
-#include <vector>
 
 #include "fusejit/config/kernel_config.hpp"
 #include "fusejit/error.hpp"
@@ -89,36 +87,4 @@ TEST_CASE("pruning mirrors the mainloops' static limits") {
   CHECK(KernelConfig::parse("tiled.128x128x16.w4x4.s3.g8").why_invalid(p, dev).find("2048") !=
         std::string::npos);
   CHECK(KernelConfig::parse("tiled.128x128x16.w4x2.s3.g8").valid_for(p, dev));
-  // 8x16 lane blocks: a 4096-element warp tile whose columns split into 16-wide lane blocks.
-  CHECK(KernelConfig::parse("tiled.128x128x16.w2x2.s3.g8").valid_for(p, dev));
-  CHECK(KernelConfig::parse("tiled.64x128x16.w2x1.s3.g8").valid_for(p, dev));
-  CHECK(KernelConfig::parse("tiled.512x8x16.w1x1.s2.g8").why_invalid(p, dev).find("4096") !=
-        std::string::npos);
-  CHECK(KernelConfig::parse("tiled.128x128x16.w1x1.s3.g8").why_invalid(p, dev).find("8x16") !=
-        std::string::npos);
-}
-
-TEST_CASE("strict fp32 offers 8x16 lane blocks on sm_80 and sm_90a") {
-  const std::vector<std::string> keys = {
-      "tiled.128x128x16.w2x2.s3.g8", "tiled.128x128x16.w2x2.s4.g8", "tiled.128x128x8.w2x2.s4.g8",
-      "tiled.128x128x32.w2x2.s3.g8", "tiled.64x128x16.w1x2.s3.g8"};
-  for (const char* arch : {"sm_80", "sm_90a"}) {
-    const Device dev = Device::for_arch(arch);
-    for (Mode m : {Mode::train, Mode::eval}) {
-      const Problem p = problem(DType::fp32, m, 1024, 8192, 8192);
-      std::set<std::string> got;
-      for (const auto& c : candidate_configs(p, dev)) got.insert(c.key());
-      for (const auto& k : keys) {
-        CAPTURE(arch);
-        CAPTURE(k);
-        CHECK(got.count(k) == 1);
-        CHECK(KernelConfig::parse(k).valid_for(p, dev));
-      }
-      // The time model: a 4-warp CTA of 8x16 lanes fills an SM like an 8-warp CTA of 8x8 lanes
-      // on the same tile (as many CTAs per SM here: shared memory bounds both).
-      const auto lanes8x8 = KernelConfig::parse("tiled.128x128x32.w4x2.s3.g8");
-      const auto lanes8x16 = KernelConfig::parse("tiled.128x128x32.w2x2.s3.g8");
-      CHECK(estimated_us(p, dev, lanes8x16) == doctest::Approx(estimated_us(p, dev, lanes8x8)));
-    }
-  }
 }

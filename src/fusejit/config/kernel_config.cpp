@@ -82,12 +82,9 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
     const int wtm = bm / warps_m, wtn = bn / warps_n;  // warp tile
     if (bm % warps_m != 0 || bn % warps_n != 0) return "tiled: warps must divide the tile";
     if (strict_fp32) {
-      // SIMT: each lane owns an 8x8 or an 8x16 block, so a warp tile is exactly 32 such blocks
-      // (simt_fp32.cuh picks the block from the warp tile's size).
-      const int tn = wtm * wtn == 32 * 128 ? 16 : 8;
-      if ((wtm * wtn != 32 * 64 && wtm * wtn != 32 * 128) || wtm % 8 != 0 || wtn % tn != 0)
-        return "tiled fp32: the warp tile must be 2048 elements in 8x8 lane blocks or 4096 in "
-               "8x16 ones";
+      // SIMT: each lane owns an 8x8 block, so a warp tile is exactly 32 such blocks.
+      if (wtm % 8 != 0 || wtn % 8 != 0 || wtm * wtn != 32 * 64)
+        return "tiled fp32: the warp tile must be 2048 elements in 8x8 lane blocks";
       if (bk > 32 || (bk & (bk - 1)) != 0) return "tiled fp32: bk must be a power of two <= 32";
     } else {
       const int kbytes = bk * static_cast<int>(storage_bytes(p.dtype));
@@ -179,13 +176,6 @@ std::vector<KernelConfig> tiled_candidates(const Problem& p, const Device& d) {
       const bool two_fit = d.smem_per_sm >= 2 * (k32.smem_bytes(p) + 1024);
       out = {two_fit ? k32 : k16,         two_fit ? k16 : k32,        tiled(64, 128, 16, 2, 2, 3),
              tiled(128, 64, 16, 2, 2, 3), tiled(64, 64, 16, 2, 1, 3), tiled(128, 32, 16, 2, 1, 3)};
-      // 8x16 lane blocks (64x64 warp tiles, cuBLAS SGEMM's shape), at most 8 warps per SM by
-      // registers: 128x128 with 4 warps, and 64x128 with 2 for grids too small for 128x128.
-      // Not measured yet, so they come after the 8x8 ones, which win the model's ties. Up to
-      // BK=16 with 4 stages the ring stays under the epilogue's tile: those stages are free.
-      out.insert(out.end(), {tiled(128, 128, 16, 2, 2, 3), tiled(128, 128, 16, 2, 2, 4),
-                             tiled(128, 128, 8, 2, 2, 4), tiled(128, 128, 32, 2, 2, 3),
-                             tiled(64, 128, 16, 1, 2, 3)});
       break;
     }
     case DType::tf32:
@@ -241,23 +231,14 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c) {
   const double eff = std::sqrt(std::min(1.0, double(c.bm) * c.bn / (128.0 * 256.0)));
   const int sms = std::max(1, d.sm_count);
   const int smem = std::max(1, c.smem_bytes(p));
-  // SIMT lanes with 8x16 blocks hold 128 accumulators and take about 200-240 registers (ptxas,
-  // sm_80 and sm_90a), counted here as the 256-register maximum: registers, not shared memory,
-  // bound their CTAs per SM. The other kernels are not modelled as register-bound.
-  const bool simt16 = p.dtype == DType::fp32 && !ws && c.bm * c.bn / c.threads() == 128;
-  int per_sm_ctas = std::max(1, std::min(std::max(d.smem_per_sm, smem) / smem,
-                                         std::max(1, d.max_threads_per_sm) / c.threads()));
-  if (simt16 && d.regs_per_sm > 0)
-    per_sm_ctas = std::max(1, std::min(per_sm_ctas, d.regs_per_sm / (256 * c.threads())));
+  const int per_sm_ctas = std::max(1, std::min(std::max(d.smem_per_sm, smem) / smem,
+                                               std::max(1, d.max_threads_per_sm) / c.threads()));
   const double tiles = std::ceil(double(p.M) / c.bm) * std::ceil(double(p.N) / c.bn);
   // CTAs that actually share an SM: a grid smaller than the GPU spreads one per SM.
   const double sharing = std::min<double>(per_sm_ctas, std::ceil(tiles / sms));
-  // The SIMT FFMA loop hides its latencies with warps rather than asynchronous MMAs: with 8x8
-  // lane blocks it wants 16 warps on an SM (two 256-thread CTAs), the tensor-core paths 8. An
-  // 8x16 lane has twice the independent FFMAs per k step (128 per 6 shared-memory loads), so it
-  // is assumed to fill the FFMA pipe with half the warps: 8, two per scheduler (two 128-thread
-  // CTAs, as cuBLAS's SGEMM runs), at the same peak rate per SM as 8x8 until measured.
-  const double full_threads = p.dtype == DType::fp32 ? (simt16 ? 256.0 : 512.0) : 256.0;
+  // The SIMT FFMA loop hides its latencies with warps rather than asynchronous MMAs: it wants
+  // 16 warps on an SM (two 256-thread CTAs), the tensor-core paths 8.
+  const double full_threads = p.dtype == DType::fp32 ? 512.0 : 256.0;
   const double fill = std::sqrt(std::min(1.0, sharing * c.threads() / full_threads));
   const double waves = std::ceil(tiles / (sms * sharing));
   const double wave_us = sharing * 2.0 * c.bm * c.bn * double(p.K) / (per_sm * eff * fill) * 1e6;
