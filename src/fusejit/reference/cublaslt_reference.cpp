@@ -180,6 +180,25 @@ class LtGemm {
   std::size_t workspace() const { return workspace_; }
   const GemmSpec& spec() const { return spec_; }
 
+  // What the heuristic chose, as cublasLt.h's enum values (tile, stages and cluster ids), so a
+  // benchmark says which cuBLASLt kernel fusejit was measured against.
+  std::string algo_summary() const {
+    // Each attribute has its own width (cublasLt.h); the size is checked.
+    auto get = [this]<class V>(cublasLtMatmulAlgoConfigAttributes_t attr, V) {
+      V v{};
+      std::size_t written = 0;
+      FJ_LT(cublasLtMatmulAlgoConfigGetAttribute(&algo_, attr, &v, sizeof v, &written));
+      return static_cast<long long>(v);
+    };
+    return fmt::format("algo {}, tile id {}, stages id {}, cluster id {}, split-K {}, swizzle {}",
+                       get(CUBLASLT_ALGO_CONFIG_ID, std::int32_t{}),
+                       get(CUBLASLT_ALGO_CONFIG_TILE_ID, std::uint32_t{}),
+                       get(CUBLASLT_ALGO_CONFIG_STAGES_ID, std::uint32_t{}),
+                       get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, std::uint16_t{}),
+                       get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, std::int32_t{}),
+                       get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, std::uint32_t{}));
+  }
+
   // D := W^T x (+ bias) on `stream`. `bias` must be given iff the spec has the bias epilogue.
   void run(cublasLtHandle_t h, CUstream stream, const void* x, const void* w, void* d,
            const void* bias, void* ws, std::size_t ws_bytes) const {
@@ -272,9 +291,9 @@ std::size_t BareGemm::workspace_size() const {
 
 std::string BareGemm::description() const {
   const GemmSpec& s = impl_->gemm->spec();
-  return fmt::format("cuBLASLt {} TN, compute {}, workspace {} B", lt_type_name(s.ab_type),
+  return fmt::format("cuBLASLt {} TN, compute {}, workspace {} B ({})", lt_type_name(s.ab_type),
                      s.compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? "32F_FAST_TF32" : "32F",
-                     impl_->workspace.size());
+                     impl_->workspace.size(), impl_->gemm->algo_summary());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -39,7 +39,9 @@ class BareGemm {
 
   const Problem& problem() const;
   std::size_t workspace_size() const;
-  std::string description() const;  // e.g. "cuBLASLt bf16 TN, compute 32F, ws 4194304 B"
+  // e.g. "cuBLASLt bf16 TN, compute 32F, workspace 0 B (algo 66, tile id 23, ...)": the chosen
+  // algorithm as cublasLt.h enum values.
+  std::string description() const;
 
  private:
   struct Impl;
