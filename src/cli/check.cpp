@@ -22,7 +22,7 @@ struct CheckArgs {
   std::string dtypes = "fp32,tf32,fp16,bf16";
   std::string modes = "train,eval";
   std::string variant = "auto";
-  std::string config;  // a KernelConfig key: forces that config (overrides --variant)
+  std::string config;  // a KernelConfig key: forces that config; cases it cannot run are skipped
   std::string op = "fused";
   std::string seed;
   std::string cache_dir;
@@ -72,6 +72,10 @@ int run_check(const CheckArgs& a) {
   if (!a.config.empty()) {
     if (o.implementation != Implementation::plan)
       throw InvalidArgument("config", "only the fused op has kernel configs");
+    if (o.variant)
+      throw InvalidArgument("config",
+                            "give --config or --variant, not both (a key names its "
+                            "variant)");
     o.config = KernelConfig::parse(a.config);
   }
   if (!a.seed.empty()) o.seed = parse_seed(a.seed);
@@ -121,8 +125,8 @@ void add_check(CLI::App& app, Action& action) {
   cmd->add_option("--variant", a->variant, "auto, tiled or warpspec (fused op only)")
       ->capture_default_str();
   cmd->add_option("--config", a->config,
-                  "Fused op: this kernel config (a key as `fusejit bench` prints); cases it "
-                  "cannot run are skipped");
+                  "Fused op: this kernel config (a key as `fusejit bench` prints it, e.g. "
+                  "tiled.64x64x16.w2x1.s3.g8.k4); cases it cannot run are skipped");
   cmd->add_option("--op", a->op, "fused (fusejit::Plan) or reference (cuBLASLt + plain kernels)")
       ->capture_default_str();
   cmd->add_option("--seed", a->seed, "Base seed (case i uses seed + i); default: fresh each run");

@@ -21,9 +21,13 @@ struct Params {
   float* save_mean;
   float* save_invstd;
   // Workspace (train, two-pass): per (row tile, column) partial statistics, and per column the
-  // folded coefficients the apply pass uses. Layout fixed by workspace_layout() on the host.
+  // folded coefficients the apply pass uses. Every region's place and size: workspace_layout()
+  // on the host.
   float* ws_partials;  // [row_tiles][N] x {mean, M2} (float2)
   float* ws_coef;      // [N] x {A, B} (float2)
+  // Workspace (tiled, split-K): the GEMM's fp32 partial sums, [SPLIT_K][tiles][BM * BN], which
+  // the reduce kernel adds up (see kernels/splitk_reduce.cuh).
+  float* ws_splitk;
   float eps;
   float momentum;  // ignored when Spec::CUMULATIVE
 };

@@ -14,6 +14,12 @@ struct AccTile {
   static constexpr int kBytes = BM * LD * 4;
   float* data;
   __device__ __forceinline__ float& operator()(int r, int c) const { return data[r * LD + c]; }
+  // The i-th group of 4 columns in row-major order (BN / 4 per row): whole rows move through it
+  // as 16-byte accesses, consecutive threads on consecutive addresses.
+  __device__ __forceinline__ float4& vec4(int i) const {
+    static_assert(BN % 4 == 0, "AccTile::vec4: BN must be a multiple of 4");
+    return *reinterpret_cast<float4*>(data + (i / (BN / 4)) * LD + (i % (BN / 4)) * 4);
+  }
 };
 
 }  // namespace fj

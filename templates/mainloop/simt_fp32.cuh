@@ -18,6 +18,7 @@
 #include "common/cp_async.cuh"
 #include "common/math_kind.cuh"
 #include "common/params.h"
+#include "common/split_k.h"
 #include "common/tile.cuh"
 #include "common/types.cuh"
 
@@ -87,8 +88,10 @@ struct SimtFp32Mainloop {
   using LoaderA = Loader<BM, M, Spec::LDX, LDA>;
   using LoaderB = Loader<BN, N, Spec::LDW, LDB>;
 
-  __device__ __forceinline__ static void run(const Params& p, char* smem, int m0, int n0,
+  // Multiplies k tiles [k.begin, k.end) (all KT of them, or one split-K share).
+  __device__ __forceinline__ static void run(const Params& p, char* smem, int m0, int n0, KRange k,
                                              AccTile<BM, BN> tile) {
+    const int nkt = k.end - k.begin;
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
@@ -107,9 +110,9 @@ struct SimtFp32Mainloop {
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < KT) {
-        la.issue(s0 + s * kStageBytes, s);
-        lb.issue(s0 + s * kStageBytes + BK * LDA * 4, s);
+      if (s < nkt) {
+        la.issue(s0 + s * kStageBytes, k.begin + s);
+        lb.issue(s0 + s * kStageBytes + BK * LDA * 4, k.begin + s);
       }
       cp_async_commit();  // one group per slot, even empty, so the wait count below is exact
     }
@@ -122,14 +125,14 @@ struct SimtFp32Mainloop {
 
     int rs = 0;           // stage being read
     int ws = STAGES - 1;  // stage the next tile goes to
-    for (int kt = 0; kt < KT; ++kt) {
+    for (int kt = 0; kt < nkt; ++kt) {
       // Tile kt has landed (this thread's copies) and is visible (everyone's); everyone is done
       // reading the stage that tile kt-1 used, which is the one refilled next.
       cp_async_wait<STAGES - 2>();
       __syncthreads();
-      if (kt + STAGES - 1 < KT) {
-        la.issue(s0 + ws * kStageBytes, kt + STAGES - 1);
-        lb.issue(s0 + ws * kStageBytes + BK * LDA * 4, kt + STAGES - 1);
+      if (kt + STAGES - 1 < nkt) {
+        la.issue(s0 + ws * kStageBytes, k.begin + kt + STAGES - 1);
+        lb.issue(s0 + ws * kStageBytes + BK * LDA * 4, k.begin + kt + STAGES - 1);
       }
       cp_async_commit();
       ws = ws + 1 == STAGES ? 0 : ws + 1;

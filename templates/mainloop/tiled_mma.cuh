@@ -17,6 +17,7 @@
 #include "common/mma.cuh"
 #include "common/params.h"
 #include "common/smem_layout.cuh"
+#include "common/split_k.h"
 #include "common/tile.cuh"
 #include "common/types.cuh"
 
@@ -203,8 +204,10 @@ struct TiledMmaMainloop {
     }
   }
 
-  __device__ __forceinline__ static void run(const Params& p, char* smem, int m0, int n0,
+  // Multiplies k tiles [k.begin, k.end) (all KT of them, or one split-K share).
+  __device__ __forceinline__ static void run(const Params& p, char* smem, int m0, int n0, KRange k,
                                              AccTile<BM, BN> tile) {
+    const int nkt = k.end - k.begin;
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
@@ -221,9 +224,9 @@ struct TiledMmaMainloop {
     // "wait until at most STAGES-2 groups are pending" always means "the next tile landed".
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < KT) {
-        la.issue(s0 + s * kStageBytes, s);
-        lb.issue(s0 + s * kStageBytes + LayoutA::kBytes, s);
+      if (s < nkt) {
+        la.issue(s0 + s * kStageBytes, k.begin + s);
+        lb.issue(s0 + s * kStageBytes + LayoutA::kBytes, k.begin + s);
       }
       cp_async_commit();
     }
@@ -262,7 +265,7 @@ struct TiledMmaMainloop {
 
     int rs = 0;           // stage being read
     int ws = STAGES - 1;  // stage the next tile goes to
-    for (int kt = 0; kt < KT; ++kt) {
+    for (int kt = 0; kt < nkt; ++kt) {
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
         const int cur = kPingPong ? (ks & 1) : 0;
@@ -270,9 +273,9 @@ struct TiledMmaMainloop {
         if (ks == 0) {
           // Refill the stage read during k-tile kt-1: every thread finished its ldmatrix of it
           // before the barrier of the previous k-tile.
-          if (kt + STAGES - 1 < KT) {
-            la.issue(s0 + ws * kStageBytes, kt + STAGES - 1);
-            lb.issue(s0 + ws * kStageBytes + LayoutA::kBytes, kt + STAGES - 1);
+          if (kt + STAGES - 1 < nkt) {
+            la.issue(s0 + ws * kStageBytes, k.begin + kt + STAGES - 1);
+            lb.issue(s0 + ws * kStageBytes + LayoutA::kBytes, k.begin + kt + STAGES - 1);
           }
           cp_async_commit();
           ws = ws + 1 == STAGES ? 0 : ws + 1;
@@ -285,7 +288,7 @@ struct TiledMmaMainloop {
           __syncthreads();
           rs = rs + 1 == STAGES ? 0 : rs + 1;
         }
-        if (ks < KS - 1 || kt + 1 < KT) {
+        if (ks < KS - 1 || kt + 1 < nkt) {
           const int nks = ks + 1 == KS ? 0 : ks + 1;
           const unsigned st = s0 + rs * kStageBytes;
           load_frags(fa[nxt], fb[nxt], st + a_off[nks], st + LayoutA::kBytes + b_off[nks]);

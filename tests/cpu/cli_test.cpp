@@ -90,6 +90,9 @@ TEST_CASE("bad arguments get one clear line and exit code 2") {
            {"compile --arch sm_80 --shape 1x64x64 --mode train --cache-dir " + dir, "M"},
            {"compile --arch sm_80 --momentum lots --cache-dir " + dir, "momentum"},
            {"compile --arch sm_80 --bogus", "bogus"},
+           {"check --config tiled.64x64x16.w2x1.s3.g8.k --list", "config"},
+           {"check --config tiled.64x64x16.w2x1.s3.g8.k4 --variant tiled --list", "config"},
+           {"check --config tiled.64x64x16.w2x1.s3.g8.k4 --op reference --list", "config"},
            {"frobnicate", "frobnicate"},
            {"", "subcommand"},
            {"cache", "subcommand"},
@@ -100,4 +103,11 @@ TEST_CASE("bad arguments get one clear line and exit code 2") {
     CHECK(lines(r.out) == 1);
     CHECK_MESSAGE(r.out.find(c.expect) != std::string::npos, r.out);
   }
+}
+
+TEST_CASE("check --config takes split-K keys (no GPU needed to list the cases)") {
+  const Result r =
+      run("check --config tiled.64x64x16.w2x1.s3.g8.k4 --dtypes fp32 --modes eval --list");
+  CHECK_MESSAGE(r.code == 0, r.out);
+  CHECK(r.out.find("128x512x1024 fp32 eval") != std::string::npos);
 }

@@ -84,3 +84,58 @@ TEST_CASE("the cache key changes when any one input changes, and only then") {
   s5.name = "renamed";
   CHECK(cache_key(s5, "sm_90a", "13.0") == k);
 }
+
+TEST_CASE("split-K: the reduce kernel follows the GEMM, then the unsplit schedule's passes") {
+  const KernelConfig split = KernelConfig::parse("tiled.128x128x32.w2x4.s4.g8.k8");
+  using Names = std::vector<std::string>;
+  Problem p = problem();  // 1000 rows: 8 row tiles, fj_apply merges the partials
+  p.K = 1000;             // 32 k tiles: 8 splits of 4
+  CHECK(schedule(p, split).split_k);
+  CHECK(!schedule(p, config()).split_k);
+  CHECK(schedule(p, split).kernels == Names{"fj_gemm", "fj_splitk_reduce", "fj_apply"});
+  p.M = 8 * 128 + 1;
+  CHECK(schedule(p, split).kernels ==
+        Names{"fj_gemm", "fj_splitk_reduce", "fj_finalize", "fj_apply"});
+  p.M = 128;
+  CHECK(schedule(p, split).single_pass);
+  CHECK(schedule(p, split).kernels == Names{"fj_gemm", "fj_splitk_reduce"});
+  p.momentum = std::nullopt;
+  CHECK(schedule(p, split).kernels == Names{"fj_gemm", "fj_splitk_reduce", "fj_bump"});
+  p.mode = Mode::eval;
+  CHECK(schedule(p, split).kernels == Names{"fj_gemm", "fj_splitk_reduce"});
+  // The source defines exactly the scheduled kernels and exports the reduce's launch shape and
+  // shared memory; the Spec says how many splits.
+  p.mode = Mode::train;
+  const KernelSource src = generate(p, split);
+  CHECK(src.kernels == schedule(p, split).kernels);
+  for (const char* needle :
+       {"WARPS_M = 2, WARPS_N = 4, SPLIT_K = 8;", "#include \"kernels/splitk_reduce.cuh\"",
+        "#include \"kernels/bn_apply.cuh\"", "fj_splitk_reduce_smem_bytes",
+        "fj_splitk_reduce_launch[3]", "fj_splitk_reduce(const fj::Params p)",
+        "fj_bump(const fj::Params p)"}) {
+    CAPTURE(needle);
+    CHECK(src.text.find(needle) != std::string::npos);
+  }
+  // Eval: no BatchNorm pass after the reduce, so no apply header.
+  p.mode = Mode::eval;
+  CHECK(generate(p, split).text.find("bn_apply.cuh") == std::string::npos);
+  // Unsplit: SPLIT_K = 1 and nothing of the reduce.
+  const KernelSource plain = generate(p, config());
+  CHECK(plain.text.find("SPLIT_K = 1;") != std::string::npos);
+  CHECK(plain.text.find("splitk") == std::string::npos);
+  CHECK(plain.kernels == Names{"fj_gemm"});
+}
+
+TEST_CASE("the cache key follows split-K's S") {
+  Problem p = problem();
+  p.K = 1000;
+  const std::string one = cache_key(generate(p, config()), "sm_80", "13.0");
+  KernelConfig c = config();
+  c.split_k = 2;
+  const std::string two = cache_key(generate(p, c), "sm_80", "13.0");
+  c.split_k = 4;
+  const std::string four = cache_key(generate(p, c), "sm_80", "13.0");
+  CHECK(one != two);
+  CHECK(two != four);
+  CHECK(one != four);
+}

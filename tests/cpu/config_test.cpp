@@ -88,3 +88,85 @@ TEST_CASE("pruning mirrors the mainloops' static limits") {
         std::string::npos);
   CHECK(KernelConfig::parse("tiled.128x128x16.w4x2.s3.g8").valid_for(p, dev));
 }
+
+TEST_CASE("split-K keys: '.k<S>' after the tiled key, nothing for S = 1") {
+  const KernelConfig c = KernelConfig::parse("tiled.64x64x32.w2x1.s3.g8.k8");
+  CHECK(c.variant == Variant::tiled);
+  CHECK(c.split_k == 8);
+  CHECK(c.bm == 64);
+  CHECK(c.group_m == 8);
+  CHECK(c.key() == "tiled.64x64x32.w2x1.s3.g8.k8");
+  // Keys from before split-K mean S = 1 and print as they always did.
+  const KernelConfig one = KernelConfig::parse("tiled.128x128x32.w2x4.s3.g8");
+  CHECK(one.split_k == 1);
+  CHECK(one.key() == "tiled.128x128x32.w2x4.s3.g8");
+  KernelConfig s = one;
+  s.split_k = 3;
+  CHECK(s.key() == "tiled.128x128x32.w2x4.s3.g8.k3");
+  CHECK(KernelConfig::parse(s.key()).split_k == 3);
+  for (const char* bad : {"tiled.64x64x32.w2x1.s3.g8.k", "tiled.64x64x32.w2x1.s3.g8.k8junk",
+                          "tiled.64x64x32.w2x1.s3.g8.k8.k2", "tiled.64x64x32.w2x1.s3.g8k8",
+                          "warpspec.128x128x64.c2.s4.g8.cl1.p1.k2"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(KernelConfig::parse(bad), InvalidArgument);
+  }
+}
+
+TEST_CASE("split-K pruning: tiled only, 1..32 splits, never more splits than k tiles") {
+  const Device dev = Device::for_arch("sm_90a");
+  const Problem p = problem(DType::fp32, Mode::train, 128, 512, 1024);
+  auto why = [&](const char* key, const Problem& q) {
+    return KernelConfig::parse(key).why_invalid(q, dev);
+  };
+  CHECK(why("tiled.64x64x16.w2x1.s3.g8.k16", p).empty());
+  CHECK(why("tiled.128x128x32.w4x2.s3.g8.k32", p).empty());  // 32 k tiles, one each
+  CHECK(why("tiled.64x64x16.w2x1.s3.g8.k0", p).find("1..32") != std::string::npos);
+  CHECK(why("tiled.64x64x16.w2x1.s3.g8.k-2", p).find("1..32") != std::string::npos);
+  CHECK(why("tiled.64x64x16.w2x1.s3.g8.k33", p).find("1..32") != std::string::npos);
+  CHECK(why("tiled.64x64x16.w2x1.s3.g8.k600", p).find("-512..512") != std::string::npos);
+  // K = 1000 at BK = 32 is 32 k tiles (the last one partial); K = 40 is 2.
+  CHECK(why("tiled.128x128x32.w4x2.s3.g8.k32", problem(DType::fp32, Mode::eval, 128, 512, 1000))
+            .empty());
+  CHECK(why("tiled.128x128x32.w4x2.s3.g8.k3", problem(DType::fp32, Mode::eval, 128, 512, 40))
+            .find("exceeds the 2 k tiles") != std::string::npos);
+  KernelConfig ws = KernelConfig::parse("warpspec.128x128x64.c2.s4.g8.cl1.p1");
+  ws.split_k = 2;
+  CHECK(ws.why_invalid(problem(DType::bf16, Mode::eval), dev).find("tiled") != std::string::npos);
+  // The reduce kernel's shared memory is pruned like the GEMM's.
+  CHECK(KernelConfig::parse("tiled.64x64x16.w2x1.s3.g8").splitk_reduce_smem_bytes() == 0);
+  CHECK(KernelConfig::parse("tiled.64x64x16.w2x1.s3.g8.k4").splitk_reduce_smem_bytes() > 0);
+}
+
+TEST_CASE("split-K candidates come only for small tile grids with a long K") {
+  for (const std::string arch : {"sm_80", "sm_90a"}) {
+    const Device dev = Device::for_arch(arch);
+    for (DType d : {DType::fp32, DType::bf16})
+      for (Mode m : {Mode::train, Mode::eval}) {
+        CAPTURE(arch);
+        CAPTURE(name(d));
+        CAPTURE(name(m));
+        // The large shapes keep their picks: no split-K candidate at all, so the heuristic's
+        // choice is what it was before split-K existed.
+        for (const Problem& big :
+             {problem(d, m, 1024, 8192, 8192), problem(d, m, 16384, 4096, 4096)}) {
+          CHECK(default_config(big, dev).split_k == 1);
+          for (const auto& c : candidate_configs(big, dev)) CHECK(c.split_k == 1);
+        }
+        // 128x512x1024: 4 output tiles of 128x128 on 108-132 SMs. Split-K candidates are offered,
+        // each valid; strict fp32 (no tensor cores to shorten the K loop) picks one.
+        const Problem small = problem(d, m, 128, 512, 1024);
+        int split = 0;
+        for (const auto& c : candidate_configs(small, dev)) {
+          split += c.split_k > 1;
+          CHECK(c.valid_for(small, dev));
+        }
+        CHECK(split >= 4);
+        const KernelConfig pick = default_config(small, dev);
+        MESSAGE(arch << " " << name(d) << " " << name(m) << " 128x512x1024 -> " << pick.key());
+        if (d == DType::fp32) CHECK(pick.split_k > 1);
+        // Short K: nothing to split.
+        for (const auto& c : candidate_configs(problem(d, m, 128, 512, 64), dev))
+          CHECK(c.split_k == 1);
+      }
+  }
+}

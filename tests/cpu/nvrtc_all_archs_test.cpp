@@ -9,6 +9,7 @@
 #include <future>
 #include <thread>
 
+#include "fusejit/check/sweep.hpp"
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/config/kernel_config.hpp"
@@ -40,6 +41,26 @@ std::vector<Problem> problems(DType d) {
   return out;
 }
 
+// Split-K configs (tiled) with problems for every epilogue after the reduce kernel; K is not a
+// multiple of S x BK, so some splits are a tile shorter and the last tile is partial. The SIMT
+// (fp32) and mma (bf16) mainloops get every schedule, tf32 and fp16 one each.
+struct SplitJob {
+  const char* sweep_line;  // the problem, in sweep-file syntax (check/sweep.hpp)
+  const char* config;
+};
+constexpr SplitJob kSplitJobs[] = {
+    // 128-row tiles, M = 128: single-pass train, cumulative momentum (fj_bump after the reduce).
+    {"128x512x1000 fp32 train momentum=none", "tiled.128x128x16.w4x2.s3.g8.k4"},
+    {"128x512x1000 bf16 train momentum=none", "tiled.128x128x64.w2x2.s3.g8.k2"},
+    // 64-row tiles: eval, and two-pass train with 19 row tiles (fj_finalize, fj_apply).
+    {"300x72x999 fp32 eval", "tiled.64x64x16.w2x1.s3.g8.k3"},
+    {"300x72x999 bf16 eval", "tiled.64x64x64.w2x2.s3.g8.k3"},
+    {"300x72x999 tf32 eval", "tiled.64x64x32.w2x2.s3.g8.k5"},
+    {"1200x64x1000 fp32 train", "tiled.64x64x16.w2x1.s3.g8.k3"},
+    {"1200x64x1000 bf16 train", "tiled.64x64x64.w2x2.s3.g8.k3"},
+    {"1200x64x1000 fp16 train", "tiled.64x64x64.w2x2.s3.g8.k3"},
+};
+
 }  // namespace
 
 TEST_CASE("every variant compiles for every supported architecture") {
@@ -69,6 +90,16 @@ TEST_CASE("every variant compiles for every supported architecture") {
           jobs.push_back({arch, generate(p, c)});
         }
       }
+    }
+    for (const SplitJob& j : kSplitJobs) {
+      const Problem p = parse_sweep_line(j.sweep_line).problem;
+      const KernelConfig c = KernelConfig::parse(j.config);
+      CAPTURE(arch);
+      CAPTURE(j.sweep_line);
+      CAPTURE(j.config);
+      REQUIRE(c.split_k > 1);
+      CHECK(c.why_invalid(p, dev) == "");
+      jobs.push_back({arch, generate(p, c)});
     }
   }
   MESSAGE(jobs.size() << " kernel sets over " << archs.size() << " architectures");

@@ -49,7 +49,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         // A config it calls valid must be one the kernels can be built from.
         if (why.empty())
           FJ_FUZZ_CHECK(c.bm > 0 && c.bn > 0 && c.bk > 0 && c.stages >= 2 && c.threads() > 0 &&
-                            c.threads() <= 1024 && c.smem_bytes(p) <= d.smem_per_block_optin,
+                            c.threads() <= 1024 && c.smem_bytes(p) <= d.smem_per_block_optin &&
+                            c.split_k >= 1 && c.split_k <= fusejit::KernelConfig::kMaxSplitK &&
+                            c.split_k <= (p.K + c.bk - 1) / c.bk &&
+                            c.splitk_reduce_smem_bytes() <= d.smem_per_block_optin,
                         "'%s' accepted for %s", key.c_str(), d.arch().c_str());
       }
   return 0;

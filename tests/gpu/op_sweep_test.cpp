@@ -1,6 +1,6 @@
 // The op against the float64 reference on the GPU: the quick sweep for every dtype x mode (tiled
-// always, warpspec on sm_90), plans running concurrently on two streams, cumulative momentum over
-// several steps, and the cuBLASLt reference op held to the same standard.
+// always, warpspec on sm_90, forced split-K configs), plans running concurrently on two streams,
+// cumulative momentum over several steps, and the cuBLASLt reference op held to the same standard.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -134,6 +134,80 @@ TEST_CASE("quick sweep, warpspec pingpong configs (sm_90 only)") {
         CHECK(s.skipped == 0);
         CHECK(s.passed == s.cases);
       }
+}
+
+TEST_CASE("quick sweep, tiled split-K configs: fp32, tf32 and bf16, train and eval") {
+  primary_context(0);
+  const Device dev = Device::current();
+  // Per math path (SIMT fp32, mma tf32, mma bf16): a 64x64-tile config with 2 or 3 splits over
+  // the quick sweep (every epilogue: eval, train one pass for M <= 64, two passes above; odd
+  // strides and alignments), and a 128x128-tile config with 3 to 8 splits over extra cases where
+  // K is not a multiple of S x BK (splits of unequal length, a partial last k tile), M <= BM
+  // (single pass, also with cumulative momentum) and two-pass train with and without
+  // fj_finalize.
+  struct Forced {
+    DType dtype;
+    const char* sweep_config;
+    const char* extra_config;
+  };
+  constexpr Forced kForced[] = {
+      {DType::fp32, "tiled.64x64x16.w2x1.s3.g8.k3", "tiled.128x128x16.w4x2.s3.g8.k8"},
+      {DType::tf32, "tiled.64x64x32.w2x2.s3.g8.k2", "tiled.128x128x32.w2x2.s3.g8.k5"},
+      {DType::bf16, "tiled.64x64x32.w2x2.s3.g8.k2", "tiled.128x128x64.w2x2.s3.g8.k3"},
+  };
+  for (const Forced& f : kForced)
+    for (Mode m : kModes) {
+      CAPTURE(name(f.dtype));
+      CAPTURE(name(m));
+      // Quick-sweep cases with fewer k tiles than splits (K = 1, 5 and 8) are refused by the
+      // config and skipped; every other case must run and pass.
+      const KernelConfig sweep_config = KernelConfig::parse(f.sweep_config);
+      const std::vector<SweepCase> quick = builtin_sweep(false, f.dtype, m);
+      const auto runnable = static_cast<std::size_t>(std::count_if(
+          quick.begin(), quick.end(),
+          [&](const SweepCase& c) { return sweep_config.valid_for(c.problem, dev); }));
+      CHECK(runnable * 4 >= quick.size());
+      const SweepSummary s =
+          run_cases(quick, f.dtype, m, Implementation::plan, std::nullopt, sweep_config);
+      CHECK(s.passed == runnable);
+      CHECK(s.skipped == quick.size() - runnable);
+
+      std::vector<SweepCase> extra;
+      for (const char* shape : {"128x512x1024", "100x200x1000", "128x64x999", "64x512x4000",
+                                "1000x512x1000", "3000x72x1000"})
+        for (const char* flags : {"", " momentum=none non_centred"}) {
+          if (m == Mode::eval && *flags) continue;
+          extra.push_back(
+              parse_sweep_line(fmt::format("{} {} {}{}", shape, name(f.dtype), name(m), flags)));
+        }
+      const SweepSummary e = run_cases(extra, f.dtype, m, Implementation::plan, std::nullopt,
+                                       KernelConfig::parse(f.extra_config));
+      CHECK(e.skipped == 0);
+      CHECK(e.passed == e.cases);
+
+      // Deterministic: the slices are added in a fixed order, so a rerun on the same inputs
+      // gives the same bits (two-pass train: the statistics partials too).
+      PlanOptions po;
+      po.config = KernelConfig::parse(f.extra_config);
+      for (const SweepCase& c : {extra.front(), extra.back()}) {
+        CAPTURE(c.text());
+        const Plan plan(c.problem, po);
+        const CaseInputs in = make_case_inputs(c);
+        DeviceCase dc(in);
+        const Stream st;
+        plan.run(st, dc.tensors());
+        st.synchronize();
+        const CaseOutputs first = dc.download();
+        dc.reset(in);
+        plan.run(st, dc.tensors());
+        st.synchronize();
+        const CaseOutputs again = dc.download();
+        CHECK(again.y == first.y);
+        CHECK(again.running_mean == first.running_mean);
+        CHECK(again.running_var == first.running_var);
+        CHECK(again.save_invstd == first.save_invstd);
+      }
+    }
 }
 
 TEST_CASE("quick sweep, default planner choice and the cuBLASLt reference op") {

@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(Spec::THREADS) gemm_kernel(const fj::Params p,
   const int m0 = tm * BM, n0 = tn * BN;
 
   const fj::AccTile<BM, BN> tile{reinterpret_cast<float*>(smem)};
-  MainloopOf<Spec>::run(p, smem, m0, n0, tile);
+  MainloopOf<Spec>::run(p, smem, m0, n0, fj::KRange{0, MainloopOf<Spec>::KT}, tile);
 
   static_assert(BN % 4 == 0, "harness copies 4 columns at a time");
   const bool vec_ok = ldc % 4 == 0;

@@ -33,6 +33,8 @@ const char* b(bool v) {
 KernelSchedule schedule(const Problem& p, const KernelConfig& c) {
   KernelSchedule s;
   s.kernels.push_back("fj_gemm");
+  s.split_k = c.variant == Variant::tiled && c.split_k > 1;
+  if (s.split_k) s.kernels.push_back("fj_splitk_reduce");
   if (p.mode != Mode::train) return s;
   s.single_pass = p.M <= c.bm;
   // With few row tiles, each fj_apply block re-merging its columns' partials costs less than a
@@ -79,7 +81,8 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
         "  static constexpr bool PERSISTENT = {}, PINGPONG = {};\n",
         c.warps_m, c.cluster_m, b(c.persistent), b(c.pingpong));
   else
-    t += fmt::format("  static constexpr int WARPS_M = {}, WARPS_N = {};\n", c.warps_m, c.warps_n);
+    t += fmt::format("  static constexpr int WARPS_M = {}, WARPS_N = {}, SPLIT_K = {};\n",
+                     c.warps_m, c.warps_n, c.split_k);
   t += fmt::format("  static constexpr int THREADS = {};\n", c.threads());
   t += fmt::format("  static constexpr int VEC_BYTES = {};\n",
                    std::min(p.effective_alignment(), 16));
@@ -91,11 +94,18 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   t += "};\n";
   const char* gemm = ws ? "fj::WarpspecGemm<Spec>" : "fj::TiledGemm<Spec>";
   t += ws ? "#include \"kernels/warpspec_gemm.cuh\"\n" : "#include \"kernels/tiled_gemm.cuh\"\n";
-  if (sched.kernels.size() > 1) t += "#include \"kernels/bn_apply.cuh\"\n";
+  if (sched.split_k) t += "#include \"kernels/splitk_reduce.cuh\"\n";
+  // Every kernel after the GEMM and the split-K reduce is a BatchNorm pass.
+  if (sched.kernels.size() > (sched.split_k ? 2u : 1u)) t += "#include \"kernels/bn_apply.cuh\"\n";
   // The host reads the exact dynamic shared memory size and the launch shapes of the BatchNorm
   // passes from the module: the templates are their one source of truth.
   t += fmt::format("extern \"C\" __device__ const int fj_smem_bytes = {}::kSmemBytes;\n", gemm);
   for (const auto& k : sched.kernels) {
+    if (k == "fj_splitk_reduce")
+      t += "extern \"C\" __device__ const int fj_splitk_reduce_smem_bytes =\n"
+           "    fj::SplitKReduce<Spec>::kSmemBytes;\n"
+           "extern \"C\" __device__ const int fj_splitk_reduce_launch[3] = {\n"
+           "    fj::SplitKReduce<Spec>::kGridX, 1, fj::SplitKReduce<Spec>::kThreads};\n";
     if (k == "fj_finalize")
       t += "extern \"C\" __device__ const int fj_finalize_launch[3] = {\n"
            "    fj::FinalizeShape<Spec>::kGridX, 1, fj::FinalizeShape<Spec>::kThreads};\n";
@@ -116,6 +126,9 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
           "extern \"C\" __global__ void __launch_bounds__(Spec::THREADS)\n"
           "fj_gemm(const fj::Params p) {{ {}::run(p); }}\n",
           gemm);
+    } else if (k == "fj_splitk_reduce") {
+      t += "extern \"C\" __global__ void __launch_bounds__(fj::SplitKReduce<Spec>::kThreads)\n"
+           "fj_splitk_reduce(const fj::Params p) { fj::SplitKReduce<Spec>::run(p); }\n";
     } else if (k == "fj_finalize") {
       t += "extern \"C\" __global__ void __launch_bounds__(fj::FinalizeShape<Spec>::kThreads)\n"
            "fj_finalize(const fj::Params p) { fj::bn_finalize<Spec>(p); }\n";

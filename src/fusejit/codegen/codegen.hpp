@@ -13,9 +13,12 @@ namespace fusejit {
 
 // Which kernels a run launches, in order, and their names in the generated source.
 struct KernelSchedule {
-  bool single_pass = false;          // train: the GEMM's epilogue sees whole columns (one row tile)
-  bool fold_finalize = false;        // train, two-pass: fj_apply merges the partials itself
-  std::vector<std::string> kernels;  // e.g. {"fj_gemm", "fj_finalize", "fj_apply"}
+  bool single_pass = false;    // train: the GEMM's epilogue sees whole columns (one row tile)
+  bool fold_finalize = false;  // train, two-pass: fj_apply merges the partials itself
+  // Split-K (tiled, split_k > 1): fj_gemm leaves fp32 slices, fj_splitk_reduce adds them and runs
+  // the epilogue; the kernels after it are the unsplit schedule's.
+  bool split_k = false;
+  std::vector<std::string> kernels;  // e.g. {"fj_gemm", "fj_splitk_reduce", "fj_finalize", ...}
 };
 KernelSchedule schedule(const Problem&, const KernelConfig&);
 

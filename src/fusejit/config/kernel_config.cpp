@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 
 #include "fusejit/error.hpp"
@@ -19,6 +20,26 @@ Variant parse_variant(std::string_view s) {
   if (s == "warpspec") return Variant::warpspec;
   throw InvalidArgument("variant", "expected tiled or warpspec; got '" + std::string(s) + "'");
 }
+
+namespace {
+
+// The tiled epilogue's shared memory with `threads` threads: the fp32 AccTile (rows padded by 8
+// floats) and BnEpilogue's scratch (A, B and one column partial per thread sharing a column).
+int tiled_epilogue_bytes(int bm, int bn, int threads) {
+  const int tpc = threads >= bn ? threads / bn : 1;
+  return bm * (bn + 8) * 4 + (2 * bn + tpc * bn) * 4;
+}
+
+// BK-deep slices of K the mainloop walks (the last may be partial): what split-K divides.
+std::int64_t k_tiles(const Problem& p, int bk) {
+  return (p.K + bk - 1) / bk;
+}
+
+std::int64_t output_tiles(const Problem& p, const KernelConfig& c) {
+  return ((p.M + c.bm - 1) / c.bm) * ((p.N + c.bn - 1) / c.bn);
+}
+
+}  // namespace
 
 int KernelConfig::threads() const {
   return variant == Variant::tiled ? warps_m * warps_n * 32 : 128 * (warps_m + 1);
@@ -40,22 +61,29 @@ int KernelConfig::smem_bytes(const Problem& p) const {
     return ring + up16(bars) + up16(epilogue) + coef + 1024;
   }
   // Tiled: the larger of the cp.async ring and the epilogue's fp32 tile + scratch (they alias).
-  const int nt = threads();
-  const int tpc = nt >= bn ? nt / bn : 1;
-  const int epilogue = bm * (bn + 8) * 4 + (2 * bn + tpc * bn) * 4;
+  // Split-K keeps the same size: the slice store reads the same tile.
+  const int epilogue = tiled_epilogue_bytes(bm, bn, threads());
   const int ring =
       p.dtype == DType::fp32 ? stages * bk * (bm + bn + 8) * 4 : stages * (bm + bn) * bk * eb;
   return std::max(ring, epilogue);
+}
+
+int KernelConfig::splitk_reduce_smem_bytes() const {
+  if (variant != Variant::tiled || split_k <= 1 || bn <= 0) return 0;
+  // Mirrors SplitKReduce::kThreads (kernels/splitk_reduce.cuh).
+  const int reduce_threads = 256 % bn == 0 || bn % 256 == 0 ? 256 : threads();
+  return tiled_epilogue_bytes(bm, bn, reduce_threads);
 }
 
 std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
   // Before any arithmetic on the fields: configs also come from callers (PlanOptions::config,
   // parse() of a key), and fields near INT_MAX overflowed the int products below (found by
   // tests/fuzz/kernel_config_fuzz.cpp). Within +-512 every product stays far inside int.
-  for (const int v : {bm, bn, bk, warps_m, warps_n, stages})
-    if (v < -512 || v > 512) return "tile, warp and stage fields must lie within -512..512";
+  for (const int v : {bm, bn, bk, warps_m, warps_n, stages, split_k})
+    if (v < -512 || v > 512) return "tile, warp, stage and split fields must lie within -512..512";
   const bool strict_fp32 = p.dtype == DType::fp32;
   if (variant == Variant::warpspec) {
+    if (split_k != 1) return "split_k: only the tiled variant splits K";
     if (d.cc() != 90)
       return "warpspec needs sm_90a (Hopper); this device is sm_" + std::to_string(d.cc());
     if (strict_fp32) return "warpspec has no strict-fp32 path (wgmma multiplies fp32 as tf32)";
@@ -97,7 +125,13 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
     }
   }
   if (bm <= 0 || bn <= 0 || bk <= 0 || stages < 2 || group_m < 1) return "non-positive tile field";
-  const int smem = smem_bytes(p);
+  if (split_k < 1 || split_k > kMaxSplitK)
+    return fmt::format("split_k must lie within 1..{}; got {}", kMaxSplitK, split_k);
+  if (const std::int64_t kt = k_tiles(p, bk); split_k > kt)
+    return fmt::format(
+        "split_k {} exceeds the {} k tiles of K = {} (BK = {}): a split would be empty", split_k,
+        kt, p.K, bk);
+  const int smem = std::max(smem_bytes(p), splitk_reduce_smem_bytes());
   if (d.smem_per_block_optin > 0 && smem > d.smem_per_block_optin)
     return fmt::format("needs {} bytes of shared memory, the device allows {}", smem,
                        d.smem_per_block_optin);
@@ -106,8 +140,8 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
 
 std::string KernelConfig::key() const {
   if (variant == Variant::tiled)
-    return fmt::format("tiled.{}x{}x{}.w{}x{}.s{}.g{}", bm, bn, bk, warps_m, warps_n, stages,
-                       group_m);
+    return fmt::format("tiled.{}x{}x{}.w{}x{}.s{}.g{}{}", bm, bn, bk, warps_m, warps_n, stages,
+                       group_m, split_k != 1 ? fmt::format(".k{}", split_k) : "");
   return fmt::format("warpspec.{}x{}x{}.c{}.s{}.g{}.cl{}.p{}{}", bm, bn, bk, warps_m, stages,
                      group_m, cluster_m, int(persistent), pingpong ? ".pp" : "");
 }
@@ -123,6 +157,10 @@ KernelConfig KernelConfig::parse(std::string_view key) {
   char tail = 0;
   if (k.rfind("tiled.", 0) == 0) {
     c.variant = Variant::tiled;
+    if (std::sscanf(k.c_str(), "tiled.%dx%dx%d.w%dx%d.s%d.g%d.k%d%c", &c.bm, &c.bn, &c.bk,
+                    &c.warps_m, &c.warps_n, &c.stages, &c.group_m, &c.split_k, &tail) == 8)
+      return c;
+    c.split_k = 1;
     if (std::sscanf(k.c_str(), "tiled.%dx%dx%d.w%dx%d.s%d.g%d%c", &c.bm, &c.bn, &c.bk, &c.warps_m,
                     &c.warps_n, &c.stages, &c.group_m, &tail) == 7)
       return c;
@@ -136,7 +174,7 @@ KernelConfig KernelConfig::parse(std::string_view key) {
     }
   }
   throw InvalidArgument("config",
-                        "expected a key like tiled.128x128x32.w2x4.s4.g8 or "
+                        "expected a key like tiled.128x128x32.w2x4.s4.g8[.k4] or "
                         "warpspec.128x256x64.c2.s4.g8.cl1.p1[.pp]; got '" +
                             std::string(key) + "'");
 }
@@ -158,6 +196,29 @@ KernelConfig warpspec(int bm, int bn, int bk, int consumers, int stages, bool pe
   c.persistent = persistent;
   c.pingpong = pingpong;
   return c;
+}
+
+// Split-K variants of the list's first 128x128 and first 64x64 configs when their tile grid
+// fills at most half the SMs. Each split keeps at least 4 k tiles (below that the 3-stage
+// cp.async ring never reaches its steady state) and the grid stays within two CTAs per SM.
+void add_split_k(std::vector<KernelConfig>& out, const Problem& p, const Device& d) {
+  const std::int64_t sms = std::max(1, d.sm_count);
+  std::vector<KernelConfig> split;
+  for (const int edge : {128, 64}) {
+    const auto base = std::find_if(out.begin(), out.end(), [&](const KernelConfig& c) {
+      return c.bm == edge && c.bn == edge && c.split_k == 1;
+    });
+    if (base == out.end()) continue;
+    const std::int64_t tiles = output_tiles(p, *base), kt = k_tiles(p, base->bk);
+    if (2 * tiles > sms) continue;
+    for (const int s : {2, 4, 8, 16}) {
+      if (kt < 4 * s || tiles * s > 2 * sms) break;
+      KernelConfig c = *base;
+      c.split_k = s;
+      split.push_back(c);
+    }
+  }
+  out.insert(out.end(), split.begin(), split.end());
 }
 
 // Tiled configs per math kind, heuristic's favourite first (measured on H100, see
@@ -190,6 +251,7 @@ std::vector<KernelConfig> tiled_candidates(const Problem& p, const Device& d) {
              tiled(64, 64, 64, 2, 2, 3),   tiled(128, 32, 64, 4, 1, 3)};
       break;
   }
+  add_split_k(out, p, d);
   return out;
 }
 
@@ -233,16 +295,29 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c) {
   const int smem = std::max(1, c.smem_bytes(p));
   const int per_sm_ctas = std::max(1, std::min(std::max(d.smem_per_sm, smem) / smem,
                                                std::max(1, d.max_threads_per_sm) / c.threads()));
-  const double tiles = std::ceil(double(p.M) / c.bm) * std::ceil(double(p.N) / c.bn);
+  const double tiles = static_cast<double>(output_tiles(p, c));
+  // Split-K: S CTAs per tile, each over K / S.
+  const int splits = std::max(1, c.split_k);
+  const double ctas = tiles * splits;
   // CTAs that actually share an SM: a grid smaller than the GPU spreads one per SM.
-  const double sharing = std::min<double>(per_sm_ctas, std::ceil(tiles / sms));
+  const double sharing = std::min<double>(per_sm_ctas, std::ceil(ctas / sms));
   // The SIMT FFMA loop hides its latencies with warps rather than asynchronous MMAs: it wants
   // 16 warps on an SM (two 256-thread CTAs), the tensor-core paths 8.
   const double full_threads = p.dtype == DType::fp32 ? 512.0 : 256.0;
   const double fill = std::sqrt(std::min(1.0, sharing * c.threads() / full_threads));
-  const double waves = std::ceil(tiles / (sms * sharing));
-  const double wave_us = sharing * 2.0 * c.bm * c.bn * double(p.K) / (per_sm * eff * fill) * 1e6;
+  const double waves = std::ceil(ctas / (sms * sharing));
+  const double wave_us =
+      sharing * 2.0 * c.bm * c.bn * double(p.K) / splits / (per_sm * eff * fill) * 1e6;
   double us = waves * wave_us + 3.0;
+  if (splits > 1) {
+    // A second launch; every GEMM CTA stores its fp32 slice, and each reduce CTA (one per tile)
+    // reads S of them, both at about one SM's share of L2 bandwidth (~100 GB/s). The reduce
+    // term is what keeps S and the tile small: 128x128 tiles read 64 KiB per split.
+    constexpr double kSmL2BytesPerUs = 1.0e5;
+    const double slice = 4.0 * c.bm * c.bn;
+    us += 2.5 + waves * slice / kSmL2BytesPerUs +
+          std::ceil(tiles / sms) * splits * slice / kSmL2BytesPerUs;
+  }
   if (p.mode == Mode::train && p.M > c.bm) {
     // Two more launches and one read + write of y (fj_apply).
     us += 6.0 + 2.0 * double(p.M) * p.N * storage_bytes(p.dtype) / 2.5e12 * 1e6;

@@ -31,15 +31,24 @@ struct KernelConfig {
   // warpspec, persistent, two consumers: each consumer warpgroup takes whole BM x BN tiles in
   // turn, so one's epilogue overlaps the other's mainloop (key suffix ".pp").
   bool pingpong = false;
+  // tiled: split-K. S > 1 CTAs per output tile each multiply a contiguous share of the k tiles
+  // into an fp32 workspace slice; a second kernel adds the S slices in a fixed order and runs the
+  // epilogue (key suffix ".k<S>"). For grids too small to fill the GPU with a long K.
+  int split_k = 1;
+  static constexpr int kMaxSplitK = 32;
 
   int threads() const;
   // Dynamic shared memory bytes the GEMM kernel needs (stages and the epilogue's tile).
   int smem_bytes(const Problem&) const;
+  // Dynamic shared memory bytes of the split-K reduce kernel (its AccTile and the epilogue's
+  // scratch for its own thread count); 0 without split-K.
+  int splitk_reduce_smem_bytes() const;
   // Empty when the config can run `problem` on `device`, else why not (shared memory, tile
   // shape vs. MMA shape, variant vs. architecture or dtype).
   std::string why_invalid(const Problem& problem, const Device& device) const;
   bool valid_for(const Problem& p, const Device& d) const { return why_invalid(p, d).empty(); }
-  // Stable text naming every field, e.g. "tiled.128x128x32.w2x4.s3.g8".
+  // Stable text naming every field, e.g. "tiled.128x128x32.w2x4.s3.g8", with ".k8" appended
+  // for split_k = 8 (nothing for 1, so keys from before split-K are unchanged).
   std::string key() const;
   // Inverse of key(); throws InvalidArgument("config", ...).
   static KernelConfig parse(std::string_view key);

@@ -41,6 +41,7 @@ void size_launches(PlanCore& c) {
     c.gemm_grid = cl * (c.config.persistent ? std::min(cluster_tiles, sms) : cluster_tiles);
   } else {
     c.gemm_grid = tiles;
+    c.gemm_splits = static_cast<unsigned>(c.config.split_k);
   }
 }
 
@@ -124,6 +125,7 @@ void launch(const PlanCore& c, CUstream stream, const Tensors& t, void* workspac
   auto* ws = static_cast<char*>(workspace);
   prm.ws_partials = ws ? reinterpret_cast<float*>(ws + c.workspace.partials_offset) : nullptr;
   prm.ws_coef = ws ? reinterpret_cast<float*>(ws + c.workspace.coef_offset) : nullptr;
+  prm.ws_splitk = ws ? reinterpret_cast<float*>(ws + c.workspace.splitk_offset) : nullptr;
   prm.eps = static_cast<float>(c.problem.eps);
   prm.momentum = static_cast<float>(c.problem.momentum.value_or(0.0));
   void* args[] = {&prm};
@@ -134,13 +136,13 @@ void launch(const PlanCore& c, CUstream stream, const Tensors& t, void* workspac
   if (c.config.variant == Variant::warpspec) {
     launch_warpspec(c, stream, prm, t);
   } else {
-    check(d.cuLaunchKernel(c.gemm, c.gemm_grid, 1, 1, threads, 1, 1,
+    check(d.cuLaunchKernel(c.gemm, c.gemm_grid, c.gemm_splits, 1, threads, 1, 1,
                            static_cast<unsigned>(c.smem_bytes), stream, args, nullptr),
           "cuLaunchKernel(fj_gemm)");
   }
-  // The BatchNorm passes go out as programmatic dependent launches on sm_90+ (they wait for
-  // the previous kernel inside, see templates/common/grid_dependency.cuh).
-  auto dependent = [&](CUfunction f, LaunchShape shape, const char* what) {
+  // The split-K reduce and the BatchNorm passes go out as programmatic dependent launches on
+  // sm_90+ (they wait for the previous kernel inside, see templates/common/grid_dependency.cuh).
+  auto dependent = [&](CUfunction f, LaunchShape shape, const char* what, int smem = 0) {
     CUlaunchAttribute pdl{};
     pdl.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     pdl.value.programmaticStreamSerializationAllowed = 1;
@@ -150,11 +152,15 @@ void launch(const PlanCore& c, CUstream stream, const Tensors& t, void* workspac
     cfg.gridDimZ = 1;
     cfg.blockDimX = shape.threads;
     cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = static_cast<unsigned>(smem);
     cfg.hStream = stream;
     cfg.attrs = &pdl;
     cfg.numAttrs = c.device.cc() >= 90 ? 1 : 0;
     check(d.cuLaunchKernelEx(&cfg, f, args, nullptr), what);
   };
+  if (c.splitk_reduce)
+    dependent(c.splitk_reduce, c.splitk_reduce_shape, "cuLaunchKernelEx(fj_splitk_reduce)",
+              c.splitk_reduce_smem_bytes);
   if (c.finalize) dependent(c.finalize, c.finalize_shape, "cuLaunchKernelEx(fj_finalize)");
   if (c.apply) dependent(c.apply, c.apply_shape, "cuLaunchKernelEx(fj_apply)");
   if (c.bump) dependent(c.bump, {1, 1, 1}, "cuLaunchKernelEx(fj_bump)");

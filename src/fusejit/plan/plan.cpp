@@ -55,12 +55,23 @@ bool autotune_from_env() {
 
 WorkspaceLayout workspace_layout(const Problem& p, const KernelConfig& c) {
   WorkspaceLayout w;
-  if (p.mode != Mode::train || schedule(p, c).single_pass) return w;
-  const std::size_t row_tiles = static_cast<std::size_t>((p.M + c.bm - 1) / c.bm);
-  w.partials_bytes = row_tiles * static_cast<std::size_t>(p.N) * 8;
-  w.coef_offset = align_up(w.partials_bytes);
-  w.coef_bytes = static_cast<std::size_t>(p.N) * 8;
-  w.total = align_up(w.coef_offset + w.coef_bytes);
+  // Regions follow each other, each starting 256-byte aligned; an empty one takes no room.
+  auto region = [&w](std::size_t bytes, std::size_t& offset, std::size_t& size) {
+    offset = w.total;
+    size = bytes;
+    w.total = align_up(w.total + bytes);
+  };
+  const KernelSchedule sched = schedule(p, c);
+  const auto row_tiles = static_cast<std::size_t>((p.M + c.bm - 1) / c.bm);
+  const auto col_tiles = static_cast<std::size_t>((p.N + c.bn - 1) / c.bn);
+  const auto n = static_cast<std::size_t>(p.N);
+  const bool two_pass = p.mode == Mode::train && !sched.single_pass;
+  region(two_pass ? row_tiles * n * 8 : 0, w.partials_offset, w.partials_bytes);
+  region(two_pass ? n * 8 : 0, w.coef_offset, w.coef_bytes);
+  const std::size_t slices = sched.split_k ? static_cast<std::size_t>(c.split_k) : 0;
+  region(slices * row_tiles * col_tiles * static_cast<std::size_t>(c.bm) *
+             static_cast<std::size_t>(c.bn) * 4,
+         w.splitk_offset, w.splitk_bytes);
   return w;
 }
 
@@ -92,21 +103,32 @@ std::shared_ptr<const PlanCore> make_plan_core(const Problem& problem, const Pla
   } else {
     core->cache_hit = true;
   }
-  core->smem_bytes = core->module->read_int("fj_smem_bytes");
-  if (core->smem_bytes > core->device.smem_per_block_optin)
-    throw InvalidArgument(
-        "config",
-        fmt::format("{} needs {} bytes of shared memory; {} allows {}", core->config.key(),
-                    core->smem_bytes, core->device.name, core->device.smem_per_block_optin));
+  // A kernel's dynamic shared memory, as the module says, checked against the device and set
+  // as the function's limit (above 48 KiB it must be raised before launching).
+  auto dynamic_smem = [&](CUfunction f, const char* kernel, const char* symbol) {
+    const int bytes = core->module->read_int(symbol);
+    if (bytes > core->device.smem_per_block_optin)
+      throw InvalidArgument(
+          "config",
+          fmt::format("{} needs {} bytes of shared memory in {}; {} allows {}", core->config.key(),
+                      bytes, kernel, core->device.name, core->device.smem_per_block_optin));
+    FJ_CU(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes));
+    return bytes;
+  };
   core->gemm = core->module->function("fj_gemm");
-  FJ_CU(cuFuncSetAttribute(core->gemm, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                           core->smem_bytes));
+  core->smem_bytes = dynamic_smem(core->gemm, "fj_gemm", "fj_smem_bytes");
   auto launch_shape = [&](const char* symbol) {
     const std::vector<int> v = core->module->read_ints(symbol, 3);
     return LaunchShape{static_cast<unsigned>(v[0]), static_cast<unsigned>(v[1]),
                        static_cast<unsigned>(v[2])};
   };
   for (const auto& k : core->schedule.kernels) {
+    if (k == "fj_splitk_reduce") {
+      core->splitk_reduce = core->module->function(k);
+      core->splitk_reduce_shape = launch_shape("fj_splitk_reduce_launch");
+      core->splitk_reduce_smem_bytes =
+          dynamic_smem(core->splitk_reduce, "fj_splitk_reduce", "fj_splitk_reduce_smem_bytes");
+    }
     if (k == "fj_finalize") {
       core->finalize = core->module->function(k);
       core->finalize_shape = launch_shape("fj_finalize_launch");

@@ -14,9 +14,12 @@
 
 namespace fusejit {
 
+// Where each region of a run's workspace lies (every offset 256-byte aligned); what the kernels
+// are given in Params::ws_*. Empty regions have size 0.
 struct WorkspaceLayout {
-  std::size_t partials_offset = 0, partials_bytes = 0;  // [row_tiles][N] float2
-  std::size_t coef_offset = 0, coef_bytes = 0;          // [N] float2
+  std::size_t partials_offset = 0, partials_bytes = 0;  // train, two-pass: [row_tiles][N] float2
+  std::size_t coef_offset = 0, coef_bytes = 0;          // train, two-pass: [N] float2
+  std::size_t splitk_offset = 0, splitk_bytes = 0;      // split-K: [S][tiles][BM * BN] float
   std::size_t total = 0;
 };
 WorkspaceLayout workspace_layout(const Problem&, const KernelConfig&);
@@ -33,10 +36,14 @@ struct PlanCore {
   KernelSchedule schedule;
   WorkspaceLayout workspace;
   std::shared_ptr<const Module> module;
-  CUfunction gemm = nullptr, finalize = nullptr, apply = nullptr, bump = nullptr;
+  CUfunction gemm = nullptr, splitk_reduce = nullptr, finalize = nullptr, apply = nullptr,
+             bump = nullptr;
   int smem_bytes = 0;
   unsigned gemm_grid = 0;
-  LaunchShape finalize_shape, apply_shape;  // from the module (templates/kernels/bn_*.cuh)
+  unsigned gemm_splits = 1;  // the GEMM's grid y: split-K's S
+  // From the module (templates/kernels/splitk_reduce.cuh, bn_*.cuh).
+  LaunchShape splitk_reduce_shape, finalize_shape, apply_shape;
+  int splitk_reduce_smem_bytes = 0;
   // How the kernels were obtained (for logs, `fusejit bench`, tests of the cache).
   bool cache_hit = false;
   double compile_seconds = 0;

@@ -1,0 +1,29 @@
+// Split-K: which k tiles each of S CTAs of one output tile multiplies. Plain C++ shared by the
+// kernels and the host (tests check the partition), so the two can never disagree.
+#pragma once
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define FJ_HOST_DEVICE __host__ __device__
+#else
+#define FJ_HOST_DEVICE
+#endif
+
+namespace fj {
+
+// Half-open range [begin, end) of k tiles.
+struct KRange {
+  int begin, end;
+};
+
+// Split s of `splits` over `k_tiles`: contiguous ranges in order, the first k_tiles % splits one
+// tile longer, so no split is more than one tile longer than another and none is empty while
+// splits <= k_tiles (KernelConfig::why_invalid refuses more splits than k tiles).
+FJ_HOST_DEVICE constexpr KRange split_k_range(int k_tiles, int splits, int s) {
+  const int base = k_tiles / splits, extra = k_tiles % splits;
+  const int begin = s * base + (s < extra ? s : extra);
+  return {begin, begin + base + (s < extra ? 1 : 0)};
+}
+
+}  // namespace fj
+
+#undef FJ_HOST_DEVICE
