@@ -167,6 +167,14 @@ TEST_CASE("split-K candidates come only for small tile grids with a long K") {
         // Short K: nothing to split.
         for (const auto& c : candidate_configs(problem(d, m, 128, 512, 64), dev))
           CHECK(c.split_k == 1);
+        // Tensor-core split grids stay within one CTA per SM (a second one measured slower),
+        // SIMT ones within two.
+        const Problem mid = problem(d, m, 1024, 1024, 1024);
+        for (const auto& c : candidate_configs(mid, dev)) {
+          const std::int64_t ctas =
+              (1024 + c.bm - 1) / c.bm * ((1024 + c.bn - 1) / c.bn) * c.split_k;
+          if (c.split_k > 1) CHECK(ctas <= (d == DType::fp32 ? 2 : 1) * dev.sm_count);
+        }
       }
   }
 }
