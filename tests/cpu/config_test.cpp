@@ -34,6 +34,14 @@ TEST_CASE("config keys round-trip and are distinct") {
   CHECK_THROWS_AS(KernelConfig::parse("tiled.128x128"), InvalidArgument);
   CHECK_THROWS_AS(KernelConfig::parse("tiled.128x128x32.w2x4.s4.g8junk"), InvalidArgument);
   CHECK_THROWS_AS(KernelConfig::parse("gemm.1x1x1"), InvalidArgument);
+  // Keys are exact: no spaces, signs or integers past int (sscanf's %d took all three, and
+  // overflowing it is undefined behaviour).
+  for (const char* bad :
+       {"tiled. 128x128x32.w2x4.s4.g8", "tiled.+128x128x32.w2x4.s4.g8",
+        "tiled.99999999999x128x32.w2x4.s4.g8", "warpspec.128x256x64.c2.s4.g8.cl1.p1.pp.pp",
+        "warpspec.128x256x64.c2.s4.g8.cl1.p", "tiled.128x128x32.w2x4.s4.g8.pp"})
+    CHECK_THROWS_AS(KernelConfig::parse(bad), InvalidArgument);
+  CHECK(KernelConfig::parse("warpspec.128x256x64.c2.s4.g8.cl1.p1.pp").pingpong);
 }
 
 TEST_CASE("every candidate is valid for its device, and pruning says why") {
@@ -121,7 +129,10 @@ TEST_CASE("split-K pruning: tiled only, 1..32 splits, never more splits than k t
   CHECK(why("tiled.64x64x16.w2x1.s3.g8.k16", p).empty());
   CHECK(why("tiled.128x128x32.w4x2.s3.g8.k32", p).empty());  // 32 k tiles, one each
   CHECK(why("tiled.64x64x16.w2x1.s3.g8.k0", p).find("1..32") != std::string::npos);
-  CHECK(why("tiled.64x64x16.w2x1.s3.g8.k-2", p).find("1..32") != std::string::npos);
+  KernelConfig negative = KernelConfig::parse("tiled.64x64x16.w2x1.s3.g8");
+  negative.split_k = -2;  // keys carry no signs (parse refuses them), callers' structs may
+  CHECK(negative.why_invalid(p, dev).find("1..32") != std::string::npos);
+  CHECK_THROWS_AS(KernelConfig::parse("tiled.64x64x16.w2x1.s3.g8.k-2"), InvalidArgument);
   CHECK(why("tiled.64x64x16.w2x1.s3.g8.k33", p).find("1..32") != std::string::npos);
   CHECK(why("tiled.64x64x16.w2x1.s3.g8.k600", p).find("-512..512") != std::string::npos);
   // K = 1000 at BK = 32 is 32 k tiles (the last one partial); K = 40 is 2.

@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 
 #include "fusejit/error.hpp"
 
@@ -146,32 +148,52 @@ std::string KernelConfig::key() const {
                      group_m, cluster_m, int(persistent), pingpong ? ".pp" : "");
 }
 
+namespace {
+
+// `text` against `pattern`, where each '#' stands for a decimal integer (digits only: no sign,
+// no spaces, and it must fit an int, so no overflow as with sscanf's %d): the integers in
+// order, or nothing when the text does not match the whole pattern.
+std::optional<std::vector<int>> match_key(std::string_view text, std::string_view pattern) {
+  std::vector<int> out;
+  const char* t = text.data();
+  const char* const end = text.data() + text.size();
+  for (const char pc : pattern) {
+    if (pc != '#') {
+      if (t == end || *t != pc) return std::nullopt;
+      ++t;
+      continue;
+    }
+    if (t == end || *t < '0' || *t > '9') return std::nullopt;
+    int v = 0;
+    const auto [next, ec] = std::from_chars(t, end, v);
+    if (ec != std::errc{}) return std::nullopt;
+    t = next;
+    out.push_back(v);
+  }
+  if (t != end) return std::nullopt;
+  return out;
+}
+
+}  // namespace
+
 KernelConfig KernelConfig::parse(std::string_view key) {
   KernelConfig c;
-  std::string k(key);
-  int persistent = 0;
-  if (k.rfind("warpspec.", 0) == 0 && k.size() > 3 && k.compare(k.size() - 3, 3, ".pp") == 0) {
-    c.pingpong = true;
-    k.resize(k.size() - 3);
-  }
-  char tail = 0;
-  if (k.rfind("tiled.", 0) == 0) {
+  if (auto v = match_key(key, "tiled.#x#x#.w#x#.s#.g#.k#");
+      v || (v = match_key(key, "tiled.#x#x#.w#x#.s#.g#"))) {
     c.variant = Variant::tiled;
-    if (std::sscanf(k.c_str(), "tiled.%dx%dx%d.w%dx%d.s%d.g%d.k%d%c", &c.bm, &c.bn, &c.bk,
-                    &c.warps_m, &c.warps_n, &c.stages, &c.group_m, &c.split_k, &tail) == 8)
-      return c;
-    c.split_k = 1;
-    if (std::sscanf(k.c_str(), "tiled.%dx%dx%d.w%dx%d.s%d.g%d%c", &c.bm, &c.bn, &c.bk, &c.warps_m,
-                    &c.warps_n, &c.stages, &c.group_m, &tail) == 7)
-      return c;
-  } else if (k.rfind("warpspec.", 0) == 0) {
+    c.bm = (*v)[0], c.bn = (*v)[1], c.bk = (*v)[2];
+    c.warps_m = (*v)[3], c.warps_n = (*v)[4], c.stages = (*v)[5], c.group_m = (*v)[6];
+    c.split_k = v->size() == 8 ? (*v)[7] : 1;
+    return c;
+  }
+  const bool pingpong = key.ends_with(".pp");
+  if (const auto v = match_key(pingpong ? key.substr(0, key.size() - 3) : key,
+                               "warpspec.#x#x#.c#.s#.g#.cl#.p#")) {
     c.variant = Variant::warpspec;
-    c.warps_n = 1;
-    if (std::sscanf(k.c_str(), "warpspec.%dx%dx%d.c%d.s%d.g%d.cl%d.p%d%c", &c.bm, &c.bn, &c.bk,
-                    &c.warps_m, &c.stages, &c.group_m, &c.cluster_m, &persistent, &tail) == 8) {
-      c.persistent = persistent != 0;
-      return c;
-    }
+    c.bm = (*v)[0], c.bn = (*v)[1], c.bk = (*v)[2];
+    c.warps_m = (*v)[3], c.warps_n = 1, c.stages = (*v)[4], c.group_m = (*v)[5];
+    c.cluster_m = (*v)[6], c.persistent = (*v)[7] != 0, c.pingpong = pingpong;
+    return c;
   }
   throw InvalidArgument("config",
                         "expected a key like tiled.128x128x32.w2x4.s4.g8[.k4] or "
