@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -29,11 +30,12 @@ struct CompileArgs {
   ProblemOptions problem;
   std::string arch;  // empty: the GPU's
   std::string variant = "auto";
+  std::string config;  // a KernelConfig key: compile exactly that config (overrides --variant)
   std::string cache_dir;
   // --from-db [FILE]: FILE, or (no FILE) every database under <cache dir>/tuning.
   bool from_db = false;
   std::string db_file;
-  bool problem_given = false;  // --shapes, --dtypes, --modes or --variant given explicitly
+  bool problem_given = false;  // --shapes, --dtypes, --modes, --variant or --config given
   std::string emit_dir;        // --emit-source: also write each generated translation unit here
 };
 
@@ -126,7 +128,7 @@ int run_compile(const CompileArgs& a) {
   if (a.from_db && a.problem_given)
     throw InvalidArgument("from-db",
                           "the problems come from the tuning database; drop --shapes, "
-                          "--dtypes, --modes and --variant");
+                          "--dtypes, --modes, --variant and --config");
   std::vector<Job> jobs;
   std::string target;
   if (a.from_db) {
@@ -144,8 +146,21 @@ int run_compile(const CompileArgs& a) {
     // The 'a' suffix only matters on sm_90, where it unlocks wgmma; elsewhere plain sm_XY.
     const std::string arch = dev.arch();
     if (a.variant != "auto" && a.variant != "all") parse_variant(a.variant);
+    std::optional<KernelConfig> forced;
+    if (!a.config.empty()) {
+      if (a.variant != "auto")
+        throw InvalidArgument("config",
+                              "give --config or --variant, not both (a key names its "
+                              "variant)");
+      forced = KernelConfig::parse(a.config);
+    }
     for (const Problem& p : a.problem.problems()) {
-      if (a.variant == "all") {
+      if (forced) {
+        if (const std::string why = forced->why_invalid(p, dev); !why.empty())
+          throw InvalidArgument(
+              "config", fmt::format("{} cannot run {} on {}: {}", a.config, p.key(), arch, why));
+        jobs.push_back({p, *forced, arch});
+      } else if (a.variant == "all") {
         for (const auto& c : candidate_configs(p, dev)) jobs.push_back({p, c, arch});
       } else {
         std::optional<Variant> v;
@@ -199,6 +214,9 @@ void add_compile(CLI::App& app, Action& action) {
   cmd->add_option("--arch", a->arch, "Target, e.g. sm_80, sm_90a (default: this machine's GPU)");
   cmd->add_option("--variant", a->variant, "tiled, warpspec, auto (the planner's pick) or all")
       ->capture_default_str();
+  cmd->add_option("--config", a->config,
+                  "Compile this kernel config (a key as `fusejit bench` prints it) instead of the "
+                  "planner's pick");
   cmd->add_option("--cache-dir", a->cache_dir, "Cache directory (default: see README)");
   cmd->add_option("--from-db", a->db_file,
                   "Compile a tuning database's winners (FILE, or every database under "
@@ -208,7 +226,7 @@ void add_compile(CLI::App& app, Action& action) {
                   "Also write the generated CUDA sources (and template headers) to DIR");
   cmd->callback([&action, a, cmd] {
     a->from_db = cmd->get_option("--from-db")->count() > 0;
-    for (const char* o : {"--shapes", "--dtypes", "--modes", "--variant"})
+    for (const char* o : {"--shapes", "--dtypes", "--modes", "--variant", "--config"})
       a->problem_given |= cmd->get_option(o)->count() > 0;
     action = [a] { return run_compile(*a); };
   });

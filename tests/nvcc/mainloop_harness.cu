@@ -511,6 +511,9 @@ int main(int argc, char** argv) {
                                                                                       quick);
   run_case<HSpec<float, SF, 1024, 8192, 8192, 8192, 8192, 16, 128, 128, 16, 4, 2, 3>>("target", 1,
                                                                                       quick);
+  // The fused op's default strict-fp32 config on H100 (tiled.128x128x32.w4x2.s3.g8).
+  run_case<HSpec<float, SF, 1024, 8192, 8192, 8192, 8192, 16, 128, 128, 32, 4, 2, 3>>("target", 1,
+                                                                                      quick);
 
   CKB(cublasDestroy(g_cublas));
   int fails = 0;
