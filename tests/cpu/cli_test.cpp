@@ -90,6 +90,13 @@ TEST_CASE("bad arguments get one clear line and exit code 2") {
            {"compile --arch sm_80 --shape 1x64x64 --mode train --cache-dir " + dir, "M"},
            {"compile --arch sm_80 --momentum lots --cache-dir " + dir, "momentum"},
            {"compile --arch sm_80 --bogus", "bogus"},
+           {"compile --arch sm_80 --config tiled.64x64x16.w2x1.s3.g8 --variant tiled --cache-dir " +
+                dir,
+            "config"},
+           {"compile --arch sm_80 --dtype fp32 --config warpspec.128x256x64.c2.s4.g8.cl1.p1 "
+            "--cache-dir " +
+                dir,
+            "config"},
            {"check --config tiled.64x64x16.w2x1.s3.g8.k --list", "config"},
            {"check --config tiled.64x64x16.w2x1.s3.g8.k4 --variant tiled --list", "config"},
            {"check --config tiled.64x64x16.w2x1.s3.g8.k4 --op reference --list", "config"},
@@ -103,6 +110,17 @@ TEST_CASE("bad arguments get one clear line and exit code 2") {
     CHECK(lines(r.out) == 1);
     CHECK_MESSAGE(r.out.find(c.expect) != std::string::npos, r.out);
   }
+}
+
+TEST_CASE("compile --config compiles exactly that config") {
+  const std::string dir = temp_dir("compile-config");
+  const Result r =
+      run("compile --arch sm_90a --shape 128x512x1024 --dtype fp32 --mode eval "
+          "--config tiled.64x64x16.w2x1.s3.g8.k8 --cache-dir " +
+          dir);
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  CHECK(r.out.find("fj.fp32.eval.128x512x1024.tiled.64x64x16.w2x1.s3.g8.k8") != std::string::npos);
+  CHECK(r.out.find("1 kernel set(s): 0 hit, 1 compiled") != std::string::npos);
 }
 
 TEST_CASE("check --config takes split-K keys (no GPU needed to list the cases)") {
