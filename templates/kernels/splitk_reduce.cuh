@@ -30,35 +30,20 @@ struct SplitKReduce {
     const int n = Gemm::slice_vecs_in_m(linear);
     const float4* first = Gemm::slice(p, 0, linear);
     wait_for_prior_grid();
-    // One CTA reads S x 64 KiB (128x128 tiles) from L2 alone: with one vector per split in flight
-    // per thread it waited on latency (1024^3 bf16 .k4 measured slower than no split at all), so
-    // each thread keeps kUnroll x S 16-byte loads in flight (at most 16: 64 registers).
-    constexpr int S = Gemm::kSplits;
-    constexpr int kUnroll = S >= 16 ? 1 : 16 / S;
-    for (int i0 = threadIdx.x; i0 < n; i0 += kThreads * kUnroll) {
+    for (int i = threadIdx.x; i < n; i += kThreads) {
       // All loads first (they are independent), then the adds in split order.
-      float4 v[kUnroll][S];
+      float4 v[Gemm::kSplits];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int i = i0 + u * kThreads;
+      for (int s = 0; s < Gemm::kSplits; ++s) v[s] = first[s * kSplitStride + i];
+      float4 acc = v[0];
 #pragma unroll
-        for (int s = 0; s < S; ++s)
-          if (i < n) v[u][s] = first[s * kSplitStride + i];
+      for (int s = 1; s < Gemm::kSplits; ++s) {
+        acc.x += v[s].x;
+        acc.y += v[s].y;
+        acc.z += v[s].z;
+        acc.w += v[s].w;
       }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int i = i0 + u * kThreads;
-        if (i >= n) break;
-        float4 acc = v[u][0];
-#pragma unroll
-        for (int s = 1; s < S; ++s) {
-          acc.x += v[u][s].x;
-          acc.y += v[u][s].y;
-          acc.z += v[u][s].z;
-          acc.w += v[u][s].w;
-        }
-        tile.vec4(i) = acc;
-      }
+      tile.vec4(i) = acc;
     }
     __syncthreads();
     Gemm::template finish<kThreads>(p, smem, linear);
