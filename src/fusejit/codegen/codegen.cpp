@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "fusejit/codegen/embedded_templates.hpp"
@@ -95,8 +96,11 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   const char* gemm = ws ? "fj::WarpspecGemm<Spec>" : "fj::TiledGemm<Spec>";
   t += ws ? "#include \"kernels/warpspec_gemm.cuh\"\n" : "#include \"kernels/tiled_gemm.cuh\"\n";
   if (sched.split_k) t += "#include \"kernels/splitk_reduce.cuh\"\n";
-  // Every kernel after the GEMM and the split-K reduce is a BatchNorm pass.
-  if (sched.kernels.size() > (sched.split_k ? 2u : 1u)) t += "#include \"kernels/bn_apply.cuh\"\n";
+  // The BatchNorm passes (fj_finalize, fj_apply, fj_bump) live in bn_apply.cuh.
+  const bool bn_passes = std::any_of(sched.kernels.begin(), sched.kernels.end(), [](const auto& k) {
+    return k == "fj_finalize" || k == "fj_apply" || k == "fj_bump";
+  });
+  if (bn_passes) t += "#include \"kernels/bn_apply.cuh\"\n";
   // The host reads the exact dynamic shared memory size and the launch shapes of the BatchNorm
   // passes from the module: the templates are their one source of truth.
   t += fmt::format("extern \"C\" __device__ const int fj_smem_bytes = {}::kSmemBytes;\n", gemm);
