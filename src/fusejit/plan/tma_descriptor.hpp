@@ -1,7 +1,8 @@
 // Host side of the warpspec kernel's TMA copies: the tensor maps (CUtensorMap, passed by value
 // as the kernel's fj::TmaDescriptor parameters) through which its producer copies x and W tiles
-// into shared memory and, with tma_store, its consumers copy y tiles out. Encoding is a pure host call (no device work), cheap enough to
-// redo on every run, which is how a run picks up new tensor addresses.
+// into shared memory and, with tma_store, its consumers copy y tiles out. Encoding is a pure host
+// call (no device work), cheap enough to redo on every run, which is how a run picks up new tensor
+// addresses.
 #pragma once
 #include <cuda.h>
 
