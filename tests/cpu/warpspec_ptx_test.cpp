@@ -2,7 +2,8 @@
 // codegen's output (a Spec prelude, templates/kernels/warpspec_gemm.cuh, the extern "C" entry
 // point) to sm_90a PTX, and the PTX must hold the instructions the design rests on: wgmma, TMA
 // bulk tensor copies completing on mbarriers, setmaxnreg, for a cluster Spec the multicast
-// form, and for a TMA_STORE Spec bulk tensor stores out of shared memory. Needs nvcc, not a GPU; without nvcc the test says so and passes vacuously.
+// form, and for a TMA_STORE Spec bulk tensor stores out of shared memory. Needs nvcc, not a GPU;
+// without nvcc the test says so and passes vacuously.
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>
