@@ -159,8 +159,8 @@ TEST_CASE("quick sweep, warpspec TMA-store configs (sm_90 only)") {
       CAPTURE(name(f.dtype));
       CAPTURE(name(m));
       const SweepSummary s =
-          run_cases(tma_aligned(builtin_sweep(false, f.dtype, m)), f.dtype, m,
-                    Implementation::plan, std::nullopt, KernelConfig::parse(f.key));
+          run_cases(tma_aligned(builtin_sweep(false, f.dtype, m)), f.dtype, m, Implementation::plan,
+                    std::nullopt, KernelConfig::parse(f.key));
       CHECK(s.skipped == 0);
       CHECK(s.passed == s.cases);
     }
