@@ -7,14 +7,6 @@
 // That keeps the epilogue's shared memory small enough to sit beside the full stage ring, so a
 // persistent CTA's producer can load the next tile while the consumers run this.
 //
-// TMA_STORE: instead of 128-byte chunks through a small staging buffer and 16-byte stores that
-// the consumers issue themselves, each warpgroup writes its whole slab of the tile into a
-// staging buffer in the TMA box layout and one thread hands it to TMA stores. The consumers go
-// back to the mainloop while the copy engine drains the buffer; synchronous stores stalled them
-// because every persistent CTA reaches its epilogue at the same moment and the burst of y writes
-// saturates the memory system (H100, 4096^3 bf16 eval: 9 us of 183, see docs/performance.md).
-// Costs a buffer of the tile's size (64 KiB for 128x256 bf16).
-//
 // Fragment layout (wgmma m64nNk*, fp32 D): consumer warpgroup `wg` owns rows
 // [wg * WG_M, (wg + 1) * WG_M) of the tile, M_ATOMS atoms of 64 rows each; in atom `ma`, warp w
 // of the group owns 16 rows and lane (g = lane / 4, q = lane % 4) holds, for every 8-column
@@ -23,14 +15,12 @@
 #include "common/params.h"
 #include "common/types.cuh"
 #include "epilogue/bn_math.cuh"
-#include "mainloop/mbarrier.cuh"
-#include "mainloop/tma.cuh"
 
 namespace fj {
 
 // CONSUMERS warpgroups share the tile; they synchronize on named barriers BAR0 (all of them)
 // and BAR0 + 1 + wg (warpgroup wg alone), so two teams with different BAR0 can run side by side.
-template <class Spec, int CONSUMERS, int M_ATOMS, int BAR0 = 1, bool TMA_STORE = false>
+template <class Spec, int CONSUMERS, int M_ATOMS, int BAR0 = 1>
 struct FragmentBnEpilogue {
   using T = typename Spec::T;
   static constexpr int BM = Spec::BM, BN = Spec::BN;
@@ -47,15 +37,9 @@ struct FragmentBnEpilogue {
   static constexpr int kChunks = BN / kChunkCols;
   static_assert(BN % kChunkCols == 0, "fragment epilogue: BN must hold whole 128-byte chunks");
   static constexpr int kStageLd = 128 + 8 * static_cast<int>(sizeof(T));
-  // TMA_STORE: per warpgroup, kChunks boxes of [WG_M rows][128 bytes], 128-byte swizzled.
-  static constexpr int kBoxBytes = WG_M * 128;
-  static constexpr int kStagingBytes =
-      TMA_STORE ? CONSUMERS * kChunks * kBoxBytes : CONSUMERS * WG_M * kStageLd;
+  static constexpr int kStagingBytes = CONSUMERS * WG_M * kStageLd;
   static constexpr int kRedFloats = kWarps * BN;
-  // Staging first: TMA_STORE boxes need the 1024-byte alignment of the swizzle pattern, which
-  // the caller gives the scratch base (kScratchAlign).
-  static constexpr int kScratchBytes = kStagingBytes + (kRedFloats + 2 * BN) * 4;
-  static constexpr int kScratchAlign = TMA_STORE ? 1024 : 16;
+  static constexpr int kScratchBytes = (kRedFloats + 2 * BN) * 4 + kStagingBytes;
   static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte store
 
   using Acc = float[M_ATOMS][kRegs];
@@ -75,21 +59,18 @@ struct FragmentBnEpilogue {
   }
 
   // tid in [0, NT): the consumer threads, warpgroup-major. `scratch` is kScratchBytes of shared
-  // memory, kScratchAlign-byte aligned, owned by this epilogue for the duration of the call
-  // (TMA_STORE: and for the stores it leaves in flight, until the next call or drain()). Eval
-  // only: `eval_coef` (non-null) holds eval_coefficients() of this tile, [0, BN) = A,
-  // [BN, 2 BN) = B, and the call then synchronizes only within each warpgroup. TMA_STORE: `ty`
-  // maps y in boxes of [WG_M rows][128 bytes] with 128-byte swizzling.
+  // memory, 16-byte aligned, owned by this epilogue for the duration of the call. Eval only:
+  // `eval_coef` (non-null) holds eval_coefficients() of this tile, [0, BN) = A, [BN, 2 BN) = B,
+  // and the call then synchronizes only within each warpgroup.
   __device__ static void run(const Params& p, Acc& acc, char* scratch, int m0, int n0, int row_tile,
-                             int tid, const float* eval_coef = nullptr,
-                             const TmaDescriptor* ty = nullptr) {
-    char* staging = scratch;
-    float* red = reinterpret_cast<float*>(scratch + kStagingBytes);
+                             int tid, const float* eval_coef = nullptr) {
+    float* red = reinterpret_cast<float*>(scratch);
     float* coef_a = red + kRedFloats;
     float* coef_b = coef_a + BN;
+    char* staging = reinterpret_cast<char*>(coef_b + BN);
     if constexpr (!Spec::TRAIN) {
       if (eval_coef) {
-        store(p, acc, eval_coef, eval_coef + BN, staging, m0, n0, tid, ty);
+        store(p, acc, eval_coef, eval_coef + BN, staging, m0, n0, tid);
         return;
       }
     }
@@ -132,15 +113,7 @@ struct FragmentBnEpilogue {
       }
     }
     all_sync();
-    store(p, acc, coef_a, coef_b, staging, m0, n0, tid, ty);
-  }
-
-  // TMA_STORE: before the CTA exits, its last stores must have read the staging buffer (which
-  // dies with the CTA) and written y (which the next kernel may read).
-  __device__ __forceinline__ static void drain(int tid) {
-    if constexpr (TMA_STORE) {
-      if (tid % 128 == 0) bulk_wait<0>();
-    }
+    store(p, acc, coef_a, coef_b, staging, m0, n0, tid);
   }
 
  private:
@@ -218,15 +191,10 @@ struct FragmentBnEpilogue {
     }
   }
 
-  // y = coef_a * acc + coef_b, rounded to T, through the staging buffer into 16-byte stores
-  // (TMA_STORE: into TMA stores).
+  // y = coef_a * acc + coef_b, rounded to T, through the staging buffer into 16-byte stores.
   __device__ __forceinline__ static void store(const Params& p, const Acc& acc, const float* coef_a,
                                                const float* coef_b, char* staging, int m0, int n0,
-                                               int tid, const TmaDescriptor* ty) {
-    if constexpr (TMA_STORE) {
-      store_tma(acc, coef_a, coef_b, staging, m0, n0, tid, ty);
-      return;
-    }
+                                               int tid) {
     const int wg = tid / 128, wtid = tid % 128;
     const int lane = tid % 32, wq = wtid / 32;
     const int g = lane / 4, q = lane % 4;
@@ -275,52 +243,6 @@ struct FragmentBnEpilogue {
           }
         }
       }
-    }
-  }
-
-  // One warpgroup's slab of rows, whole, into the staging boxes (box c holds columns
-  // [c * kChunkCols, (c + 1) * kChunkCols) of the slab; row r's 16-byte unit u sits at unit
-  // u ^ (r % 8), TMA's 128-byte swizzle, which also spreads a warp's 8 rows over all banks),
-  // then one thread stores the boxes. TMA skips rows past M and columns past N.
-  __device__ __forceinline__ static void store_tma(const Acc& acc, const float* coef_a,
-                                                   const float* coef_b, char* staging, int m0,
-                                                   int n0, int tid, const TmaDescriptor* ty) {
-    const int wg = tid / 128, wtid = tid % 128;
-    const int lane = tid % 32, wq = wtid / 32;
-    const int g = lane / 4, q = lane % 4;
-    char* slab = staging + wg * kChunks * kBoxBytes;
-    // The previous tile's stores from this slab must have read it (long done, in a mainloop's
-    // time, unless this CTA's tiles have a tiny K).
-    if (wtid == 0) bulk_wait_read<0>();
-    group_sync(wg);
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      const float2 ca = *reinterpret_cast<const float2*>(coef_a + 8 * j + 2 * q);
-      const float2 cb = *reinterpret_cast<const float2*>(coef_b + 8 * j + 2 * q);
-      const int byte = (8 * (j % (kChunkCols / 8)) + 2 * q) * static_cast<int>(sizeof(T));
-      char* box = slab + (j / (kChunkCols / 8)) * kBoxBytes;
-#pragma unroll
-      for (int ma = 0; ma < M_ATOMS; ++ma)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = 64 * ma + 16 * wq + g + 8 * h;
-          const float lo = ca.x * acc[ma][4 * j + 2 * h] + cb.x;
-          const float hi = ca.y * acc[ma][4 * j + 2 * h + 1] + cb.y;
-          char* dst = box + r * 128 + ((((byte / 16) ^ r) % 8) * 16) + byte % 16;
-          if constexpr (sizeof(T) == 4) {
-            *reinterpret_cast<float2*>(dst) = make_float2(lo, hi);
-          } else {
-            *reinterpret_cast<unsigned*>(dst) = pack2<T>(lo, hi);
-          }
-        }
-    }
-    fence_async_shared();
-    group_sync(wg);
-    if (wtid == 0) {
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c)
-        tma_store_2d(ty, shared_addr(slab + c * kBoxBytes), n0 + c * kChunkCols, m0 + wg * WG_M);
-      bulk_commit();
     }
   }
 };

@@ -39,16 +39,9 @@ TEST_CASE("config keys round-trip and are distinct") {
   for (const char* bad :
        {"tiled. 128x128x32.w2x4.s4.g8", "tiled.+128x128x32.w2x4.s4.g8",
         "tiled.99999999999x128x32.w2x4.s4.g8", "warpspec.128x256x64.c2.s4.g8.cl1.p1.pp.pp",
-        "warpspec.128x256x64.c2.s4.g8.cl1.p", "tiled.128x128x32.w2x4.s4.g8.pp",
-        "tiled.128x128x32.w2x4.s4.g8.ts", "warpspec.128x256x64.c2.s4.g8.cl1.p1.ts.pp",
-        "warpspec.128x256x64.c2.s4.g8.cl1.p1.ts.ts"})
+        "warpspec.128x256x64.c2.s4.g8.cl1.p", "tiled.128x128x32.w2x4.s4.g8.pp"})
     CHECK_THROWS_AS(KernelConfig::parse(bad), InvalidArgument);
   CHECK(KernelConfig::parse("warpspec.128x256x64.c2.s4.g8.cl1.p1.pp").pingpong);
-  const KernelConfig ts = KernelConfig::parse("warpspec.128x256x64.c2.s3.g8.cl1.p1.ts");
-  CHECK(ts.tma_store);
-  CHECK(!ts.pingpong);
-  CHECK(ts.key() == "warpspec.128x256x64.c2.s3.g8.cl1.p1.ts");
-  CHECK(!KernelConfig::parse("warpspec.128x256x64.c2.s3.g8.cl1.p1").tma_store);
 }
 
 TEST_CASE("every candidate is valid for its device, and pruning says why") {
@@ -74,21 +67,6 @@ TEST_CASE("every candidate is valid for its device, and pruning says why") {
   CHECK_THROWS_AS(default_config(problem(DType::bf16, Mode::eval), Device::for_arch("sm_80"),
                                  Variant::warpspec),
                   InvalidArgument);
-  // TMA stores: warpspec without pingpong only, and the tile-sized staging buffer counts: the
-  // 4-stage 128x256 ring that fits with thread stores does not fit beside it.
-  const Device h100 = Device::for_arch("sm_90a");
-  const Problem bf16 = problem(DType::bf16, Mode::train);
-  CHECK(KernelConfig::parse("warpspec.128x256x64.c2.s3.g8.cl1.p1.ts").valid_for(bf16, h100));
-  CHECK(KernelConfig::parse("warpspec.128x256x64.c2.s4.g8.cl1.p1").valid_for(bf16, h100));
-  CHECK(KernelConfig::parse("warpspec.128x256x64.c2.s4.g8.cl1.p1.ts")
-            .why_invalid(bf16, h100)
-            .find("shared memory") != std::string::npos);
-  KernelConfig pp_ts = KernelConfig::parse("warpspec.128x128x64.c2.s5.g8.cl1.p1.pp");
-  pp_ts.tma_store = true;
-  CHECK(pp_ts.why_invalid(bf16, h100).find("tma_store") != std::string::npos);
-  KernelConfig tiled_ts = KernelConfig::parse("tiled.128x128x64.w2x2.s3.g8");
-  tiled_ts.tma_store = true;
-  CHECK(!tiled_ts.valid_for(bf16, Device::for_arch("sm_80")));
 }
 
 TEST_CASE("architectures parse and older than sm_80 are refused") {

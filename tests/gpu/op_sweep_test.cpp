@@ -136,36 +136,6 @@ TEST_CASE("quick sweep, warpspec pingpong configs (sm_90 only)") {
       }
 }
 
-TEST_CASE("quick sweep, warpspec TMA-store configs (sm_90 only)") {
-  if (!on_hopper()) return;
-  // y leaves through TMA stores of staged boxes (clipped at M and N by the copy engine): both
-  // consumer layouts (two warpgroups of 64 rows, one of 64), 128- and 256-column tiles, a
-  // cluster of two (whose CTAs past M store nothing), tf32 (fp32 boxes of 32 columns), every
-  // epilogue.
-  struct Forced {
-    const char* key;
-    DType dtype;
-  };
-  constexpr Forced kForced[] = {
-      {"warpspec.128x256x64.c2.s3.g8.cl1.p1.ts", DType::bf16},
-      {"warpspec.128x256x64.c2.s3.g8.cl1.p1.ts", DType::fp16},
-      {"warpspec.64x128x64.c1.s6.g8.cl1.p1.ts", DType::bf16},
-      {"warpspec.128x128x64.c2.s5.g8.cl2.p1.ts", DType::fp16},
-      {"warpspec.128x128x32.c2.s4.g8.cl1.p1.ts", DType::tf32},
-  };
-  for (const Forced& f : kForced)
-    for (Mode m : kModes) {
-      CAPTURE(f.key);
-      CAPTURE(name(f.dtype));
-      CAPTURE(name(m));
-      const SweepSummary s =
-          run_cases(tma_aligned(builtin_sweep(false, f.dtype, m)), f.dtype, m, Implementation::plan,
-                    std::nullopt, KernelConfig::parse(f.key));
-      CHECK(s.skipped == 0);
-      CHECK(s.passed == s.cases);
-    }
-}
-
 TEST_CASE("quick sweep, tiled split-K configs: fp32, tf32 and bf16, train and eval") {
   primary_context(0);
   const Device dev = Device::current();

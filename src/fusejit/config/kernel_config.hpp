@@ -31,9 +31,6 @@ struct KernelConfig {
   // warpspec, persistent, two consumers: each consumer warpgroup takes whole BM x BN tiles in
   // turn, so one's epilogue overlaps the other's mainloop (key suffix ".pp").
   bool pingpong = false;
-  // warpspec, not pingpong: y leaves through a tile-sized shared-memory buffer and TMA stores
-  // that drain during the next tile's mainloop (key suffix ".ts").
-  bool tma_store = false;
   // tiled: split-K. S > 1 CTAs per output tile each multiply a contiguous share of the k tiles
   // into an fp32 workspace slice; a second kernel adds the S slices in a fixed order and runs the
   // epilogue (key suffix ".k<S>"). For grids too small to fill the GPU with a long K.
@@ -51,8 +48,7 @@ struct KernelConfig {
   std::string why_invalid(const Problem& problem, const Device& device) const;
   bool valid_for(const Problem& p, const Device& d) const { return why_invalid(p, d).empty(); }
   // Stable text naming every field, e.g. "tiled.128x128x32.w2x4.s3.g8", with ".k8" appended
-  // for split_k = 8 (nothing for 1, so keys from before split-K are unchanged); warpspec keys
-  // end in ".pp" for pingpong and ".ts" for tma_store.
+  // for split_k = 8 (nothing for 1, so keys from before split-K are unchanged).
   std::string key() const;
   // Inverse of key(); throws InvalidArgument("config", ...).
   static KernelConfig parse(std::string_view key);

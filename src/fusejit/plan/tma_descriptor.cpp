@@ -1,6 +1,5 @@
 #include "fusejit/plan/tma_descriptor.hpp"
 
-#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -62,7 +61,7 @@ CUtensorMap encode_tma_tile_map(DType dtype, const void* base, std::int64_t rows
 }
 
 WarpspecTensorMaps warpspec_tensor_maps(const Problem& problem, const KernelConfig& config,
-                                        const void* x, const void* w, void* y) {
+                                        const void* x, const void* w) {
   if (config.variant != Variant::warpspec)
     throw InvalidArgument("config", "tensor maps exist only for the warpspec variant");
   if (config.cluster_m < 1 || config.bn % config.cluster_m != 0)
@@ -73,13 +72,6 @@ WarpspecTensorMaps warpspec_tensor_maps(const Problem& problem, const KernelConf
                                atom, "x");
   maps.w = encode_tma_tile_map(problem.dtype, w, problem.N, problem.K, problem.lda_w(),
                                config.bn / config.cluster_m, atom, "w");
-  std::memset(&maps.y, 0, sizeof(maps.y));
-  if (config.tma_store) {
-    // y holds plain fp32 in tf32 mode: no rounding on the way out.
-    const DType out = problem.dtype == DType::tf32 ? DType::fp32 : problem.dtype;
-    maps.y = encode_tma_tile_map(out, y, problem.M, problem.N, problem.lda_y(),
-                                 config.bm / std::max(1, config.warps_m), atom, "y");
-  }
   return maps;
 }
 
