@@ -149,6 +149,7 @@ struct FragmentBnEpilogue {
 #pragma unroll
       for (int h = 0; h < 2; ++h) valid[ma][h] = row0 + 64 * ma + 8 * h < rows;
     const bool b4 = (lane >> 4) & 1, b3 = (lane >> 3) & 1, b2 = (lane >> 2) & 1;
+    float total[BN / 32];
 #pragma unroll
     for (int grp = 0; grp < BN / 32; ++grp) {
       float v[8];
@@ -185,62 +186,88 @@ struct FragmentBnEpilogue {
         const float keep = b2 ? v[1] : v[0];
         v[0] = keep + __shfl_xor_sync(0xffffffffu, send, 4);
       }
-      // This lane now holds local index k = 4 b4 + 2 b3 + b2 of the group.
-      const int k = 4 * b4 + 2 * b3 + b2;
-      red[warp * BN + 32 * grp + 8 * (k / 2) + 2 * q + (k % 2)] = v[0];
+      total[grp] = v[0];
     }
+    // This lane now holds local index k = 4 b4 + 2 b3 + b2 of every group. (Stored only now:
+    // a store to `red` between the groups would hold back the next group's loads of `ref`,
+    // which the compiler cannot tell apart from it.)
+    const int k = 4 * b4 + 2 * b3 + b2;
+#pragma unroll
+    for (int grp = 0; grp < BN / 32; ++grp)
+      red[warp * BN + 32 * grp + 8 * (k / 2) + 2 * q + (k % 2)] = total[grp];
   }
 
   // y = coef_a * acc + coef_b, rounded to T, through the staging buffer into 16-byte stores.
   __device__ __forceinline__ static void store(const Params& p, const Acc& acc, const float* coef_a,
                                                const float* coef_b, char* staging, int m0, int n0,
                                                int tid) {
+    const int q = tid % 4;
+#pragma unroll
+    for (int chunk = 0; chunk < kChunks; ++chunk)
+      store_chunk(p, staging, chunk, m0, n0, tid, [&](int ma, int jj, int h) {
+        // Columns 8 j + 2 q and 8 j + 2 q + 1 of the fragment's row.
+        const int j = chunk * (kChunkCols / 8) + jj;
+        const float2 ca = *reinterpret_cast<const float2*>(coef_a + 8 * j + 2 * q);
+        const float2 cb = *reinterpret_cast<const float2*>(coef_b + 8 * j + 2 * q);
+        const float lo = ca.x * acc[ma][4 * j + 2 * h] + cb.x;
+        const float hi = ca.y * acc[ma][4 * j + 2 * h + 1] + cb.y;
+        if constexpr (sizeof(T) == 4)
+          return make_float2(lo, hi);
+        else
+          return pack2<T>(lo, hi);
+      });
+  }
+
+  // Column chunk `chunk` of the tile at (m0, n0): pair(ma, jj, h) gives the fragment's value in
+  // 8-column block jj of the chunk (a float2, or two 16-bit values packed in an unsigned); they
+  // go through this warpgroup's staging buffer into 16-byte stores.
+  template <class Pair>
+  __device__ __forceinline__ static void store_chunk(const Params& p, char* staging, int chunk,
+                                                     int m0, int n0, int tid, Pair pair) {
     const int wg = tid / 128, wtid = tid % 128;
     const int lane = tid % 32, wq = wtid / 32;
     const int g = lane / 4, q = lane % 4;
     char* stage = staging + wg * WG_M * kStageLd;
     T* y = static_cast<T*>(p.y);
     const int row_base = m0 + wg * WG_M;
+    // All of the chunk's values first, then all the shared stores: the compiler cannot tell
+    // the staging buffer from the coefficients that pair() reads, so interleaving them makes
+    // every coefficient load wait for the previous store (a 60-cycle chain per fragment).
+    using V = decltype(pair(0, 0, 0));  // float2 or unsigned
+    V v[kChunkCols / 8][M_ATOMS][2];
 #pragma unroll
-    for (int chunk = 0; chunk < kChunks; ++chunk) {
-      group_sync(wg);  // the previous chunk's reads of the staging buffer are done
+    for (int jj = 0; jj < kChunkCols / 8; ++jj)
 #pragma unroll
-      for (int jj = 0; jj < kChunkCols / 8; ++jj) {
-        const int j = chunk * (kChunkCols / 8) + jj;
-        const float2 ca = *reinterpret_cast<const float2*>(coef_a + 8 * j + 2 * q);
-        const float2 cb = *reinterpret_cast<const float2*>(coef_b + 8 * j + 2 * q);
+      for (int ma = 0; ma < M_ATOMS; ++ma)
 #pragma unroll
-        for (int ma = 0; ma < M_ATOMS; ++ma)
+        for (int h = 0; h < 2; ++h) v[jj][ma][h] = pair(ma, jj, h);
+    group_sync(wg);  // the previous chunk's reads of the staging buffer are done
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int r = 64 * ma + 16 * wq + g + 8 * h;
-            const float lo = ca.x * acc[ma][4 * j + 2 * h] + cb.x;
-            const float hi = ca.y * acc[ma][4 * j + 2 * h + 1] + cb.y;
-            char* dst = stage + r * kStageLd + (8 * jj + 2 * q) * static_cast<int>(sizeof(T));
-            if constexpr (sizeof(T) == 4) {
-              *reinterpret_cast<float2*>(dst) = make_float2(lo, hi);
-            } else {
-              *reinterpret_cast<unsigned*>(dst) = pack2<T>(lo, hi);
-            }
-          }
-      }
-      group_sync(wg);
-      const int col_base = n0 + chunk * kChunkCols;
+    for (int jj = 0; jj < kChunkCols / 8; ++jj)
 #pragma unroll
-      for (int i = wtid; i < WG_M * 8; i += 128) {
-        const int r = i / 8, u = i % 8;
-        const int grow = row_base + r;
-        const int gcol = col_base + u * kVec;
-        if (grow < Spec::M && gcol < Spec::N) {
-          const char* src = stage + r * kStageLd + u * 16;
-          T* dst = y + static_cast<long long>(grow) * Spec::LDY + gcol;
-          if (gcol + kVec <= Spec::N) {
-            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-          } else {
-            // Column tail: element by element straight from shared memory (a register copy
-            // indexed at run time would live in local memory).
-            for (int e = 0; e < Spec::N - gcol; ++e) dst[e] = reinterpret_cast<const T*>(src)[e];
-          }
+      for (int ma = 0; ma < M_ATOMS; ++ma)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = 64 * ma + 16 * wq + g + 8 * h;
+          char* dst = stage + r * kStageLd + (8 * jj + 2 * q) * static_cast<int>(sizeof(T));
+          *reinterpret_cast<V*>(dst) = v[jj][ma][h];
+        }
+    group_sync(wg);
+    const int col_base = n0 + chunk * kChunkCols;
+#pragma unroll
+    for (int i = wtid; i < WG_M * 8; i += 128) {
+      const int r = i / 8, u = i % 8;
+      const int grow = row_base + r;
+      const int gcol = col_base + u * kVec;
+      if (grow < Spec::M && gcol < Spec::N) {
+        const char* src = stage + r * kStageLd + u * 16;
+        T* dst = y + static_cast<long long>(grow) * Spec::LDY + gcol;
+        if (gcol + kVec <= Spec::N) {
+          *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+        } else {
+          // Column tail: element by element straight from shared memory (a register copy
+          // indexed at run time would live in local memory).
+          for (int e = 0; e < Spec::N - gcol; ++e) dst[e] = reinterpret_cast<const T*>(src)[e];
         }
       }
     }
