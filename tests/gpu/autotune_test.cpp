@@ -1,22 +1,28 @@
 // The autotuner on a GPU: two small shapes tuned end to end, the recorded winner is what the
 // next Plan dispatches to (and it computes the right thing), a deliberately wrong candidate is
-// rejected by verification, tuning on first sight through PlanOptions::autotune, and the
-// `fusejit autotune` command.
+// rejected by verification, a recorded reference-op winner run on two streams at once, tuning
+// on first sight through PlanOptions::autotune, and the `fusejit autotune` command.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "fusejit/check/device_buffer.hpp"
 #include "fusejit/check/sweep.hpp"
 #include "fusejit/device/device.hpp"
 #include "fusejit/device/driver.hpp"
+#include "fusejit/error.hpp"
 #include "fusejit/plan/plan.hpp"
 #include "fusejit/tune/dispatch.hpp"
 #include "fusejit/tune/tuner.hpp"
@@ -90,7 +96,7 @@ double plan_error(const Plan& plan, const Problem& p) {
 void check_dispatches_to(const Plan& plan, const TuningEntry& e) {
   if (e.winner == kReferenceCandidate) {
     CHECK(plan.uses_reference());
-    CHECK(plan.workspace_size() == 0);
+    CHECK(plan.workspace_size() > 0);  // at least the per-column coefficients
     CHECK(plan.kernel_names().front() == "cublasLtMatmul");
     if (!e.best_fused.empty()) CHECK(plan.config().key() == e.best_fused);
   } else {
@@ -215,6 +221,78 @@ TEST_CASE("a fast but wrong candidate is rejected by verification and the next b
   const auto again = db.find(p);
   REQUIRE(again);
   CHECK(again->winner == r2.entry.winner);
+}
+
+// A tuning entry whose winner is the reference op makes every Plan of the problem run it, and
+// a Plan may run on several streams at once when each has its own workspace: the reference op
+// must then keep everything of a run (cuBLASLt's workspace, its per-column coefficients, its
+// fp32 copy of the GEMM output) in that workspace, not in buffers of its own.
+TEST_CASE("a Plan running the recorded reference op: two streams, own workspaces, right results") {
+  primary_context(0);
+  const Device dev = Device::get(0);
+  const TuningDb db = TuningDb::for_device(dev, cache_dir());
+  // 16-bit y, so the fp32 GEMM output lives in the workspace too; train, so the coefficients
+  // depend on each run's own batch.
+  const SweepCase c = parse_sweep_line("1000x640x512 bf16 train");
+  TuningEntry e;
+  e.problem = c.problem;
+  e.winner = std::string(kReferenceCandidate);
+  e.winner_ms = 0.1;
+  e.reference_ms = 0.1;
+  e.error = 1e-3;
+  e.candidates = 1;
+  e.timestamp = 1700000000;
+  REQUIRE(db.record(e));
+  const Plan plan(c.problem, plan_options());
+  REQUIRE(plan.uses_reference());
+  const std::size_t need = plan.workspace_size();
+  CHECK(need >= static_cast<std::size_t>(c.problem.M * c.problem.N + 3 * c.problem.N) * 4);
+
+  constexpr int kStreams = 2, kRuns = 3;
+  std::vector<CaseInputs> in;
+  std::vector<std::unique_ptr<DeviceCase>> dev_case;
+  std::vector<DeviceBuffer> ws;
+  std::vector<Stream> streams;
+  for (int i = 0; i < kStreams; ++i) {
+    in.push_back(make_case_inputs(c, 0xC0FFEEu + static_cast<std::uint64_t>(i)));
+    dev_case.push_back(std::make_unique<DeviceCase>(in.back()));
+    ws.emplace_back(need);
+    streams.emplace_back();
+  }
+  FJ_CU(cuCtxSynchronize());  // DeviceCase's poison memsets run on the legacy stream
+  // Interleaved and unsynchronized: a buffer shared between the streams' runs would mix them.
+  for (int r = 0; r < kRuns; ++r)
+    for (int i = 0; i < kStreams; ++i)
+      plan.run(streams[i], dev_case[i]->tensors(), ws[i].get(), need);
+  for (const Stream& s : streams) s.synchronize();
+  for (int i = 0; i < kStreams; ++i) {
+    CAPTURE(i);
+    ReferenceInputs ref_in = reference_inputs(in[i]);
+    ReferenceSettings settings = reference_settings(c.problem, in[i].num_batches_tracked);
+    ReferenceOutputs ref;
+    for (int r = 0; r < kRuns; ++r) {
+      ref = reference_forward(ref_in, settings);
+      ref_in.running_mean = ref.running_mean;
+      ref_in.running_var = ref.running_var;
+      settings.num_batches_tracked = ref.num_batches_tracked;
+    }
+    const CaseErrors err = compare(in[i], dev_case[i]->download(), ref);
+    CHECK(!err.non_finite);
+    CHECK(err.worst() < sweep_threshold(c.problem.dtype));
+  }
+
+  // The workspace is checked like a fused plan's.
+  for (const auto& [ptr, bytes] :
+       {std::pair<void*, std::size_t>{nullptr, 0},
+        std::pair<void*, std::size_t>{ws[0].get(), need - 1},
+        std::pair<void*, std::size_t>{static_cast<char*>(ws[0].get()) + 16, need}}) {
+    try {
+      plan.run(streams[0], dev_case[0]->tensors(), ptr, bytes);
+      FAIL("a bad workspace was accepted");
+    } catch (const InvalidArgument& x) {
+      CHECK(x.argument() == "workspace");
+    }
+  }
 }
 
 TEST_CASE("PlanOptions::autotune tunes on first sight; neighbours use the bucket") {

@@ -497,7 +497,7 @@ BadInput workspace_row(std::string what, std::ptrdiff_t size_delta, std::size_t 
   r.both = false;
   r.attempt = [=](Fixture& f, bool) {
     PlanOptions o;
-    o.variant = Variant::tiled;  // never the reference op, which takes no workspace
+    o.variant = Variant::tiled;  // the fused kernels (a tuning entry could pick the reference op)
     const Plan plan(train_problem(), o);
     if (plan.workspace_size() == 0)
       throw std::runtime_error("the two-pass plan needs no workspace");

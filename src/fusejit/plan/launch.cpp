@@ -45,6 +45,19 @@ void size_launches(PlanCore& c) {
   }
 }
 
+void validate_workspace(const void* workspace, std::size_t bytes, std::size_t needed) {
+  if (!needed) return;
+  if (!workspace)
+    throw InvalidArgument("workspace",
+                          fmt::format("this plan needs {} bytes of workspace; got null", needed));
+  if (bytes < needed)
+    throw InvalidArgument(
+        "workspace", fmt::format("this plan needs {} bytes of workspace; got {}", needed, bytes));
+  if (reinterpret_cast<std::uintptr_t>(workspace) % kWorkspaceAlign)
+    throw InvalidArgument("workspace",
+                          fmt::format("expected a {}-byte aligned pointer", kWorkspaceAlign));
+}
+
 void validate_tensors(const Problem& p, const Tensors& t) {
   const auto al = static_cast<std::size_t>(p.effective_alignment());
   const std::size_t pe = storage_bytes(p.param_dtype);

@@ -3,6 +3,8 @@
 #pragma once
 #include <cuda.h>
 
+#include <cstddef>
+
 #include "common/params.h"
 #include "fusejit/plan/plan_core.hpp"
 #include "fusejit/plan/tensors.hpp"
@@ -13,6 +15,9 @@ namespace fusejit {
 void size_launches(PlanCore&);
 // Throws InvalidArgument naming the first tensor that is missing, misaligned or not wanted.
 void validate_tensors(const Problem&, const Tensors&);
+// Throws InvalidArgument("workspace") unless `workspace` holds `needed` bytes (of `bytes`
+// given) and is kWorkspaceAlign-aligned; nothing to check when `needed` is 0.
+void validate_workspace(const void* workspace, std::size_t bytes, std::size_t needed);
 // Throws InvalidArgument("stream") when `stream` belongs to a CUDA context other than
 // `context` (the plan's): the driver would refuse the launch with a bare CUDA error, or worse.
 // The null, legacy and per-thread handles mean "the current context's", which the caller has

@@ -23,12 +23,6 @@ namespace fusejit {
 
 namespace {
 
-constexpr std::size_t kWorkspaceAlign = 256;
-
-std::size_t align_up(std::size_t v) {
-  return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
-}
-
 CUcontext choose_context(int ordinal) {
   if (ordinal >= 0) return primary_context(ordinal);
   CUcontext ctx = nullptr;
@@ -59,7 +53,7 @@ WorkspaceLayout workspace_layout(const Problem& p, const KernelConfig& c) {
   auto region = [&w](std::size_t bytes, std::size_t& offset, std::size_t& size) {
     offset = w.total;
     size = bytes;
-    w.total = align_up(w.total + bytes);
+    w.total = align_workspace(w.total + bytes);
   };
   const KernelSchedule sched = schedule(p, c);
   const auto row_tiles = static_cast<std::size_t>((p.M + c.bm - 1) / c.bm);
@@ -194,15 +188,16 @@ Plan::Plan(const Problem& problem, const PlanOptions& options) {
       ReferenceOpOptions ro;
       ro.device = options.device;
       ro.cache_dir = options.cache_dir;
+      ro.own_workspace = false;  // run() passes the plan's (or the caller's)
       reference_ = std::make_shared<const ReferenceOp>(problem, ro);
     } catch (const std::exception& e) {
       log()->warn("plan {}: the tuned cuBLASLt reference path is unavailable ({}); running {}",
                   problem.key(), e.what(), core_->config.key());
     }
   }
-  if (core_->workspace.total && !reference_) {
+  if (const std::size_t bytes = workspace_size()) {
     FJ_CU(cuCtxSetCurrent(core_->context));
-    FJ_CU(cuMemAlloc(&own_workspace_, core_->workspace.total));
+    FJ_CU(cuMemAlloc(&own_workspace_, bytes));
   }
 }
 
@@ -237,7 +232,7 @@ const KernelConfig& Plan::config() const {
   return core_->config;
 }
 std::size_t Plan::workspace_size() const {
-  return reference_ ? 0 : core_->workspace.total;
+  return reference_ ? reference_->workspace_size() : core_->workspace.total;
 }
 std::vector<std::string> Plan::kernel_names() const {
   return reference_ ? reference_->kernel_names() : core_->schedule.kernels;
@@ -260,27 +255,16 @@ void Plan::validate(const Tensors& t) const {
 }
 
 void Plan::run(CUstream stream, const Tensors& t) const {
-  run(stream, t, reinterpret_cast<void*>(own_workspace_), core_->workspace.total);
+  run(stream, t, reinterpret_cast<void*>(own_workspace_), workspace_size());
 }
 
 void Plan::run(CUstream stream, const Tensors& t, void* workspace, std::size_t bytes) const {
   if (reference_) {
-    reference_->run(stream, t);  // validates t exactly as below; needs no workspace
+    reference_->run(stream, t, workspace, bytes);  // validates t and workspace as below
     return;
   }
   validate_tensors(core_->problem, t);
-  if (core_->workspace.total) {
-    if (!workspace)
-      throw InvalidArgument(
-          "workspace",
-          fmt::format("this plan needs {} bytes of workspace; got null", core_->workspace.total));
-    if (bytes < core_->workspace.total)
-      throw InvalidArgument("workspace",
-                            fmt::format("this plan needs {} bytes of workspace; got {}",
-                                        core_->workspace.total, bytes));
-    if (reinterpret_cast<std::uintptr_t>(workspace) % kWorkspaceAlign)
-      throw InvalidArgument("workspace", "expected a 256-byte aligned pointer");
-  }
+  validate_workspace(workspace, bytes, core_->workspace.total);
   launch(*core_, stream, t, workspace);
 }
 

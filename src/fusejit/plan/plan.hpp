@@ -72,8 +72,10 @@ class Plan {
   // or "heuristic".
   const std::string& dispatch() const;
   // True when tuning found the cuBLASLt reference op (ReferenceOp) fastest for this problem on
-  // this GPU: run() then runs it (kernel_names() lists its kernels, workspace_size() is 0) and
-  // config() is the fastest fused config that passed verification, kept for inspection.
+  // this GPU: run() then runs it, in the same kind of workspace (kernel_names() lists its
+  // kernels, workspace_size() is its workspace: for 16-bit y that includes an fp32 [M][N] copy
+  // of the GEMM output) and config() is the fastest fused config that passed verification,
+  // kept for inspection.
   bool uses_reference() const;
 
  private:

@@ -14,6 +14,12 @@
 
 namespace fusejit {
 
+// Every workspace (a plan's, the reference op's) and each region in it starts on this boundary.
+inline constexpr std::size_t kWorkspaceAlign = 256;
+constexpr std::size_t align_workspace(std::size_t bytes) {
+  return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+}
+
 // Where each region of a run's workspace lies (every offset 256-byte aligned); what the kernels
 // are given in Params::ws_*. Empty regions have size 0.
 struct WorkspaceLayout {

@@ -332,9 +332,12 @@ struct ReferenceOp::Impl {
   HandlePtr handle;
   std::unique_ptr<LtGemm> gemm_plain;  // bias (if any) added by the plain kernels
   std::unique_ptr<LtGemm> gemm_bias;   // bias epilogue; null when not applicable or unsupported
-  DeviceBuffer workspace;
-  DeviceBuffer g;     // fp32 GEMM output when y is 16-bit; y itself holds it when y is fp32
-  DeviceBuffer cols;  // col_mean, col_mul, col_add: [3][N] fp32
+  // A run's workspace, regions 256-byte aligned: cuBLASLt's at 0; col_mean, col_mul, col_add
+  // ([3][N] fp32) at cols_offset; the fp32 GEMM output ([M][N]) at g_offset when y is 16-bit
+  // (y itself holds it when y is fp32).
+  bool into_y = false;
+  std::size_t lt_bytes = 0, cols_offset = 0, g_offset = 0, total = 0;
+  DeviceBuffer own;  // for run() without a caller workspace
   std::shared_ptr<const Module> module;
   CUfunction stats = nullptr, eval_coef = nullptr, apply = nullptr;
   unsigned apply_grid = 1;
@@ -352,6 +355,7 @@ ReferenceOp::ReferenceOp(const Problem& problem, const ReferenceOpOptions& optio
   // The GEMM writes fp32 so the statistics see the unrounded products (as the fused kernels'
   // epilogues do); for fp32 problems that is y itself.
   const bool into_y = storage_type(problem.dtype) == DType::fp32;
+  m.into_y = into_y;
   GemmSpec s = gemm_spec(problem);
   s.d_type = CUDA_R_32F;
   if (!into_y) {
@@ -366,12 +370,15 @@ ReferenceOp::ReferenceOp(const Problem& problem, const ReferenceOpOptions& optio
     sb.bias_epilogue = true;
     m.gemm_bias = LtGemm::make(m.handle.get(), sb);
   }
-  m.workspace =
-      DeviceBuffer(std::max(m.gemm_plain->workspace(), m.gemm_bias ? m.gemm_bias->workspace() : 0));
-  if (!into_y)
-    m.g = DeviceBuffer(static_cast<std::size_t>(problem.M) * static_cast<std::size_t>(problem.N) *
-                       sizeof(float));
-  m.cols = DeviceBuffer(3 * static_cast<std::size_t>(problem.N) * sizeof(float));
+  m.lt_bytes = std::max(m.gemm_plain->workspace(), m.gemm_bias ? m.gemm_bias->workspace() : 0);
+  m.cols_offset = align_workspace(m.lt_bytes);
+  m.g_offset =
+      align_workspace(m.cols_offset + 3 * static_cast<std::size_t>(problem.N) * sizeof(float));
+  m.total = into_y ? m.g_offset
+                   : align_workspace(m.g_offset + static_cast<std::size_t>(problem.M) *
+                                                      static_cast<std::size_t>(problem.N) *
+                                                      sizeof(float));
+  if (options.own_workspace) m.own = DeviceBuffer(m.total);
 
   const KernelSource src = reference_kernel_source(problem.dtype, problem.param_dtype);
   const std::string arch = m.device.arch();
@@ -401,23 +408,34 @@ void ReferenceOp::validate(const Tensors& t) const {
   validate_tensors(impl_->problem, t);
 }
 
+std::size_t ReferenceOp::workspace_size() const {
+  return impl_->total;
+}
+
 void ReferenceOp::run(CUstream stream, const Tensors& t) const {
+  run(stream, t, impl_->own.get(), impl_->own.size());
+}
+
+void ReferenceOp::run(CUstream stream, const Tensors& t, void* workspace,
+                      std::size_t workspace_bytes) const {
   const Impl& m = *impl_;
   const Problem& p = m.problem;
   validate(t);
+  validate_workspace(workspace, workspace_bytes, m.total);
+  char* ws = static_cast<char*>(workspace);
   make_current(m.ctx);
   validate_stream(m.ctx, stream);
   const bool train = p.mode == Mode::train;
   const bool bias_in_gemm =
       m.gemm_bias && reinterpret_cast<std::uintptr_t>(t.bias) % kBiasAlignmentHint == 0;
   const LtGemm& gemm = bias_in_gemm ? *m.gemm_bias : *m.gemm_plain;
-  void* g = m.g.empty() ? t.y : m.g.get();
-  gemm.run(m.handle.get(), stream, t.x, t.w, g, bias_in_gemm ? t.bias : nullptr, m.workspace.get(),
-           m.workspace.size());
+  void* g = m.into_y ? t.y : ws + m.g_offset;
+  gemm.run(m.handle.get(), stream, t.x, t.w, g, bias_in_gemm ? t.bias : nullptr,
+           m.lt_bytes ? ws : nullptr, m.lt_bytes);
 
   fj::RefParams prm{};
   prm.g = static_cast<const float*>(g);
-  prm.ldg = m.g.empty() ? p.lda_y() : p.N;
+  prm.ldg = m.into_y ? p.lda_y() : p.N;
   prm.y = t.y;
   prm.ldy = p.lda_y();
   prm.bias = bias_in_gemm ? nullptr : t.bias;
@@ -429,7 +447,7 @@ void ReferenceOp::run(CUstream stream, const Tensors& t) const {
   prm.num_batches_tracked = reinterpret_cast<long long*>(t.num_batches_tracked);
   prm.save_mean = t.save_mean;
   prm.save_invstd = t.save_invstd;
-  float* cols = m.cols.as<float>();
+  float* cols = reinterpret_cast<float*>(ws + m.cols_offset);
   prm.col_mean = cols;
   prm.col_mul = cols + p.N;
   prm.col_add = cols + 2 * p.N;

@@ -51,6 +51,9 @@ class BareGemm {
 struct ReferenceOpOptions {
   int device = -1;        // ordinal; -1: the current context's device, else 0
   std::string cache_dir;  // for the plain kernels; empty: DiskCache::default_dir()
+  // Allocate a workspace for run(stream, t). False when every run gets a caller workspace
+  // (a Plan running this op passes its own).
+  bool own_workspace = true;
 };
 
 class ReferenceOp {
@@ -66,9 +69,16 @@ class ReferenceOp {
   const Problem& problem() const;
   // Checks `t` exactly as Plan::validate does (same InvalidArgument names).
   void validate(const Tensors& t) const;
-  // Enqueues the op on `stream`: no allocation or sync. Uses the object's own buffers, so one
+  // Bytes of device workspace a run needs (256-byte aligned): cuBLASLt's, the per-column
+  // coefficients and, when y is 16-bit, the fp32 GEMM output ([M][N]).
+  std::size_t workspace_size() const;
+  // Enqueues the op on `stream`: no allocation or sync. Uses the object's own workspace, so one
   // ReferenceOp must not run on two streams (or threads) at once.
   void run(CUstream stream, const Tensors& t) const;
+  // Same in a caller workspace of at least workspace_size() bytes, 256-byte aligned
+  // (InvalidArgument "workspace" otherwise): one ReferenceOp may then run on several streams at
+  // once, each with its own workspace.
+  void run(CUstream stream, const Tensors& t, void* workspace, std::size_t workspace_bytes) const;
 
   std::vector<std::string> kernel_names() const;  // "cublasLtMatmul", then the plain kernels
   std::string description() const;
