@@ -8,6 +8,7 @@
 #include <future>
 #include <optional>
 #include <set>
+#include <string>
 #include <thread>
 
 #include "cli/problem_options.hpp"
@@ -20,6 +21,7 @@
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/reference/cublaslt_reference.hpp"
+#include "fusejit/tune/dispatch.hpp"
 #include "fusejit/tune/tuning_db.hpp"
 
 namespace fusejit::cli {
@@ -43,7 +45,8 @@ struct Job {
   Problem problem;
   KernelConfig config;
   std::string arch;
-  bool reference = false;  // the reference op's plain kernels (a tuned winner), not `config`
+  // The reference op's plain kernels (a tuned winner, or the heuristic's pick), not `config`.
+  bool reference = false;
 };
 
 KernelSource job_source(const Job& j) {
@@ -154,6 +157,7 @@ int run_compile(const CompileArgs& a) {
                               "variant)");
       forced = KernelConfig::parse(a.config);
     }
+    std::set<std::string> reference_sources;  // one per (dtype, param dtype)
     for (const Problem& p : a.problem.problems()) {
       if (forced) {
         if (const std::string why = forced->why_invalid(p, dev); !why.empty())
@@ -166,6 +170,11 @@ int run_compile(const CompileArgs& a) {
         std::optional<Variant> v;
         if (a.variant != "auto") v = parse_variant(a.variant);
         jobs.push_back({p, default_config(p, dev, v), arch});
+        // The planner runs the reference op there (and still builds the fused kernels).
+        if (!v && heuristic_prefers_reference(p) &&
+            reference_sources.insert(fmt::format("{}|{}", name(p.dtype), name(p.param_dtype)))
+                .second)
+          jobs.push_back({p, {}, arch, true});
       }
     }
     target = arch;

@@ -456,3 +456,44 @@ TEST_CASE("dispatch: exact entry, then the nearest valid bucket, then the heuris
   CHECK(c.source == KernelChoice::Source::bucket);
   CHECK(c.reference);
 }
+
+TEST_CASE("dispatch heuristic: the reference op for strict fp32 with a long K, else fused") {
+  const Device sm80 = Device::for_arch("sm_80"), sm90 = Device::for_arch("sm_90a");
+  const TuningTable empty;
+  for (const Device& d : {sm80, sm90}) {
+    CAPTURE(d.arch());
+    for (Mode m : {Mode::train, Mode::eval}) {
+      // Large, long K: SGEMM + BatchNorm passes.
+      for (const Problem& p :
+           {problem(2048, 2048, 1024, DType::fp32, m), problem(1024, 8192, 8192, DType::fp32, m),
+            problem(16384, 4096, 4096, DType::fp32, m)}) {
+        CAPTURE(p.key());
+        const KernelChoice c = choose_from_table(empty, p, d);
+        CHECK(c.source == KernelChoice::Source::heuristic);
+        CHECK(c.reference);
+        CHECK(c.config.key() == default_config(p, d).key());  // still reported
+      }
+      // Short K, small output, or another dtype: the fused kernels.
+      for (const Problem& p :
+           {problem(8192, 8192, 512, DType::fp32, m), problem(1024, 1024, 1024, DType::fp32, m),
+            problem(2048, 2047, 4096, DType::fp32, m), problem(4096, 4096, 4096, DType::tf32, m),
+            problem(4096, 4096, 4096, DType::bf16, m), problem(4096, 4096, 4096, DType::fp16, m)}) {
+        CAPTURE(p.key());
+        const KernelChoice c = choose_from_table(empty, p, d);
+        CHECK(c.source == KernelChoice::Source::heuristic);
+        CHECK(!c.reference);
+      }
+    }
+  }
+  // A tuned fused winner still beats the heuristic's preference.
+  TuningTable t;
+  t.identity = identity(80);
+  const Problem fp = problem(4096, 4096, 4096, DType::fp32, Mode::eval);
+  const std::string fp32_tiled = "tiled.128x128x32.w4x2.s3.g8";
+  REQUIRE(KernelConfig::parse(fp32_tiled).valid_for(fp, sm80));
+  t.entries[fp.key()] = entry(fp, fp32_tiled);
+  const KernelChoice c = choose_from_table(t, fp, sm80);
+  CHECK(c.source == KernelChoice::Source::exact);
+  CHECK(!c.reference);
+  CHECK(c.config.key() == fp32_tiled);
+}

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <future>
 #include <map>
 #include <mutex>
@@ -139,8 +140,21 @@ KernelChoice choose_from_table(const TuningTable& table, const Problem& p, const
   KernelChoice c;
   c.source = KernelChoice::Source::heuristic;
   c.config = default_config(p, d);
+  c.reference = heuristic_prefers_reference(p);
   c.detail = skipped + "no usable tuning entry";
+  if (c.reference) c.detail += "; strict fp32 with a long K: cuBLAS SGEMM + BatchNorm passes";
   return c;
+}
+
+bool heuristic_prefers_reference(const Problem& p) {
+  // Strict fp32 has no tensor cores to fuse into: the fused SIMT kernel runs at 1.16-1.30x
+  // cuBLAS's SGEMM time, while SGEMM followed by the reference op's BatchNorm passes (which
+  // cost two or three trips over y) stays at 1.01-1.07x once the GEMM dominates those trips
+  // (H100: 2048^3 up to 16384x4096x4096). Short K or small outputs keep the fused kernels,
+  // with split-K, which win there (1024^3 0.069 vs 0.075 ms, 4096x4096x256 0.240 vs 0.268 ms,
+  // 8192x8192x512 within 1-5%). docs/performance.md, fifth session.
+  constexpr std::int64_t kMinK = 1024, kMinOutputs = std::int64_t{1} << 22;
+  return p.dtype == DType::fp32 && p.K >= kMinK && p.M * p.N >= kMinOutputs;
 }
 
 KernelChoice choose_kernel(const Problem& p, const Device& d, const std::string& cache_dir,

@@ -4,7 +4,8 @@
 //      tune now, record, use the winner;
 //   3. the nearest tuned problem in the same bucket (tuning_db.hpp), if its winner is
 //      valid_for this problem on this device;
-//   4. the built-in heuristic (default_config).
+//   4. the built-in heuristic: default_config, or the cuBLASLt reference op where
+//      heuristic_prefers_reference says it is faster.
 // A winner that cannot run the problem (KernelConfig::why_invalid) is skipped, never used.
 #pragma once
 #include <string>
@@ -28,6 +29,11 @@ struct KernelChoice {
 };
 // "tuned", "bucket", "autotuned", "heuristic"
 std::string_view name(KernelChoice::Source);
+
+// Step 4's choice between the fused kernels and the reference op (ReferenceOp): the reference
+// for strict fp32 problems with K >= 1024 and M * N >= 2^22, where cuBLAS's SGEMM plus plain
+// BatchNorm passes beat the fused SIMT kernel (measured on H100).
+bool heuristic_prefers_reference(const Problem& p);
 
 // Steps 1, 3 and 4 on a table already loaded (no GPU, no tuning).
 KernelChoice choose_from_table(const TuningTable& table, const Problem& p, const Device& d);
