@@ -30,7 +30,9 @@ struct PlanOptions {
   // Tune on first sight: a problem without an exact tuning-database entry is measured on this
   // GPU (seconds, once), recorded, and the winner used.
   bool autotune = autotune_from_env();
-  // False: ignore the tuning database (the built-in heuristic, as before any tuning).
+  // False: ignore the tuning database and run the fused kernels of default_config(). (Unlike
+  // the dispatch's own last step, which runs the reference op for large strict-fp32 problems:
+  // tune/dispatch.hpp, heuristic_prefers_reference.)
   bool use_tuning_db = true;
 };
 
