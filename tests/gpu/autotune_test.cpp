@@ -1,7 +1,8 @@
 // The autotuner on a GPU: two small shapes tuned end to end, the recorded winner is what the
 // next Plan dispatches to (and it computes the right thing), a deliberately wrong candidate is
-// rejected by verification, a recorded reference-op winner run on two streams at once, tuning
-// on first sight through PlanOptions::autotune, and the `fusejit autotune` command.
+// rejected by verification, a recorded reference-op winner run on two streams at once, the
+// heuristic's reference-op pick without the database, tuning on first sight through
+// PlanOptions::autotune, and the `fusejit autotune` command.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
@@ -293,6 +294,28 @@ TEST_CASE("a Plan running the recorded reference op: two streams, own workspaces
       CHECK(x.argument() == "workspace");
     }
   }
+}
+
+// The dispatch's last step runs the reference op for large strict-fp32 problems; a Plan that
+// ignores the tuning database takes that same step rather than a different default.
+TEST_CASE("use_tuning_db = false: a large strict-fp32 problem runs the reference op, correctly") {
+  primary_context(0);
+  const Device dev = Device::get(0);
+  const SweepCase c = parse_sweep_line("2048x2048x1024 fp32 train");
+  REQUIRE(heuristic_prefers_reference(c.problem));
+  PlanOptions o = plan_options();
+  o.use_tuning_db = false;
+  const Plan plan(c.problem, o);
+  CHECK(plan.dispatch() == "heuristic");
+  CHECK(plan.uses_reference());
+  CHECK(plan.kernel_names().front() == "cublasLtMatmul");
+  CHECK(plan_error(plan, c.problem) < sweep_threshold(c.problem.dtype));
+  // Forcing the variant still runs the fused kernels.
+  PlanOptions forced = o;
+  forced.variant = default_config(c.problem, dev).variant;
+  const Plan fused(c.problem, forced);
+  CHECK(!fused.uses_reference());
+  CHECK(fused.kernel_names().front() != "cublasLtMatmul");
 }
 
 TEST_CASE("PlanOptions::autotune tunes on first sight; neighbours use the bucket") {

@@ -157,6 +157,8 @@ Plan::Plan(const Problem& problem, const PlanOptions& options) {
     dispatch_ = name(choice.source);
   } else {
     dispatch_ = o.config ? "config" : o.variant ? "variant" : "heuristic";
+    // Without the database the dispatch's last step decides, the same rule as with it.
+    reference = !o.config && !o.variant && heuristic_prefers_reference(problem);
   }
   const std::string key = core_key(problem, ctx, o);
   std::shared_future<std::shared_ptr<const PlanCore>> fut;

@@ -30,9 +30,9 @@ struct PlanOptions {
   // Tune on first sight: a problem without an exact tuning-database entry is measured on this
   // GPU (seconds, once), recorded, and the winner used.
   bool autotune = autotune_from_env();
-  // False: ignore the tuning database and run the fused kernels of default_config(). (Unlike
-  // the dispatch's own last step, which runs the reference op for large strict-fp32 problems:
-  // tune/dispatch.hpp, heuristic_prefers_reference.)
+  // False: ignore the tuning database and take the dispatch's last step only: the fused
+  // kernels of default_config(), or for large strict-fp32 problems the reference op
+  // (tune/dispatch.hpp, heuristic_prefers_reference).
   bool use_tuning_db = true;
 };
 
