@@ -7,6 +7,13 @@
 // That keeps the epilogue's shared memory small enough to sit beside the full stage ring, so a
 // persistent CTA's producer can load the next tile while the consumers run this.
 //
+// TMA_STORE (16-bit y): instead of 128-byte chunks through a warpgroup's staging buffer and
+// 16-byte stores that the consumers issue themselves, each warp writes 16 rows x 32 columns
+// at a time into one of its two 1 KiB boxes (stmatrix, TMA's 64-byte swizzle) and one lane
+// hands the box to a TMA store. The warp synchronizes with itself only, and goes back to the
+// mainloop while the copy engine drains y: with thread stores every persistent CTA stalled
+// in the same store burst (H100, 4096^3 bf16 eval: ~9 of 183 us, docs/performance.md).
+//
 // Fragment layout (wgmma m64nNk*, fp32 D): consumer warpgroup `wg` owns rows
 // [wg * WG_M, (wg + 1) * WG_M) of the tile, M_ATOMS atoms of 64 rows each; in atom `ma`, warp w
 // of the group owns 16 rows and lane (g = lane / 4, q = lane % 4) holds, for every 8-column
@@ -15,12 +22,14 @@
 #include "common/params.h"
 #include "common/types.cuh"
 #include "epilogue/bn_math.cuh"
+#include "mainloop/mbarrier.cuh"
+#include "mainloop/tma.cuh"
 
 namespace fj {
 
 // CONSUMERS warpgroups share the tile; they synchronize on named barriers BAR0 (all of them)
 // and BAR0 + 1 + wg (warpgroup wg alone), so two teams with different BAR0 can run side by side.
-template <class Spec, int CONSUMERS, int M_ATOMS, int BAR0 = 1>
+template <class Spec, int CONSUMERS, int M_ATOMS, int BAR0 = 1, bool TMA_STORE = false>
 struct FragmentBnEpilogue {
   using T = typename Spec::T;
   static constexpr int BM = Spec::BM, BN = Spec::BN;
@@ -37,9 +46,16 @@ struct FragmentBnEpilogue {
   static constexpr int kChunks = BN / kChunkCols;
   static_assert(BN % kChunkCols == 0, "fragment epilogue: BN must hold whole 128-byte chunks");
   static constexpr int kStageLd = 128 + 8 * static_cast<int>(sizeof(T));
-  static constexpr int kStagingBytes = CONSUMERS * WG_M * kStageLd;
+  // TMA_STORE: per warp two boxes of [16 rows][64 bytes].
+  static_assert(!TMA_STORE || sizeof(T) == 2, "fragment epilogue: TMA_STORE needs 16-bit y");
+  static constexpr int kBoxCols = 32, kBoxBytes = 16 * 64;
+  static constexpr int kStagingBytes =
+      TMA_STORE ? kWarps * 2 * kBoxBytes : CONSUMERS * WG_M * kStageLd;
   static constexpr int kRedFloats = kWarps * BN;
-  static constexpr int kScratchBytes = (kRedFloats + 2 * BN) * 4 + kStagingBytes;
+  // Staging first: TMA_STORE boxes need the alignment of the swizzle pattern, which the caller
+  // gives the scratch base (kScratchAlign).
+  static constexpr int kScratchBytes = kStagingBytes + (kRedFloats + 2 * BN) * 4;
+  static constexpr int kScratchAlign = TMA_STORE ? 1024 : 16;
   static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte store
 
   using Acc = float[M_ATOMS][kRegs];
@@ -59,18 +75,21 @@ struct FragmentBnEpilogue {
   }
 
   // tid in [0, NT): the consumer threads, warpgroup-major. `scratch` is kScratchBytes of shared
-  // memory, 16-byte aligned, owned by this epilogue for the duration of the call. Eval only:
-  // `eval_coef` (non-null) holds eval_coefficients() of this tile, [0, BN) = A, [BN, 2 BN) = B,
-  // and the call then synchronizes only within each warpgroup.
+  // memory, kScratchAlign-byte aligned, owned by this epilogue for the duration of the call
+  // (TMA_STORE: and by the stores it leaves in flight, until the next call or drain()). Eval
+  // only: `eval_coef` (non-null) holds eval_coefficients() of this tile, [0, BN) = A,
+  // [BN, 2 BN) = B, and the call then synchronizes only within each warpgroup (TMA_STORE: each
+  // warp). TMA_STORE: `ty` maps y in boxes of [16 rows][kBoxCols columns], 64-byte swizzle.
   __device__ static void run(const Params& p, Acc& acc, char* scratch, int m0, int n0, int row_tile,
-                             int tid, const float* eval_coef = nullptr) {
-    float* red = reinterpret_cast<float*>(scratch);
+                             int tid, const float* eval_coef = nullptr,
+                             const TmaDescriptor* ty = nullptr) {
+    char* staging = scratch;
+    float* red = reinterpret_cast<float*>(scratch + kStagingBytes);
     float* coef_a = red + kRedFloats;
     float* coef_b = coef_a + BN;
-    char* staging = reinterpret_cast<char*>(coef_b + BN);
     if constexpr (!Spec::TRAIN) {
       if (eval_coef) {
-        store(p, acc, eval_coef, eval_coef + BN, staging, m0, n0, tid);
+        store(p, acc, eval_coef, eval_coef + BN, staging, m0, n0, tid, ty);
         return;
       }
     }
@@ -113,7 +132,15 @@ struct FragmentBnEpilogue {
       }
     }
     all_sync();
-    store(p, acc, coef_a, coef_b, staging, m0, n0, tid);
+    store(p, acc, coef_a, coef_b, staging, m0, n0, tid, ty);
+  }
+
+  // TMA_STORE: before the CTA exits, its last stores must have read the staging boxes (which die
+  // with the CTA) and written y (which the next kernel may read).
+  __device__ __forceinline__ static void drain(int tid) {
+    if constexpr (TMA_STORE) {
+      if (tid % 32 == 0) bulk_wait<0>();
+    }
   }
 
  private:
@@ -197,25 +224,87 @@ struct FragmentBnEpilogue {
       red[warp * BN + 32 * grp + 8 * (k / 2) + 2 * q + (k % 2)] = total[grp];
   }
 
-  // y = coef_a * acc + coef_b, rounded to T, through the staging buffer into 16-byte stores.
+  // y = coef_a * acc + coef_b, rounded to T, through the staging buffer into 16-byte stores
+  // (TMA_STORE: into TMA stores).
   __device__ __forceinline__ static void store(const Params& p, const Acc& acc, const float* coef_a,
                                                const float* coef_b, char* staging, int m0, int n0,
-                                               int tid) {
+                                               int tid, const TmaDescriptor* ty) {
     const int q = tid % 4;
+    // Columns 8 j + 2 q and 8 j + 2 q + 1 of the fragment's row (64 ma + 16 w + g + 8 h).
+    auto value = [&](int ma, int j, int h) {
+      const float2 ca = *reinterpret_cast<const float2*>(coef_a + 8 * j + 2 * q);
+      const float2 cb = *reinterpret_cast<const float2*>(coef_b + 8 * j + 2 * q);
+      const float lo = ca.x * acc[ma][4 * j + 2 * h] + cb.x;
+      const float hi = ca.y * acc[ma][4 * j + 2 * h + 1] + cb.y;
+      if constexpr (sizeof(T) == 4)
+        return make_float2(lo, hi);
+      else
+        return pack2<T>(lo, hi);
+    };
+    if constexpr (TMA_STORE) {
+      store_tma(staging, m0, n0, tid, ty, value);
+    } else {
 #pragma unroll
-    for (int chunk = 0; chunk < kChunks; ++chunk)
-      store_chunk(p, staging, chunk, m0, n0, tid, [&](int ma, int jj, int h) {
-        // Columns 8 j + 2 q and 8 j + 2 q + 1 of the fragment's row.
-        const int j = chunk * (kChunkCols / 8) + jj;
-        const float2 ca = *reinterpret_cast<const float2*>(coef_a + 8 * j + 2 * q);
-        const float2 cb = *reinterpret_cast<const float2*>(coef_b + 8 * j + 2 * q);
-        const float lo = ca.x * acc[ma][4 * j + 2 * h] + cb.x;
-        const float hi = ca.y * acc[ma][4 * j + 2 * h + 1] + cb.y;
-        if constexpr (sizeof(T) == 4)
-          return make_float2(lo, hi);
-        else
-          return pack2<T>(lo, hi);
-      });
+      for (int chunk = 0; chunk < kChunks; ++chunk)
+        store_chunk(p, staging, chunk, m0, n0, tid, [&](int ma, int jj, int h) {
+          return value(ma, chunk * (kChunkCols / 8) + jj, h);
+        });
+    }
+  }
+
+  // Four 8x8 matrices of 16-bit pairs from the mma fragment layout (register i holds matrix i's
+  // row lane / 4, pair lane % 4) into shared memory; lanes 8i..8i+7 give matrix i's row
+  // addresses. A quarter of the instructions of 32-bit shared stores.
+  __device__ __forceinline__ static void stmatrix_x4(unsigned addr, unsigned r0, unsigned r1,
+                                                     unsigned r2, unsigned r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+  }
+
+  // Each warp's 16 rows of an atom go out in boxes of 16 rows x kBoxCols columns, alternating
+  // between the warp's two boxes: before overwriting one, the lane that issued the stores waits
+  // until at most one group (the other box's) still reads shared memory. In a box, row r's
+  // 16-byte unit u sits at unit u ^ ((r / 2) % 4) (TMA's 64-byte swizzle on a 1 KiB aligned
+  // box), which also puts each stmatrix phase's 8 rows on distinct banks. TMA skips the rows
+  // past M and the columns past N.
+  template <class Value>
+  __device__ __forceinline__ static void store_tma(char* staging, int m0, int n0, int tid,
+                                                   const TmaDescriptor* ty, Value value) {
+    const int warp = tid / 32, lane = tid % 32;
+    const int wg = tid / 128, wq = (tid % 128) / 32;
+    const unsigned boxes = shared_addr(staging + warp * 2 * kBoxBytes);
+    const int row0 = m0 + wg * WG_M + 16 * wq;
+    // This lane's stmatrix row: row `lane % 8` of matrix `lane / 8`, which is (8-column block
+    // 2 s + mi / 2, row half mi % 2) of the box in call s.
+    const int mi = lane / 8;
+    const int r = lane % 8 + 8 * (mi % 2);
+    int parity = 0;
+#pragma unroll
+    for (int ma = 0; ma < M_ATOMS; ++ma)
+#pragma unroll
+      for (int cc = 0; cc < BN / kBoxCols; ++cc, parity ^= 1) {
+        unsigned v[kBoxCols / 8][2];
+#pragma unroll
+        for (int jj = 0; jj < kBoxCols / 8; ++jj)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) v[jj][h] = value(ma, cc * (kBoxCols / 8) + jj, h);
+        const unsigned box = boxes + parity * kBoxBytes;
+        if (lane == 0) bulk_wait_read<1>();
+        __syncwarp();
+#pragma unroll
+        for (int s = 0; s < kBoxCols / 16; ++s) {
+          const int u = 2 * s + mi / 2;
+          stmatrix_x4(box + r * 64 + 16 * (u ^ ((r / 2) % 4)), v[2 * s][0], v[2 * s][1],
+                      v[2 * s + 1][0], v[2 * s + 1][1]);
+        }
+        fence_async_shared();
+        __syncwarp();
+        if (lane == 0) {
+          tma_store_2d(ty, box, n0 + cc * kBoxCols, row0 + 64 * ma);
+          bulk_commit();
+        }
+      }
   }
 
   // Column chunk `chunk` of the tile at (m0, n0): pair(ma, jj, h) gives the fragment's value in

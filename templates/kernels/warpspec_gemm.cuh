@@ -16,12 +16,15 @@
 //
 // Options: PERSISTENT (CTAs loop over tiles; the producer runs ahead into the next tile while
 // the consumers run the epilogue), CLUSTER_M = 2 (two CTAs on vertically adjacent row tiles
-// share each W slice: each loads half and multicasts it to both), and two optional Spec
+// share each W slice: each loads half and multicasts it to both), and three optional Spec
 // fields: FRAGMENT_EPILOGUE (default true: FragmentBnEpilogue from registers; false: the
-// shared BnEpilogue over an fp32 AccTile in shared memory) and PINGPONG (default false;
+// shared BnEpilogue over an fp32 AccTile in shared memory), PINGPONG (default false;
 // persistent, two consumers, fragment epilogue): instead of splitting each tile's rows, the
 // two consumer warpgroups take alternate tiles of BM x BN whole, so one group's epilogue runs
-// while the other keeps the tensor cores busy with the next tile.
+// while the other keeps the tensor cores busy with the next tile, and TMA_STORE (default
+// false; fragment epilogue, not pingpong, 16-bit y): y leaves through per-warp 1 KiB boxes and
+// TMA stores (the kernel's third tensor map, `ty`: y in boxes of 16 rows x 32 columns, 64-byte
+// swizzle; unused otherwise).
 //
 // Host launch contract (WarpspecGemm<Spec>::grid_size):
 //   row_tiles = ceil(M / BM), col_tiles = ceil(N / BN),
@@ -63,6 +66,16 @@ struct WarpspecPingpong<S, decltype(void(S::PINGPONG))> {
   static constexpr bool value = S::PINGPONG;
 };
 
+// Spec::TMA_STORE when the Spec declares it, else false.
+template <class S, class = void>
+struct WarpspecTmaStore {
+  static constexpr bool value = false;
+};
+template <class S>
+struct WarpspecTmaStore<S, decltype(void(S::TMA_STORE))> {
+  static constexpr bool value = S::TMA_STORE;
+};
+
 template <class Spec>
 struct WarpspecGemm {
   using T = typename Spec::T;
@@ -92,6 +105,9 @@ struct WarpspecGemm {
   static constexpr bool kPingpong = WarpspecPingpong<Spec>::value;
   static_assert(!kPingpong || (CONSUMERS == 2 && Spec::PERSISTENT && kFragment),
                 "warpspec: PINGPONG needs two consumers, PERSISTENT and the fragment epilogue");
+  static constexpr bool kTmaStore = WarpspecTmaStore<Spec>::value;
+  static_assert(!kTmaStore || (kFragment && !kPingpong),
+                "warpspec: TMA_STORE needs the fragment epilogue and no PINGPONG");
   // Warpgroups that share one tile (and the epilogue team size in warpgroups).
   static constexpr int kTeam = kPingpong ? 1 : CONSUMERS;
   static constexpr int kWgM = BM / kTeam;
@@ -125,7 +141,7 @@ struct WarpspecGemm {
 
   // Team g's fragment epilogue (pingpong: one per consumer warpgroup, on their own barriers).
   template <int G>
-  using FragEpiOf = FragmentBnEpilogue<Spec, kTeam, kMAtoms, 1 + G*(kTeam + 1)>;
+  using FragEpiOf = FragmentBnEpilogue<Spec, kTeam, kMAtoms, 1 + G*(kTeam + 1), kTmaStore>;
   using FragEpi = FragEpiOf<0>;
   using TileEpi = BnEpilogue<Spec, NT>;
   using Tile = AccTile<BM, BN>;
@@ -141,7 +157,9 @@ struct WarpspecGemm {
   static constexpr bool kAliasRing = !kFragment && !Spec::PERSISTENT;
   static constexpr int kBarOffset =
       kAliasRing ? ((kEpiBytes > kRingBytes ? kEpiBytes : kRingBytes) + 15) / 16 * 16 : kRingBytes;
-  static constexpr int kEpiOffset = kAliasRing ? 0 : (kBarOffset + kBarBytes + 15) / 16 * 16;
+  static constexpr int kEpiAlign = kFragment ? FragEpi::kScratchAlign : 16;
+  static constexpr int kEpiOffset =
+      kAliasRing ? 0 : (kBarOffset + kBarBytes + kEpiAlign - 1) / kEpiAlign * kEpiAlign;
   static constexpr int kCoefOffset = kEpiOffset + (kEpiBytes + 15) / 16 * 16;
   static constexpr int kUsedBytes = kAliasRing ? kBarOffset + kBarBytes : kCoefOffset + kCoefBytes;
   // +1024: the dynamic shared memory base is only 16-byte aligned for sure, and the 128-byte
@@ -161,7 +179,8 @@ struct WarpspecGemm {
                                        : kClusterTiles);
   }
 
-  __device__ static void run(const Params& p, const TmaDescriptor& tx, const TmaDescriptor& tw) {
+  __device__ static void run(const Params& p, const TmaDescriptor& tx, const TmaDescriptor& tw,
+                             const TmaDescriptor* ty) {
     extern __shared__ __align__(1024) unsigned char fj_warpspec_smem[];
     const unsigned raw = shared_addr(fj_warpspec_smem);
     const unsigned base = (raw + 1023u) & ~1023u;
@@ -176,6 +195,7 @@ struct WarpspecGemm {
     if (threadIdx.x == 0) {
       tma_prefetch(&tx);
       tma_prefetch(&tw);
+      if constexpr (kTmaStore) tma_prefetch(ty);
       for (int s = 0; s < STAGES; ++s) {
         mbar_init(full0 + 8 * s, 1);
         // Every consumer warp of every CTA whose W half lands in this stage releases it.
@@ -205,7 +225,7 @@ struct WarpspecGemm {
       }
     } else {
       if constexpr (CONSUMERS == 2) regs_acquire<kConsumerRegs>();
-      consume(p, smem, base, full0, empty0, coef_full0, coef_empty0, rank, threadIdx.x - 128);
+      consume(p, smem, base, full0, empty0, coef_full0, coef_empty0, rank, threadIdx.x - 128, ty);
     }
     // No CTA of a cluster may leave while its peer can still arrive on its barriers.
     if constexpr (CLUSTER > 1) cluster_sync();
@@ -310,7 +330,8 @@ struct WarpspecGemm {
 
   __device__ static void consume(const Params& p, unsigned char* smem, unsigned base,
                                  unsigned full0, unsigned empty0, unsigned coef_full0,
-                                 unsigned coef_empty0, unsigned rank, int ctid) {
+                                 unsigned coef_empty0, unsigned rank, int ctid,
+                                 const TmaDescriptor* ty) {
     const int group = ctid / 128;  // consumer warpgroup
     const int lane = ctid % 32;
     // Rows of the stage's x tile this group multiplies, and its rank in its epilogue team.
@@ -387,7 +408,7 @@ struct WarpspecGemm {
           FragEpiOf<kPingpong ? 1 : 0>::run(p, acc, scratch + FragEpi::kScratchBytes, t.m0, t.n0,
                                             t.row, etid, coef);
         } else {
-          FragEpi::run(p, acc, scratch, t.m0, t.n0, t.row, etid, coef);
+          FragEpi::run(p, acc, scratch, t.m0, t.n0, t.row, etid, coef, ty);
         }
         if constexpr (kCoefWarp) {
           // Every reader arrives itself (rather than one lane per warp after __syncwarp): each
@@ -400,6 +421,7 @@ struct WarpspecGemm {
         tile_epilogue(p, acc, smem, t, ctid);
       }
     }
+    if constexpr (kFragment) FragEpi::drain(etid);
     // Single-pass train with a fixed momentum: nobody reads num_batches_tracked, so one thread
     // bumps it here (cumulative mode launches bump_batches after the GEMM instead).
     if constexpr (Spec::TRAIN && Spec::SINGLE_PASS && !Spec::CUMULATIVE) {

@@ -39,9 +39,52 @@ TEST_CASE("config keys round-trip and are distinct") {
   for (const char* bad :
        {"tiled. 128x128x32.w2x4.s4.g8", "tiled.+128x128x32.w2x4.s4.g8",
         "tiled.99999999999x128x32.w2x4.s4.g8", "warpspec.128x256x64.c2.s4.g8.cl1.p1.pp.pp",
-        "warpspec.128x256x64.c2.s4.g8.cl1.p", "tiled.128x128x32.w2x4.s4.g8.pp"})
+        "warpspec.128x256x64.c2.s4.g8.cl1.p", "tiled.128x128x32.w2x4.s4.g8.pp",
+        "tiled.128x128x32.w2x4.s4.g8.ts", "warpspec.128x256x64.c2.s4.g8.cl1.p1.ts.pp",
+        "warpspec.128x256x64.c2.s4.g8.cl1.p1.ts.ts"})
     CHECK_THROWS_AS(KernelConfig::parse(bad), InvalidArgument);
   CHECK(KernelConfig::parse("warpspec.128x256x64.c2.s4.g8.cl1.p1.pp").pingpong);
+  const KernelConfig ts = KernelConfig::parse("warpspec.128x256x64.c2.s4.g8.cl1.p1.ts");
+  CHECK(ts.tma_store);
+  CHECK(!ts.pingpong);
+  CHECK(ts.key() == "warpspec.128x256x64.c2.s4.g8.cl1.p1.ts");
+  CHECK(!KernelConfig::parse("warpspec.128x256x64.c2.s4.g8.cl1.p1").tma_store);
+}
+
+TEST_CASE("TMA stores: warpspec, 16-bit y, N a multiple of 8, not pingpong; the ring keeps 4 stages") {
+  const Device h100 = Device::for_arch("sm_90a");
+  const KernelConfig ts = KernelConfig::parse("warpspec.128x256x64.c2.s4.g8.cl1.p1.ts");
+  for (DType d : {DType::bf16, DType::fp16})
+    for (Mode m : {Mode::eval, Mode::train}) {
+      CAPTURE(name(d));
+      CAPTURE(name(m));
+      // Per-warp boxes are small enough to sit beside the 4-stage 128x256 ring.
+      CHECK(ts.why_invalid(problem(d, m), h100) == "");
+      // A row end inside a 16-byte unit, with y's rows padded so that TMA loads still work.
+      Problem tail = problem(d, m, 1024, 1020);
+      tail.ldy = 1024;
+      CHECK(ts.why_invalid(tail, h100).find("multiple of 8") != std::string::npos);
+    }
+  CHECK(ts.why_invalid(problem(DType::tf32, Mode::eval), h100).find("16-bit") !=
+        std::string::npos);
+  KernelConfig pp_ts = KernelConfig::parse("warpspec.128x128x64.c2.s5.g8.cl1.p1.pp");
+  pp_ts.tma_store = true;
+  CHECK(pp_ts.why_invalid(problem(DType::bf16, Mode::eval), h100).find("pingpong") !=
+        std::string::npos);
+  KernelConfig tiled_ts = KernelConfig::parse("tiled.128x128x64.w2x2.s3.g8");
+  tiled_ts.tma_store = true;
+  CHECK(!tiled_ts.valid_for(problem(DType::bf16, Mode::eval), Device::for_arch("sm_80")));
+  // The candidates offer a TMA-store twin only where it is valid.
+  auto has_ts = [&](const Problem& p) {
+    for (const auto& c : candidate_configs(p, h100))
+      if (c.tma_store) return true;
+    return false;
+  };
+  CHECK(has_ts(problem(DType::bf16, Mode::eval)));
+  Problem tail = problem(DType::bf16, Mode::eval, 1024, 1020);
+  tail.ldy = 1024;
+  CHECK(!has_ts(tail));
+  CHECK(!has_ts(problem(DType::tf32, Mode::eval)));
 }
 
 TEST_CASE("every candidate is valid for its device, and pruning says why") {

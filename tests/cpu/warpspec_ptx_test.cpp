@@ -1,8 +1,9 @@
 // The warpspec kernel really is a Hopper kernel: nvcc compiles a translation unit shaped like
 // codegen's output (a Spec prelude, templates/kernels/warpspec_gemm.cuh, the extern "C" entry
 // point) to sm_90a PTX, and the PTX must hold the instructions the design rests on: wgmma, TMA
-// bulk tensor copies completing on mbarriers, setmaxnreg, and for a cluster Spec the multicast
-// form. Needs nvcc, not a GPU; without nvcc the test says so and passes vacuously.
+// bulk tensor copies completing on mbarriers, setmaxnreg, for a cluster Spec the multicast
+// form, and for a TMA_STORE Spec stmatrix and bulk tensor stores out of shared memory. Needs
+// nvcc, not a GPU; without nvcc the test says so and passes vacuously.
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>
@@ -30,7 +31,7 @@ Run run(const std::string& cmd) {
 // A Spec prelude like codegen's, with the fields WarpspecGemm reads.
 std::string spec(const std::string& name, const std::string& type, int math, bool train,
                  bool single_pass, int bn, int consumers, int cluster, bool persistent,
-                 bool fragment) {
+                 bool fragment, bool tma_store = false) {
   std::ostringstream s;
   s << "struct " << name << " {\n"
     << "  using T = " << type << ";\n  using P = float;\n"
@@ -47,6 +48,7 @@ std::string spec(const std::string& name, const std::string& type, int math, boo
     << "  static constexpr bool HAS_BIAS = true, HAS_SCALE = true, HAS_AFFINE = true;\n"
     << "  static constexpr bool CUMULATIVE = false;\n"
     << "  static constexpr bool FRAGMENT_EPILOGUE = " << (fragment ? "true" : "false") << ";\n"
+    << "  static constexpr bool TMA_STORE = " << (tma_store ? "true" : "false") << ";\n"
     << "};\n";
   return s.str();
 }
@@ -54,8 +56,9 @@ std::string spec(const std::string& name, const std::string& type, int math, boo
 std::string entry(const std::string& name, const std::string& spec_name) {
   return "extern \"C\" __global__ void __launch_bounds__(" + spec_name + "::THREADS, 1)\n" + name +
          "(const __grid_constant__ fj::Params p, const __grid_constant__ fj::TmaDescriptor tx,\n"
-         " const __grid_constant__ fj::TmaDescriptor tw) { fj::WarpspecGemm<" +
-         spec_name + ">::run(p, tx, tw); }\n";
+         " const __grid_constant__ fj::TmaDescriptor tw,\n"
+         " const __grid_constant__ fj::TmaDescriptor ty) { fj::WarpspecGemm<" +
+         spec_name + ">::run(p, tx, tw, &ty); }\n";
 }
 
 size_t count(const std::string& text, const std::string& what) {
@@ -88,9 +91,11 @@ TEST_CASE("the warpspec kernel compiles to wgmma, TMA, mbarrier and setmaxnreg P
       << spec("SpecFp16Train", "fj::half_t", 2, true, false, 128, 2, 1, false, true)
       << spec("SpecTf32Tile", "float", 1, true, false, 128, 1, 1, false, false)
       << spec("SpecCluster", "fj::bf16_t", 3, true, false, 256, 2, 2, true, true)
+      << spec("SpecTmaStore", "fj::bf16_t", 3, false, false, 256, 2, 1, true, true, true)
       << "#include \"kernels/warpspec_gemm.cuh\"\n"
       << entry("fj_gemm_bf16", "SpecBf16") << entry("fj_gemm_fp16", "SpecFp16Train")
-      << entry("fj_gemm_tf32", "SpecTf32Tile") << entry("fj_gemm_cluster", "SpecCluster");
+      << entry("fj_gemm_tf32", "SpecTf32Tile") << entry("fj_gemm_cluster", "SpecCluster")
+      << entry("fj_gemm_tma_store", "SpecTmaStore");
   }
   const std::string cmd = "'" + nvcc + "' -std=c++17 -ptx -Werror all-warnings" +
                           " -gencode arch=compute_90a,code=compute_90a -I'" +
@@ -106,7 +111,7 @@ TEST_CASE("the warpspec kernel compiles to wgmma, TMA, mbarrier and setmaxnreg P
   const std::string text = buf.str();
 
   // Every kernel: tensor-core MMAs of each input type, fed by TMA into an mbarrier ring.
-  CHECK(count(text, ".entry fj_gemm_") == 4);
+  CHECK(count(text, ".entry fj_gemm_") == 5);
   CHECK(count(text, "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") > 0);
   CHECK(count(text, "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16") > 0);
   CHECK(count(text, "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32") > 0);
@@ -124,6 +129,14 @@ TEST_CASE("the warpspec kernel compiles to wgmma, TMA, mbarrier and setmaxnreg P
   CHECK(count(text, ".multicast::cluster") >= 1);
   CHECK(count(text, "mapa.shared::cluster") >= 1);
   CHECK(count(text, "barrier.cluster.arrive") >= 1);
+  // The TMA-store kernel (only it: the others store from threads) rounds y into shared memory
+  // with stmatrix, fences the async proxy, hands each box to the copy engine, waits for a
+  // box's previous store to have read it before refilling it, and for all before exiting.
+  CHECK(count(text, "stmatrix.sync.aligned.m8n8.x4.shared.b16") >= 1);
+  CHECK(count(text, "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group") >= 1);
+  CHECK(count(text, "fence.proxy.async.shared::cta") >= 1);
+  CHECK(count(text, "cp.async.bulk.wait_group.read 1") >= 1);
+  CHECK(count(text, "cp.async.bulk.wait_group 0") >= 1);
 
   std::error_code ec;
   fs::remove_all(dir, ec);

@@ -114,7 +114,7 @@ template <class Spec>
 __global__ void __launch_bounds__(Spec::THREADS, 1)
     ws_gemm(const __grid_constant__ fj::Params p, const __grid_constant__ fj::TmaDescriptor tx,
             const __grid_constant__ fj::TmaDescriptor tw) {
-  fj::WarpspecGemm<Spec>::run(p, tx, tw);
+  fj::WarpspecGemm<Spec>::run(p, tx, tw, nullptr);
 }
 template <class Spec>
 __global__ void __launch_bounds__(256) ws_finalize(const __grid_constant__ fj::Params p) {

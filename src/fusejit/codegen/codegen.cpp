@@ -79,8 +79,8 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   if (ws)
     t += fmt::format(
         "  static constexpr int CONSUMERS = {}, CLUSTER_M = {};\n"
-        "  static constexpr bool PERSISTENT = {}, PINGPONG = {};\n",
-        c.warps_m, c.cluster_m, b(c.persistent), b(c.pingpong));
+        "  static constexpr bool PERSISTENT = {}, PINGPONG = {}, TMA_STORE = {};\n",
+        c.warps_m, c.cluster_m, b(c.persistent), b(c.pingpong), b(c.tma_store));
   else
     t += fmt::format("  static constexpr int WARPS_M = {}, WARPS_N = {}, SPLIT_K = {};\n",
                      c.warps_m, c.warps_n, c.split_k);
@@ -123,7 +123,8 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
           "extern \"C\" __global__ void __launch_bounds__(Spec::THREADS, 1)\n"
           "fj_gemm(const __grid_constant__ fj::Params p, const __grid_constant__ fj::TmaDescriptor "
           "tx,\n"
-          "        const __grid_constant__ fj::TmaDescriptor tw) {{ {}::run(p, tx, tw); }}\n",
+          "        const __grid_constant__ fj::TmaDescriptor tw,\n"
+          "        const __grid_constant__ fj::TmaDescriptor ty) {{ {}::run(p, tx, tw, &ty); }}\n",
           gemm);
     } else if (k == "fj_gemm") {
       t += fmt::format(

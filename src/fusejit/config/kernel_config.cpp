@@ -51,15 +51,19 @@ int KernelConfig::smem_bytes(const Problem& p) const {
   auto up16 = [](int v) { return (v + 15) / 16 * 16; };
   if (variant == Variant::warpspec) {
     // Mirrors WarpspecGemm::kSmemBytes (fragment epilogue): the stage ring, 2 mbarriers per
-    // stage + 6, the epilogue's per-warp column partials and 128-byte store staging, eval's
+    // stage + 6, the epilogue's store staging (128-byte rows padded by 8 elements; tma_store:
+    // two 1 KiB boxes per consumer warp, 1 KiB aligned) and per-warp column partials, eval's
     // double-buffered coefficients, and 1 KiB to align the 128-byte swizzle.
     const int ring = stages * (bm + bn) * bk * eb;
     const int bars = (2 * stages + 6) * 8;
+    const int staging = tma_store ? 4 * warps_m * 2048 : bm * (128 + 8 * eb);
     // Pingpong: one such epilogue per consumer warpgroup, each for a whole BM-row tile.
-    const int epilogue = pingpong ? 2 * ((4 * bn + 2 * bn) * 4 + bm * (128 + 8 * eb))
-                                  : (4 * warps_m * bn + 2 * bn) * 4 + bm * (128 + 8 * eb);
+    const int epilogue = pingpong ? 2 * ((4 * bn + 2 * bn) * 4 + staging)
+                                  : (4 * warps_m * bn + 2 * bn) * 4 + staging;
     const int coef = p.mode == Mode::eval ? 16 * bn : 0;
-    return ring + up16(bars) + up16(epilogue) + coef + 1024;
+    const int align = tma_store ? 1024 : 16;
+    const int epi_offset = (ring + bars + align - 1) / align * align;
+    return epi_offset + up16(epilogue) + coef + 1024;
   }
   // Tiled: the larger of the cp.async ring and the epilogue's fp32 tile + scratch (they alias).
   // Split-K keeps the same size: the slice store reads the same tile.
@@ -104,9 +108,15 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
     if (bk * static_cast<int>(storage_bytes(p.dtype)) % 128 != 0)
       return "warpspec: bk must span whole 128-byte swizzle rows";
     if (cluster_m != 1 && cluster_m != 2) return "warpspec: cluster_m must be 1 or 2";
+    if (tma_store) {
+      if (pingpong) return "warpspec: tma_store and pingpong do not combine";
+      if (storage_bytes(p.dtype) != 2) return "warpspec: tma_store needs 16-bit y (bf16, fp16)";
+      // TMA stores 16-byte units: a row end inside one would write into y's padding.
+      if (p.N % 8 != 0) return "warpspec: tma_store needs N to be a multiple of 8";
+    }
   } else {
-    if (cluster_m != 1 || persistent || pingpong)
-      return "tiled has no clusters, persistent scheduling or pingpong";
+    if (cluster_m != 1 || persistent || pingpong || tma_store)
+      return "tiled has no clusters, persistent scheduling, pingpong or TMA stores";
     if (warps_m < 1 || warps_n < 1 || threads() > 1024) return "tiled: bad warp layout";
     const int wtm = bm / warps_m, wtn = bn / warps_n;  // warp tile
     if (bm % warps_m != 0 || bn % warps_n != 0) return "tiled: warps must divide the tile";
@@ -143,8 +153,9 @@ std::string KernelConfig::key() const {
   if (variant == Variant::tiled)
     return fmt::format("tiled.{}x{}x{}.w{}x{}.s{}.g{}{}", bm, bn, bk, warps_m, warps_n, stages,
                        group_m, split_k != 1 ? fmt::format(".k{}", split_k) : "");
-  return fmt::format("warpspec.{}x{}x{}.c{}.s{}.g{}.cl{}.p{}{}", bm, bn, bk, warps_m, stages,
-                     group_m, cluster_m, int(persistent), pingpong ? ".pp" : "");
+  return fmt::format("warpspec.{}x{}x{}.c{}.s{}.g{}.cl{}.p{}{}{}", bm, bn, bk, warps_m, stages,
+                     group_m, cluster_m, int(persistent), pingpong ? ".pp" : "",
+                     tma_store ? ".ts" : "");
 }
 
 namespace {
@@ -185,18 +196,22 @@ KernelConfig KernelConfig::parse(std::string_view key) {
     c.split_k = v->size() == 8 ? (*v)[7] : 1;
     return c;
   }
-  const bool pingpong = key.ends_with(".pp");
-  if (const auto v = match_key(pingpong ? key.substr(0, key.size() - 3) : key,
-                               "warpspec.#x#x#.c#.s#.g#.cl#.p#")) {
+  std::string_view rest = key;
+  const bool tma_store = rest.ends_with(".ts");
+  if (tma_store) rest.remove_suffix(3);
+  const bool pingpong = rest.ends_with(".pp");
+  if (pingpong) rest.remove_suffix(3);
+  if (const auto v = match_key(rest, "warpspec.#x#x#.c#.s#.g#.cl#.p#")) {
     c.variant = Variant::warpspec;
     c.bm = (*v)[0], c.bn = (*v)[1], c.bk = (*v)[2];
     c.warps_m = (*v)[3], c.warps_n = 1, c.stages = (*v)[4], c.group_m = (*v)[5];
     c.cluster_m = (*v)[6], c.persistent = (*v)[7] != 0, c.pingpong = pingpong;
+    c.tma_store = tma_store;
     return c;
   }
   throw InvalidArgument("config",
                         "expected a key like tiled.128x128x32.w2x4.s4.g8[.k4] or "
-                        "warpspec.128x256x64.c2.s4.g8.cl1.p1[.pp]; got '" +
+                        "warpspec.128x256x64.c2.s4.g8.cl1.p1[.pp|.ts]; got '" +
                             std::string(key) + "'");
 }
 
@@ -216,6 +231,11 @@ KernelConfig warpspec(int bm, int bn, int bk, int consumers, int stages, bool pe
   c.bm = bm, c.bn = bn, c.bk = bk, c.warps_m = consumers, c.warps_n = 1, c.stages = stages;
   c.persistent = persistent;
   c.pingpong = pingpong;
+  return c;
+}
+
+KernelConfig with_tma_store(KernelConfig c) {
+  c.tma_store = true;
   return c;
 }
 
@@ -289,10 +309,16 @@ std::vector<KernelConfig> warpspec_candidates(const Problem& p) {
             warpspec(128, 64, bk, 2, 6, true)};
   // Pingpong (whole 128x128 or 64x256 tiles per warpgroup) for the tuner to weigh: it hides
   // the epilogue, which matters most for train's column statistics.
-  return {warpspec(128, 256, bk, 2, 4, true),     warpspec(128, 128, bk, 2, 6, true),
-          warpspec(64, 128, bk, 1, 6, true),      warpspec(128, 64, bk, 2, 6, true),
-          warpspec(64, 64, bk, 1, 8, true),       warpspec(128, 128, bk, 2, 5, true, true),
-          warpspec(64, 256, bk, 2, 4, true, true)};
+  // TMA-store twins of the two cooperative favourites (16-bit y with N % 8 == 0 only).
+  return {warpspec(128, 256, bk, 2, 4, true),
+          warpspec(128, 128, bk, 2, 6, true),
+          warpspec(64, 128, bk, 1, 6, true),
+          warpspec(128, 64, bk, 2, 6, true),
+          warpspec(64, 64, bk, 1, 8, true),
+          warpspec(128, 128, bk, 2, 5, true, true),
+          warpspec(64, 256, bk, 2, 4, true, true),
+          with_tma_store(warpspec(128, 256, bk, 2, 4, true)),
+          with_tma_store(warpspec(128, 128, bk, 2, 6, true))};
 }
 
 }  // namespace

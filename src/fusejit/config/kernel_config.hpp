@@ -31,6 +31,10 @@ struct KernelConfig {
   // warpspec, persistent, two consumers: each consumer warpgroup takes whole BM x BN tiles in
   // turn, so one's epilogue overlaps the other's mainloop (key suffix ".pp").
   bool pingpong = false;
+  // warpspec, 16-bit y, not pingpong: each consumer warp rounds its rows of y into two small
+  // swizzled shared-memory boxes in turn (stmatrix) and TMA stores them, so the copy engine
+  // drains y while the warp goes on (key suffix ".ts").
+  bool tma_store = false;
   // tiled: split-K. S > 1 CTAs per output tile each multiply a contiguous share of the k tiles
   // into an fp32 workspace slice; a second kernel adds the S slices in a fixed order and runs the
   // epilogue (key suffix ".k<S>"). For grids too small to fill the GPU with a long K.
@@ -48,7 +52,8 @@ struct KernelConfig {
   std::string why_invalid(const Problem& problem, const Device& device) const;
   bool valid_for(const Problem& p, const Device& d) const { return why_invalid(p, d).empty(); }
   // Stable text naming every field, e.g. "tiled.128x128x32.w2x4.s3.g8", with ".k8" appended
-  // for split_k = 8 (nothing for 1, so keys from before split-K are unchanged).
+  // for split_k = 8 (nothing for 1, so keys from before split-K are unchanged); warpspec keys
+  // end in ".pp" for pingpong and ".ts" for tma_store.
   std::string key() const;
   // Inverse of key(); throws InvalidArgument("config", ...).
   static KernelConfig parse(std::string_view key);

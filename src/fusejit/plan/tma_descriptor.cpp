@@ -41,8 +41,9 @@ CUtensorMap encode_tma_tile_map(DType dtype, const void* base, std::int64_t rows
     throw InvalidArgument(what, "TMA dimensions must lie in [1, 2^32]");
   if (ld < cols || ld * elem >= (std::int64_t{1} << 40))
     throw InvalidArgument(what, "row stride must cover the row and stay below 2^40 bytes");
-  if (box_cols * elem != 128 || box_rows < 1 || box_rows > 256)
-    throw InvalidArgument(what, "TMA box must be 128 bytes wide and 1..256 rows tall");
+  const std::int64_t box_bytes = box_cols * elem;
+  if ((box_bytes != 128 && box_bytes != 64) || box_rows < 1 || box_rows > 256)
+    throw InvalidArgument(what, "TMA box must be 128 or 64 bytes wide and 1..256 rows tall");
 
   CUtensorMap map;
   std::memset(&map, 0, sizeof(map));
@@ -55,13 +56,15 @@ CUtensorMap encode_tma_tile_map(DType dtype, const void* base, std::int64_t rows
   // 256-byte lines, the granularity those CTAs' boxes share.
   FJ_CU(cuTensorMapEncodeTiled(&map, tma_type(dtype), 2, const_cast<void*>(base), dims, strides,
                                box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                               box_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
+                                                : CU_TENSOR_MAP_SWIZZLE_64B,
+                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
   return map;
 }
 
 WarpspecTensorMaps warpspec_tensor_maps(const Problem& problem, const KernelConfig& config,
-                                        const void* x, const void* w) {
+                                        const void* x, const void* w, void* y) {
   if (config.variant != Variant::warpspec)
     throw InvalidArgument("config", "tensor maps exist only for the warpspec variant");
   if (config.cluster_m < 1 || config.bn % config.cluster_m != 0)
@@ -72,6 +75,12 @@ WarpspecTensorMaps warpspec_tensor_maps(const Problem& problem, const KernelConf
                                atom, "x");
   maps.w = encode_tma_tile_map(problem.dtype, w, problem.N, problem.K, problem.lda_w(),
                                config.bn / config.cluster_m, atom, "w");
+  std::memset(&maps.y, 0, sizeof(maps.y));
+  if (config.tma_store) {
+    // Mirrors FragmentBnEpilogue's TMA-store boxes: one warp's 16 rows x 64 bytes.
+    maps.y = encode_tma_tile_map(problem.dtype, y, problem.M, problem.N, problem.lda_y(), 16,
+                                 atom / 2, "y");
+  }
   return maps;
 }
 

@@ -6,9 +6,9 @@ namespace fusejit {
 
 void launch_warpspec(const PlanCore& c, CUstream stream, const fj::Params& params,
                      const Tensors& t) {
-  WarpspecTensorMaps maps = warpspec_tensor_maps(c.problem, c.config, t.x, t.w);
+  WarpspecTensorMaps maps = warpspec_tensor_maps(c.problem, c.config, t.x, t.w, t.y);
   fj::Params prm = params;
-  void* args[] = {&prm, &maps.x, &maps.w};
+  void* args[] = {&prm, &maps.x, &maps.w, &maps.y};
   const auto threads = static_cast<unsigned>(c.config.threads());
   const auto smem = static_cast<unsigned>(c.smem_bytes);
   const Driver& d = driver();
