@@ -51,7 +51,8 @@ TEST_CASE("config keys round-trip and are distinct") {
   CHECK(!KernelConfig::parse("warpspec.128x256x64.c2.s4.g8.cl1.p1").tma_store);
 }
 
-TEST_CASE("TMA stores: warpspec, 16-bit y, N a multiple of 8, not pingpong; the ring keeps 4 stages") {
+TEST_CASE(
+    "TMA stores: warpspec, 16-bit y, N a multiple of 8, not pingpong; the ring keeps 4 stages") {
   const Device h100 = Device::for_arch("sm_90a");
   const KernelConfig ts = KernelConfig::parse("warpspec.128x256x64.c2.s4.g8.cl1.p1.ts");
   for (DType d : {DType::bf16, DType::fp16})
@@ -65,8 +66,7 @@ TEST_CASE("TMA stores: warpspec, 16-bit y, N a multiple of 8, not pingpong; the 
       tail.ldy = 1024;
       CHECK(ts.why_invalid(tail, h100).find("multiple of 8") != std::string::npos);
     }
-  CHECK(ts.why_invalid(problem(DType::tf32, Mode::eval), h100).find("16-bit") !=
-        std::string::npos);
+  CHECK(ts.why_invalid(problem(DType::tf32, Mode::eval), h100).find("16-bit") != std::string::npos);
   KernelConfig pp_ts = KernelConfig::parse("warpspec.128x128x64.c2.s5.g8.cl1.p1.pp");
   pp_ts.tma_store = true;
   CHECK(pp_ts.why_invalid(problem(DType::bf16, Mode::eval), h100).find("pingpong") !=
@@ -74,6 +74,12 @@ TEST_CASE("TMA stores: warpspec, 16-bit y, N a multiple of 8, not pingpong; the 
   KernelConfig tiled_ts = KernelConfig::parse("tiled.128x128x64.w2x2.s3.g8");
   tiled_ts.tma_store = true;
   CHECK(!tiled_ts.valid_for(problem(DType::bf16, Mode::eval), Device::for_arch("sm_80")));
+  // TMA stores are the default where they are valid; elsewhere the thread-store twin is.
+  CHECK(default_config(problem(DType::bf16, Mode::train, 4096, 4096, 4096), h100).key() ==
+        "warpspec.128x256x64.c2.s4.g8.cl1.p1.ts");
+  Problem padded = problem(DType::fp16, Mode::eval, 4096, 4092, 4096);
+  padded.ldy = 4096;
+  CHECK(default_config(padded, h100).key() == "warpspec.128x256x64.c2.s4.g8.cl1.p1");
   // The candidates offer a TMA-store twin only where it is valid.
   auto has_ts = [&](const Problem& p) {
     for (const auto& c : candidate_configs(p, h100))

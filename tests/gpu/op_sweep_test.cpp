@@ -1,6 +1,7 @@
 // The op against the float64 reference on the GPU: the quick sweep for every dtype x mode (tiled
-// always, warpspec on sm_90 with thread and TMA stores, forced split-K configs), plans running concurrently on two streams,
-// cumulative momentum over several steps, and the cuBLASLt reference op held to the same standard.
+// always, warpspec on sm_90 with thread and TMA stores, forced split-K configs), plans running
+// concurrently on two streams, cumulative momentum over several steps, and the cuBLASLt reference
+// op held to the same standard.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -155,8 +156,8 @@ TEST_CASE("quick sweep, warpspec TMA-store configs (sm_90 only)") {
         const std::vector<SweepCase> cases = tma_aligned(builtin_sweep(false, d, m));
         const auto tails = static_cast<std::size_t>(std::count_if(
             cases.begin(), cases.end(), [](const SweepCase& c) { return c.problem.N % 8 != 0; }));
-        const SweepSummary s = run_cases(cases, d, m, Implementation::plan, std::nullopt,
-                                         KernelConfig::parse(key));
+        const SweepSummary s =
+            run_cases(cases, d, m, Implementation::plan, std::nullopt, KernelConfig::parse(key));
         CHECK(s.skipped == tails);
         CHECK(s.passed == s.cases - tails);
         CHECK(s.passed > 0);

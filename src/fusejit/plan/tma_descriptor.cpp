@@ -54,12 +54,11 @@ CUtensorMap encode_tma_tile_map(DType dtype, const void* base, std::int64_t rows
   const cuuint32_t element_strides[2] = {1, 1};
   // Operand tiles are re-read by the CTAs that share their rows or columns: promote to L2 in
   // 256-byte lines, the granularity those CTAs' boxes share.
-  FJ_CU(cuTensorMapEncodeTiled(&map, tma_type(dtype), 2, const_cast<void*>(base), dims, strides,
-                               box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                               box_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
-                                                : CU_TENSOR_MAP_SWIZZLE_64B,
-                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+  FJ_CU(cuTensorMapEncodeTiled(
+      &map, tma_type(dtype), 2, const_cast<void*>(base), dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE,
+      box_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
   return map;
 }
 
