@@ -76,10 +76,10 @@ TEST_CASE(
   CHECK(!tiled_ts.valid_for(problem(DType::bf16, Mode::eval), Device::for_arch("sm_80")));
   // TMA stores are the default where they are valid; elsewhere the thread-store twin is.
   CHECK(default_config(problem(DType::bf16, Mode::train, 4096, 4096, 4096), h100).key() ==
-        "warpspec.128x256x64.c2.s4.g8.cl1.p1.ts");
+        "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts");
   Problem padded = problem(DType::fp16, Mode::eval, 4096, 4092, 4096);
   padded.ldy = 4096;
-  CHECK(default_config(padded, h100).key() == "warpspec.128x256x64.c2.s4.g8.cl1.p1");
+  CHECK(default_config(padded, h100).key() == "warpspec.128x256x64.c2.s4.g16.cl1.p1");
   // The candidates offer a TMA-store twin only where it is valid.
   auto has_ts = [&](const Problem& p) {
     for (const auto& c : candidate_configs(p, h100))
