@@ -75,9 +75,10 @@ TEST_CASE("every candidate's shared-memory formula equals the kernel's own size"
     for (const auto& c : candidate_configs(p, Device::for_arch(arch)))
       cases.push_back({p, c, compute});
   };
-  // Every warpspec shape (cooperative and pingpong) in both epilogue modes, every tiled math
-  // kind on sm_80.
+  // Every warpspec shape (cooperative and pingpong, thread and TMA stores) in both epilogue
+  // modes, every tiled math kind on sm_80.
   add(DType::bf16, Mode::train, 4096, "sm_90a", "compute_90a");
+  add(DType::fp16, Mode::eval, 4096, "sm_90a", "compute_90a");
   add(DType::tf32, Mode::eval, 4096, "sm_90a", "compute_90a");
   add(DType::fp32, Mode::train, 4096, "sm_80", "compute_80");
   add(DType::fp16, Mode::eval, 4096, "sm_80", "compute_80");
@@ -86,6 +87,8 @@ TEST_CASE("every candidate's shared-memory formula equals the kernel's own size"
   add(DType::tf32, Mode::eval, 128, "sm_90a", "compute_90a", 512);
   add(DType::bf16, Mode::train, 100, "sm_80", "compute_80", 512);
   REQUIRE(cases.size() >= 15);
+  REQUIRE(std::count_if(cases.begin(), cases.end(),
+                        [](const Case& c) { return c.config.tma_store; }) >= 4);
   REQUIRE(std::count_if(cases.begin(), cases.end(),
                         [](const Case& c) { return c.config.split_k > 1; }) >= 8);
   std::vector<std::future<Exported>> got;
