@@ -35,6 +35,7 @@
 #pragma once
 #include "common/math_kind.cuh"
 #include "common/params.h"
+#include "common/spec_flag.cuh"
 #include "common/tile.cuh"
 #include "common/tma_descriptor.cuh"
 #include "common/types.cuh"
@@ -47,34 +48,10 @@
 
 namespace fj {
 
-// Spec::FRAGMENT_EPILOGUE when the Spec declares it, else true.
-template <class S, class = void>
-struct WarpspecFragmentEpilogue {
-  static constexpr bool value = true;
-};
-template <class S>
-struct WarpspecFragmentEpilogue<S, decltype(void(S::FRAGMENT_EPILOGUE))> {
-  static constexpr bool value = S::FRAGMENT_EPILOGUE;
-};
-// Spec::PINGPONG when the Spec declares it, else false.
-template <class S, class = void>
-struct WarpspecPingpong {
-  static constexpr bool value = false;
-};
-template <class S>
-struct WarpspecPingpong<S, decltype(void(S::PINGPONG))> {
-  static constexpr bool value = S::PINGPONG;
-};
-
-// Spec::TMA_STORE when the Spec declares it, else false.
-template <class S, class = void>
-struct WarpspecTmaStore {
-  static constexpr bool value = false;
-};
-template <class S>
-struct WarpspecTmaStore<S, decltype(void(S::TMA_STORE))> {
-  static constexpr bool value = S::TMA_STORE;
-};
+// Spec::FRAGMENT_EPILOGUE (default true), PINGPONG and TMA_STORE (default false).
+FJ_SPEC_FLAG(WarpspecFragmentEpilogue, FRAGMENT_EPILOGUE, true);
+FJ_SPEC_FLAG(WarpspecPingpong, PINGPONG, false);
+FJ_SPEC_FLAG(WarpspecTmaStore, TMA_STORE, false);
 
 template <class Spec>
 struct WarpspecGemm {

@@ -17,6 +17,7 @@
 #include "common/mma.cuh"
 #include "common/params.h"
 #include "common/smem_layout.cuh"
+#include "common/spec_flag.cuh"
 #include "common/split_k.h"
 #include "common/tile.cuh"
 #include "common/types.cuh"
@@ -35,14 +36,7 @@ struct IsSame<A, A> {
 };
 
 // Spec::TF32_ROUND if the Spec declares it, else true (round like cuBLAS does).
-template <class S, class = void>
-struct Tf32Round {
-  static constexpr bool value = true;
-};
-template <class S>
-struct Tf32Round<S, decltype(void(S::TF32_ROUND))> {
-  static constexpr bool value = S::TF32_ROUND;
-};
+FJ_SPEC_FLAG(Tf32Round, TF32_ROUND, true);
 
 __device__ __forceinline__ int clamp_bytes(int v, int hi) {
   return v < 0 ? 0 : (v > hi ? hi : v);

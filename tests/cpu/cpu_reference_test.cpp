@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <random>
 #include <vector>
 
@@ -248,14 +249,18 @@ TEST_CASE("the threaded GEMM gives the same bits with any thread count") {
   CHECK(reference_linear(in, 64) == one);
 }
 
-TEST_CASE("1024x1024x1024 takes well under two seconds") {
+// Processor time of all threads, not wall time: ctest runs tests side by side, and a machine
+// busy with other work stretches the wall clock without making the reference any slower.
+TEST_CASE("1024x1024x1024 takes well under four seconds of processor time") {
   const auto in = make_inputs(1024, 1024, 1024, 11, true, true, true, true);
   const auto t0 = std::chrono::steady_clock::now();
+  const std::clock_t c0 = std::clock();
   const auto out = reference_forward(in, {});
+  const double cpu = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  MESSAGE("reference_forward 1024x1024x1024: " << s << " s");
+  MESSAGE("reference_forward 1024x1024x1024: " << s << " s wall, " << cpu << " s processor");
   CHECK(out.y.size() == 1024u * 1024u);
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-  CHECK(s < 2.0);
+  CHECK(cpu < 4.0);
 #endif
 }
