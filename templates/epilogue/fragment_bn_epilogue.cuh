@@ -10,9 +10,10 @@
 // TMA_STORE (16-bit y): instead of 128-byte chunks through a warpgroup's staging buffer and
 // 16-byte stores that the consumers issue themselves, each warp writes 16 rows x 32 columns
 // at a time into one of its two 1 KiB boxes (stmatrix, TMA's 64-byte swizzle) and one lane
-// hands the box to a TMA store. The warp synchronizes with itself only, and goes back to the
-// mainloop while the copy engine drains y: with thread stores every persistent CTA stalled
-// in the same store burst (H100, 4096^3 bf16 eval: ~9 of 183 us, docs/performance.md).
+// hands the box to a TMA store. The warp synchronizes with itself only (no named barriers),
+// and goes back to the mainloop while the copy engine drains y. On H100 that made train 1.6-1.8%
+// faster at 4096^3 and left eval unchanged: eval's remaining epilogue cost is its arithmetic
+// with idle tensor cores, not the stores (docs/performance.md, sixth session).
 //
 // Fragment layout (wgmma m64nNk*, fp32 D): consumer warpgroup `wg` owns rows
 // [wg * WG_M, (wg + 1) * WG_M) of the tile, M_ATOMS atoms of 64 rows each; in atom `ma`, warp w
