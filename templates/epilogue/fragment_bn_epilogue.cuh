@@ -49,7 +49,11 @@ struct FragmentBnEpilogue {
   static constexpr int kStageLd = 128 + 8 * static_cast<int>(sizeof(T));
   // TMA_STORE: per warp two boxes of [16 rows][64 bytes].
   static_assert(!TMA_STORE || sizeof(T) == 2, "fragment epilogue: TMA_STORE needs 16-bit y");
-  static constexpr int kBoxCols = 32, kBoxBytes = 16 * 64;
+  // (kernel_config.hpp's kTmaStoreBoxRows / kTmaStoreBoxRowBytes: the host encodes y's map
+  // with the same box.)
+  static constexpr int kBoxRows = 16, kBoxRowBytes = 64;
+  static constexpr int kBoxCols = kBoxRowBytes / static_cast<int>(sizeof(T));
+  static constexpr int kBoxBytes = kBoxRows * kBoxRowBytes;
   static constexpr int kStagingBytes =
       TMA_STORE ? kWarps * 2 * kBoxBytes : CONSUMERS * WG_M * kStageLd;
   static constexpr int kRedFloats = kWarps * BN;
@@ -296,7 +300,7 @@ struct FragmentBnEpilogue {
 #pragma unroll
         for (int s = 0; s < kBoxCols / 16; ++s) {
           const int u = 2 * s + mi / 2;
-          stmatrix_x4(box + r * 64 + 16 * (u ^ ((r / 2) % 4)), v[2 * s][0], v[2 * s][1],
+          stmatrix_x4(box + r * kBoxRowBytes + 16 * (u ^ ((r / 2) % 4)), v[2 * s][0], v[2 * s][1],
                       v[2 * s + 1][0], v[2 * s + 1][1]);
         }
         fence_async_shared();

@@ -56,7 +56,8 @@ int KernelConfig::smem_bytes(const Problem& p) const {
     // double-buffered coefficients, and 1 KiB to align the 128-byte swizzle.
     const int ring = stages * (bm + bn) * bk * eb;
     const int bars = (2 * stages + 6) * 8;
-    const int staging = tma_store ? 4 * warps_m * 2048 : bm * (128 + 8 * eb);
+    const int staging =
+        tma_store ? 4 * warps_m * 2 * kTmaStoreBoxRows * kTmaStoreBoxRowBytes : bm * (128 + 8 * eb);
     // Pingpong: one such epilogue per consumer warpgroup, each for a whole BM-row tile.
     const int epilogue = pingpong ? 2 * ((4 * bn + 2 * bn) * 4 + staging)
                                   : (4 * warps_m * bn + 2 * bn) * 4 + staging;

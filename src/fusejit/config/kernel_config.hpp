@@ -14,6 +14,12 @@ enum class Variant { tiled, warpspec };
 std::string_view name(Variant);
 Variant parse_variant(std::string_view);  // throws InvalidArgument("variant", ...)
 
+// The warpspec TMA-store epilogue's box (FragmentBnEpilogue's kBoxRows x kBoxRowBytes in
+// templates/epilogue/fragment_bn_epilogue.cuh): each consumer warp owns two, and y's tensor map
+// is encoded with this box.
+inline constexpr int kTmaStoreBoxRows = 16;
+inline constexpr int kTmaStoreBoxRowBytes = 64;
+
 struct KernelConfig {
   Variant variant = Variant::tiled;
   // CTA tile.

@@ -76,9 +76,9 @@ WarpspecTensorMaps warpspec_tensor_maps(const Problem& problem, const KernelConf
                                config.bn / config.cluster_m, atom, "w");
   std::memset(&maps.y, 0, sizeof(maps.y));
   if (config.tma_store) {
-    // Mirrors FragmentBnEpilogue's TMA-store boxes: one warp's 16 rows x 64 bytes.
-    maps.y = encode_tma_tile_map(problem.dtype, y, problem.M, problem.N, problem.lda_y(), 16,
-                                 atom / 2, "y");
+    const int box_cols = kTmaStoreBoxRowBytes / static_cast<int>(storage_bytes(problem.dtype));
+    maps.y = encode_tma_tile_map(problem.dtype, y, problem.M, problem.N, problem.lda_y(),
+                                 kTmaStoreBoxRows, box_cols, "y");
   }
   return maps;
 }

@@ -26,7 +26,7 @@ CUtensorMap encode_tma_tile_map(DType dtype, const void* base, std::int64_t rows
 struct WarpspecTensorMaps {
   CUtensorMap x;  // [M][K] boxes of bm rows
   CUtensorMap w;  // [N][K] boxes of bn / cluster_m rows (each CTA of a cluster loads its half)
-  CUtensorMap y;  // tma_store: [M][N] boxes of 16 rows x 64 bytes; else zeros (unused)
+  CUtensorMap y;  // tma_store: [M][N] boxes of kTmaStoreBoxRows x kTmaStoreBoxRowBytes; else zeros
 };
 
 // The maps the warpspec kernel of `config` expects for `problem` with these operands: boxes
