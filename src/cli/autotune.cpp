@@ -20,6 +20,7 @@
 #include "fusejit/tune/progress.hpp"
 #include "fusejit/tune/tuner.hpp"
 #include "fusejit/tune/tuning_db.hpp"
+#include "fusejit/util/durable_file.hpp"
 
 namespace fusejit::cli {
 
@@ -38,8 +39,7 @@ struct AutotuneArgs {
 
 // Shapes from a file: MxNxK tokens separated by blanks, commas or newlines; '#' starts a comment.
 std::vector<std::string> read_shapes_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw InvalidArgument("shapes-file", "cannot read '" + path + "'");
+  std::istringstream f(read_text_input(path, "shapes-file"));
   std::vector<std::string> out;
   std::string line;
   for (int n = 1; std::getline(f, line); ++n) {

@@ -36,6 +36,16 @@ void add_cache(CLI::App& app, Action& action) {
   verify->callback([&action, open] {
     action = [open] {
       const DiskCache c = open();
+      // "0 entries, 0 damaged" for a directory that is not there would pass a check that
+      // checked nothing (a typo in --cache-dir, an image built without its cache).
+      if (!c.exists()) {
+        fmt::print("no cache directory at {}\n", c.dir().string());
+        return 1;
+      }
+      if (c.access() == CacheAccess::untrusted) {
+        fmt::print("cache directory {} is not trusted: {}\n", c.dir().string(), c.why_untrusted());
+        return 1;
+      }
       int bad = 0;
       const auto entries = c.list();
       for (const auto& e : entries)

@@ -57,7 +57,9 @@ KernelSource job_source(const Job& j) {
 // What the tuning databases' Plans will load: each entry's winner and best fused config (a
 // Plan whose winner is the reference still builds that one), for --arch or the database's CC.
 // Configs that cannot run on that arch are skipped with a note.
-std::vector<Job> database_jobs(const CompileArgs& a, std::string* target) {
+// Files that could not be read or validated go to `bad_files` (reported, the run fails).
+std::vector<Job> database_jobs(const CompileArgs& a, std::string* target,
+                               std::vector<std::string>* bad_files) {
   namespace fs = std::filesystem;
   std::vector<fs::path> files;
   if (!a.db_file.empty()) {
@@ -79,7 +81,15 @@ std::vector<Job> database_jobs(const CompileArgs& a, std::string* target) {
   std::set<std::string> seen;
   std::set<std::string> archs;
   for (const auto& file : files) {
-    const TuningTable t = read_tuning_file(file);
+    TuningTable t;
+    try {
+      t = read_tuning_file(file);
+    } catch (const Error& e) {
+      // One bad file must not cost the others' kernels; the run still fails at the end.
+      fmt::print("  skip {}: {}\n", file.string(), e.what());
+      bad_files->push_back(file.string());
+      continue;
+    }
     const Device dev =
         Device::for_arch(a.arch.empty() ? fmt::format("sm_{}", t.identity.cc) : a.arch);
     archs.insert(dev.arch());
@@ -103,7 +113,8 @@ std::vector<Job> database_jobs(const CompileArgs& a, std::string* target) {
   }
   std::string list;
   for (const auto& s : archs) list += (list.empty() ? "" : ", ") + s;
-  *target = fmt::format("{} (the winners of {} tuning database(s))", list, files.size());
+  *target = fmt::format("{} (the winners of {} tuning database(s))", list,
+                        files.size() - bad_files->size());
   return jobs;
 }
 
@@ -134,8 +145,9 @@ int run_compile(const CompileArgs& a) {
                           "--dtypes, --modes, --variant and --config");
   std::vector<Job> jobs;
   std::string target;
+  std::vector<std::string> bad_files;
   if (a.from_db) {
-    jobs = database_jobs(a, &target);
+    jobs = database_jobs(a, &target, &bad_files);
   } else {
     Device dev;
     if (!a.arch.empty()) {
@@ -186,7 +198,7 @@ int run_compile(const CompileArgs& a) {
   const unsigned workers = std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::future<CompiledKernel>> results(jobs.size());
   std::size_t next = 0;
-  int failures = 0, hits = 0;
+  int failures = 0, hits = 0, unstored = 0;
   double total = 0;
   auto start = [&](std::size_t i) {
     results[i] = std::async(std::launch::async, [&, i] {
@@ -199,9 +211,10 @@ int run_compile(const CompileArgs& a) {
     try {
       const CompiledKernel k = results[i].get();
       hits += k.cache_hit;
+      unstored += !k.stored;
       total += k.compile_seconds;
-      fmt::print("  {:<4} {:7.3f} s  {:>8} B  {}\n", k.cache_hit ? "hit" : "miss",
-                 k.compile_seconds, k.binary.size(), src.name);
+      fmt::print("  {:<4} {:7.3f} s  {:>8} B  {}{}\n", k.cache_hit ? "hit" : "miss",
+                 k.compile_seconds, k.binary.size(), src.name, k.stored ? "" : "  NOT STORED");
     } catch (const CompileError& e) {
       ++failures;
       fmt::print("  FAIL {}\n{}\n", src.name, e.what());
@@ -210,7 +223,13 @@ int run_compile(const CompileArgs& a) {
   }
   fmt::print("{} kernel set(s): {} hit, {} compiled ({:.2f} s of NVRTC time), {} failed\n",
              jobs.size(), hits, jobs.size() - hits - failures, total, failures);
-  return failures ? 1 : 0;
+  // Warming a cache is this command's job: a kernel that did not reach the disk is a failure
+  // even though it compiled.
+  if (unstored > 0)
+    fmt::print("{} kernel set(s) could not be stored in {} (see the warning above)\n", unstored,
+               dir);
+  for (const auto& f : bad_files) fmt::print("damaged or unreadable tuning database: {}\n", f);
+  return failures || unstored || !bad_files.empty() ? 1 : 0;
 }
 
 }  // namespace

@@ -41,8 +41,11 @@ void add_info(CLI::App& app, Action& action) {
       const auto entries = cache.list();
       std::uintmax_t bytes = 0;
       for (const auto& e : entries) bytes += e.bytes;
-      fmt::print("cache:    {} ({} entries, {} bytes)\n", cache.dir().string(), entries.size(),
-                 bytes);
+      const char* access = cache.access() == CacheAccess::untrusted   ? ", NOT TRUSTED: "
+                           : cache.access() == CacheAccess::read_only ? ", read-only"
+                                                                      : "";
+      fmt::print("cache:    {} ({} entries, {} bytes{}{})\n", cache.dir().string(), entries.size(),
+                 bytes, access, cache.why_untrusted());
       return 0;
     };
   });

@@ -6,9 +6,11 @@
 
 #include <unistd.h>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -128,4 +130,74 @@ TEST_CASE("check --config takes split-K keys (no GPU needed to list the cases)")
       run("check --config tiled.64x64x16.w2x1.s3.g8.k4 --dtypes fp32 --modes eval --list");
   CHECK_MESSAGE(r.code == 0, r.out);
   CHECK(r.out.find("128x512x1024 fp32 eval") != std::string::npos);
+}
+
+TEST_CASE("a swapped cache entry is rebuilt, never served (`mv A.fjc B.fjc`)") {
+  namespace fs = std::filesystem;
+  const std::string dir = temp_dir("swap");
+  const std::string common = " --arch sm_90a --shape 1000x200x64 --mode train --cache-dir " + dir;
+  REQUIRE(run("compile --dtype bf16" + common).code == 0);
+  const auto entries = [&] {
+    std::vector<fs::path> out;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".fjc") out.push_back(e.path());
+    return out;
+  };
+  const std::vector<fs::path> bf16 = entries();
+  REQUIRE(bf16.size() == 1);
+  REQUIRE(run("compile --dtype fp16" + common).code == 0);
+  std::vector<fs::path> both = entries();
+  REQUIRE(both.size() == 2);
+  const fs::path fp16 = both[0] == bf16[0] ? both[1] : both[0];
+  fs::rename(fp16, bf16[0]);  // the fp16 kernel under the bf16 kernel's key
+
+  const Result verify = run("cache verify --cache-dir " + dir);
+  CHECK(verify.code == 1);
+  CHECK_MESSAGE(verify.out.find("built for key " + fp16.stem().string()) != std::string::npos,
+                verify.out);
+  const Result again = run("compile --dtype bf16" + common);
+  CHECK(again.code == 0);
+  CHECK_MESSAGE(again.out.find("0 hit, 1 compiled") != std::string::npos, again.out);
+  CHECK(again.out.find("damaged cache entry") != std::string::npos);
+  CHECK(run("cache verify --cache-dir " + dir).code == 0);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("honest exit codes: nothing stored, a missing cache, an unbounded input") {
+  namespace fs = std::filesystem;
+  const std::string dir = temp_dir("honest");
+  fs::create_directories(dir);
+  // FUSEJIT_CACHE_DIR naming a file: compiled, not stored, exit 1 and says so.
+  const std::string file = dir + "/a-file";
+  std::ofstream(file) << "x";
+  const Result unstored =
+      fusejit::test::run_command("FUSEJIT_CACHE_DIR=" + file + " " + std::getenv("FUSEJIT_CLI") +
+                                 " compile --arch sm_80 --shape 64x64x64 --dtype fp16 --mode eval");
+  CHECK(unstored.code == 1);
+  CHECK_MESSAGE(unstored.out.find("could not be stored") != std::string::npos, unstored.out);
+  // A world-writable cache directory is not used: not stored, exit 1, the warning says why.
+  const std::string open_dir = dir + "/open";
+  fs::create_directories(open_dir);
+  fs::permissions(open_dir, fs::perms::all);
+  const Result untrusted =
+      run("compile --arch sm_80 --shape 64x64x64 --dtype fp16 --mode eval --cache-dir " + open_dir);
+  CHECK(untrusted.code == 1);
+  CHECK_MESSAGE(untrusted.out.find("is not trusted") != std::string::npos, untrusted.out);
+  CHECK(fs::is_empty(open_dir));
+  CHECK(run("cache verify --cache-dir " + open_dir).code == 1);
+  // verify of a directory that is not there checked nothing: an error, not "0 damaged".
+  const Result missing = run("cache verify --cache-dir " + dir + "/missing");
+  CHECK(missing.code == 1);
+  CHECK(missing.out.find("no cache directory") != std::string::npos);
+  // --shapes-file /dev/zero: one line, exit 2, at once (it took 13 s and 4.4 GB before).
+  const auto t0 = std::chrono::steady_clock::now();
+  const Result zero = run("autotune --shapes-file /dev/zero --dtypes bf16 --modes eval");
+  CHECK(zero.code == 2);
+  CHECK(lines(zero.out) == 1);
+  CHECK(zero.out.find("shapes-file") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+  const Result sweep = run("check --sweep /dev/zero --list");
+  CHECK(sweep.code == 2);
+  CHECK(lines(sweep.out) == 1);
+  fs::remove_all(dir);
 }

@@ -223,11 +223,13 @@ TEST_CASE("a flipped byte in the payload is caught") {
 
 TEST_CASE("parse_cache_entry rejects every truncation without reading past the buffer") {
   const auto bytes = payload(300, 18);
-  const auto entry = fusejit::serialize_cache_entry(bytes, "desc");
+  const std::string key = key_for("parse");
+  const auto entry = fusejit::serialize_cache_entry(bytes, key, "desc");
   const auto parsed = fusejit::parse_cache_entry(entry);
   REQUIRE(parsed.has_value());
   CHECK(std::vector<char>(parsed->payload.begin(), parsed->payload.end()) == bytes);
   CHECK(parsed->description == "desc");
+  CHECK(parsed->key == key);
   for (std::size_t size = 0; size < entry.size(); ++size) {
     CAPTURE(size);
     // An exact-size heap copy, so an over-read is out of bounds (and caught under ASan).
@@ -275,11 +277,25 @@ TEST_CASE("a foreign file or a directory under an entry's name is never returned
   CHECK_FALSE(cache.load(garbage_key).has_value());
   CHECK_FALSE(fs::exists(entry_path(cache, garbage_key)));
 
-  // A directory is nothing we wrote: a miss, and it stays.
+  // An empty directory under an entry's name is damage: removed, and the key works again.
   const std::string dir_key = key_for("dir");
   fs::create_directory(entry_path(cache, dir_key));
   CHECK_FALSE(cache.load(dir_key).has_value());
-  CHECK(fs::is_directory(entry_path(cache, dir_key)));
+  CHECK_FALSE(fs::exists(entry_path(cache, dir_key)));
+  CHECK(cache.store(dir_key, payload(10, 30), "after"));
+  CHECK(cache.load(dir_key).has_value());
+
+  // A directory with something inside may hold someone's files: a miss, and it stays; storing
+  // that key fails, the cache's other keys still work.
+  const std::string full_key = key_for("full-dir");
+  fs::create_directory(entry_path(cache, full_key));
+  write_bytes(entry_path(cache, full_key) / "precious", {'p'});
+  CHECK_FALSE(cache.load(full_key).has_value());
+  CHECK(fs::is_regular_file(entry_path(cache, full_key) / "precious"));
+  CHECK_FALSE(cache.store(full_key, payload(10, 31), "blocked"));
+  const std::string other_key = key_for("other-after-dir");
+  CHECK(cache.store(other_key, payload(10, 32), "other"));
+  CHECK(cache.load(other_key).has_value());
 }
 
 TEST_CASE("list() reports each entry with its verification status") {
@@ -450,8 +466,8 @@ TEST_CASE("clear() removes entries and stale temp files and nothing else") {
     REQUIRE(cache.store(key_for(name), payload(64, 17), name));
   }
   const std::string k = key_for("temp");
-  const fs::path stale = tmp.path() / ("." + k + ".1234.5678.00ff00ff00ff00ff.tmp");
-  const fs::path fresh = tmp.path() / ("." + k + ".1234.5679.00ff00ff00ff00fe.tmp");
+  const fs::path stale = tmp.path() / ("." + k + ".fjc.1234.5678.00ff00ff00ff00ff.tmp");
+  const fs::path fresh = tmp.path() / ("." + k + ".fjc.1234.5679.00ff00ff00ff00fe.tmp");
   write_bytes(stale, {'s'});
   write_bytes(fresh, {'f'});
   fs::last_write_time(stale, fs::file_time_type::clock::now() - std::chrono::hours(2));
@@ -464,16 +480,24 @@ TEST_CASE("clear() removes entries and stale temp files and nothing else") {
       tmp.path() / (k + ".fjc.bak"),
       tmp.path() / ".foo.tmp",
       tmp.path() / (k + ".tmp"),
+      tmp.path() / ("." + k + ".1234.5678.00ff00ff00ff00ff.tmp"),  // not a temp of an entry
+      tmp.path() / (".notes.txt.1234.5678.00ff00ff00ff00ff.tmp"),
   };
   for (const auto& p : keep) write_bytes(p, {'u'});
   for (const auto& p : keep)
     fs::last_write_time(p, fs::file_time_type::clock::now() - std::chrono::hours(2));
+  // Names of entries are the cache's: an empty directory or a link there is damage that clear
+  // removes (the link, never what it points to); a directory with contents stays.
   const fs::path dir_named_like_entry = tmp.path() / (key_for("dir") + ".fjc");
   fs::create_directory(dir_named_like_entry);
+  const fs::path full_dir_named_like_entry = tmp.path() / (key_for("full-dir") + ".fjc");
+  fs::create_directory(full_dir_named_like_entry);
+  write_bytes(full_dir_named_like_entry / "precious", {'p'});
   const fs::path link_named_like_entry = tmp.path() / (key_for("link") + ".fjc");
   fs::create_symlink(tmp.path() / "notes.txt", link_named_like_entry);
 
-  CHECK(cache.clear() == 4);  // three entries and the stale temp file
+  // three entries, the stale temp file, the empty directory and the link
+  CHECK(cache.clear() == 6);
   for (const char* name : {"one", "two", "three"}) {
     CHECK_FALSE(fs::exists(entry_path(cache, key_for(name))));
   }
@@ -483,8 +507,9 @@ TEST_CASE("clear() removes entries and stale temp files and nothing else") {
     CAPTURE(p);
     CHECK(fs::is_regular_file(p));
   }
-  CHECK(fs::is_directory(dir_named_like_entry));
-  CHECK(fs::is_symlink(link_named_like_entry));
+  CHECK_FALSE(fs::exists(dir_named_like_entry));
+  CHECK_FALSE(fs::is_symlink(link_named_like_entry));
+  CHECK(fs::is_regular_file(full_dir_named_like_entry / "precious"));
   CHECK(cache.clear() == 0);
   CHECK(DiskCache(tmp.path() / "missing").clear() == 0);
 }

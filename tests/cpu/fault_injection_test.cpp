@@ -267,7 +267,10 @@ TEST_CASE("FUSEJIT_FAULTS arms faults for a whole process: `fusejit compile` und
   CHECK(files_in(tmp.path()).empty());
 
   const Command full = run_cli("FUSEJIT_FAULTS=disk_full,bogus:1", args);
-  CHECK_MESSAGE(full.code == 0, full.out);  // compiled, just not cached
+  // Compiled, but warming the cache is the command's job: not stored is a failure (exit 1).
+  CHECK_MESSAGE(full.code == 1, full.out);
+  CHECK(full.out.find("NOT STORED") != std::string::npos);
+  CHECK(full.out.find("1 kernel set(s) could not be stored") != std::string::npos);
   CHECK(full.out.find("No space left on device") != std::string::npos);
   CHECK(full.out.find("ignoring 'bogus'") != std::string::npos);
   CHECK(full.out.find("0 hit, 1 compiled") != std::string::npos);

@@ -3,6 +3,7 @@
 // progress display, PlanOptions::autotune's default, and the `fusejit autotune` and
 // `fusejit compile --from-db` command lines (bad arguments exit 2; no GPU exits 1).
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -366,8 +367,23 @@ TEST_CASE("fusejit compile --from-db compiles the tuned winners without a GPU") 
   std::ofstream(damaged) << "{\"schema\": \"fusejit-tuning-db\"";
   r = run_cli("compile --from-db " + damaged.string() + " --cache-dir " + cache);
   CHECK(r.code == 1);
-  CHECK(lines(r.out) == 1);
-  CHECK(r.out.find("damaged") != std::string::npos);
+  CHECK(r.out.find("is damaged") != std::string::npos);
+  CHECK(r.out.find("damaged or unreadable tuning database: " + damaged.string()) !=
+        std::string::npos);
+  // One bad file among good ones costs only itself: the good database's kernels are still
+  // compiled (hits here), the bad one is named, and the run fails. A FIFO does not hang it.
+  const fs::path tuning = fs::path(cache) / "tuning";
+  std::ofstream(tuning / "zz-damaged.json") << "{\"schema\": 3}";
+  REQUIRE(::mkfifo((tuning / "zz-fifo.json").c_str(), 0600) == 0);
+  r = run_cli("compile --from-db --cache-dir " + cache, "CUDA_VISIBLE_DEVICES=");
+  CHECK(r.code == 1);
+  CHECK_MESSAGE(r.out.find("3 kernel set(s): 3 hit, 0 compiled") != std::string::npos, r.out);
+  CHECK(r.out.find("damaged or unreadable tuning database: " +
+                   (tuning / "zz-damaged.json").string()) != std::string::npos);
+  CHECK(r.out.find("damaged or unreadable tuning database: " +
+                   (tuning / "zz-fifo.json").string()) != std::string::npos);
+  fs::remove(tuning / "zz-damaged.json");
+  fs::remove(tuning / "zz-fifo.json");
   r = run_cli("compile --from-db --cache-dir " + (dir / "empty").string());
   CHECK(r.code == 1);
   CHECK(lines(r.out) == 1);

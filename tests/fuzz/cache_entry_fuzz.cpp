@@ -1,8 +1,8 @@
 // parse_cache_entry over arbitrary bytes and over damaged valid entries. Properties:
 //  - it never reads outside the buffer (ASan) and never accepts a buffer whose stored payload or
 //    header checksum does not match its bytes (recomputed here, independently of the parser);
-//  - what it accepts is canonical: serializing the parsed description and payload gives back
-//    exactly the input bytes;
+//  - what it accepts is canonical: serializing the parsed key, description and payload gives
+//    back exactly the input bytes;
 //  - flipping any one bit of an accepted entry makes it rejected.
 // The first input byte picks the mode: raw bytes (most fail at the magic or a checksum), or a
 // valid entry built from the input and then damaged in input-chosen ways, with the header
@@ -53,7 +53,8 @@ void check_accepted(const std::vector<char>& bytes) {
   FJ_FUZZ_CHECK(view->payload_offset == header && view->payload.size() == bytes.size() - header &&
                     view->payload.data() == bytes.data() + header,
                 "payload view does not match the layout");
-  const auto again = fusejit::serialize_cache_entry(view->payload, view->description);
+  FJ_FUZZ_CHECK(fusejit::is_cache_key(view->key), "accepted a header key that is no key");
+  const auto again = fusejit::serialize_cache_entry(view->payload, view->key, view->description);
   FJ_FUZZ_CHECK(again == bytes, "accepted a non-canonical entry");
 }
 
@@ -79,14 +80,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::span<const char> payload(
       reinterpret_cast<const char*>(data + op_bytes + description.size()),
       size - op_bytes - description.size());
-  std::vector<char> entry = fusejit::serialize_cache_entry(payload, description);
+  // The key: the first 16 payload bytes as hex digits where there are enough, a fixed one else.
+  std::string key(fusejit::kCacheKeyDigits, '0');
+  for (std::size_t i = 0; i < key.size() && i / 2 < payload.size(); ++i)
+    key[i] =
+        "0123456789abcdef"[(static_cast<unsigned char>(payload[i / 2]) >> (i % 2 ? 0 : 4)) & 0xF];
+  std::vector<char> entry = fusejit::serialize_cache_entry(payload, key, description);
   {
     // Undamaged: accepted, and every single-bit flip of it rejected.
     std::string problem;
     const auto view = fusejit::parse_cache_entry(entry, &problem);
     FJ_FUZZ_CHECK(view.has_value(), "a freshly serialized entry is rejected: %s", problem.c_str());
     FJ_FUZZ_CHECK(
-        view->description == description &&
+        view->description == description && view->key == key &&
             std::equal(view->payload.begin(), view->payload.end(), payload.begin(), payload.end()),
         "round trip changed the contents");
     check_accepted(entry);

@@ -20,6 +20,7 @@
 #include "fusejit/error.hpp"
 #include "fusejit/plan/plan.hpp"
 #include "fusejit/reference/cublaslt_reference.hpp"
+#include "fusejit/util/durable_file.hpp"
 
 namespace fusejit {
 
@@ -366,8 +367,7 @@ SweepCase parse_sweep_line(std::string_view line) {
 }
 
 std::vector<SweepCase> read_sweep_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw InvalidArgument("sweep", fmt::format("cannot read sweep file '{}'", path));
+  std::istringstream f(read_text_input(path, "sweep"));
   std::vector<SweepCase> out;
   std::string line;
   for (int n = 1; std::getline(f, line); ++n) {

@@ -20,7 +20,9 @@ namespace fusejit {
 
 namespace {
 
-// Bump when anything about how entries are produced or laid out changes.
+// Bump when anything about how entries are produced changes. How they are laid out on disk is
+// cache/entry_format's version: entries of another layout are found under the same key,
+// rejected and rebuilt, so a layout change needs no new keys.
 constexpr int kCacheFormatVersion = 1;
 
 void check_nvrtc(nvrtcResult r, const char* what) {
@@ -178,10 +180,12 @@ CompiledKernel compile_cached(const KernelSource& src, const std::string& arch,
     out.is_ptx = target.ptx;
     out.binary = std::move(*bytes);
     out.cache_hit = true;
+    out.stored = true;
     return out;
   }
   CompiledKernel out = compile(src, arch);
-  cache.store(key, out.binary, src.name + " " + arch + (out.is_ptx ? " ptx" : " cubin"));
+  out.stored =
+      cache.store(key, out.binary, src.name + " " + arch + (out.is_ptx ? " ptx" : " cubin"));
   return out;
 }
 

@@ -14,6 +14,7 @@ struct CompiledKernel {
   std::vector<char> binary;    // cubin or PTX
   double compile_seconds = 0;  // 0 when it came from a cache
   bool cache_hit = false;
+  bool stored = false;  // compile_cached: the disk cache holds it now (a hit, or stored)
 };
 
 // "13.0"

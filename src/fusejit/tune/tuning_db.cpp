@@ -1,9 +1,5 @@
 #include "fusejit/tune/tuning_db.hpp"
-#include "fusejit/util/fd.hpp"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +12,7 @@
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <span>
 #include <system_error>
 #include <utility>
@@ -26,6 +23,7 @@
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/config/kernel_config.hpp"
 #include "fusejit/error.hpp"
+#include "fusejit/util/durable_file.hpp"
 #include "fusejit/util/hash.hpp"
 #include "fusejit/util/log.hpp"
 
@@ -49,10 +47,6 @@ constexpr int kMaxDepth = 16;
 
 [[noreturn]] void damaged(const std::string& what) {
   throw Error(what);
-}
-
-std::string errno_text(int err) {
-  return std::error_code(err, std::generic_category()).message();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -291,104 +285,43 @@ struct FileText {
 
 FileText read_text(const fs::path& path) {
   FileText out;
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) {
-    if (errno != ENOENT) out.error = "cannot open: " + errno_text(errno);
-    return out;
-  }
+  FileRead f = read_regular_file(path, kMaxFileBytes);
+  if (f.status == FileStatus::missing) return out;
   out.exists = true;
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) {
-    out.error = "cannot stat: " + errno_text(errno);
-    return out;
-  }
-  out.stamp = stamp_of(st);
-  if (!S_ISREG(st.st_mode)) {
-    out.error = "not a regular file";
-    return out;
-  }
-  char buf[65536];
-  for (;;) {
-    const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      out.error = "cannot read: " + errno_text(errno);
-      out.text.clear();
-      return out;
-    }
-    if (n == 0) break;
-    if (out.text.size() + static_cast<std::size_t>(n) > kMaxFileBytes) {
+  out.stamp = stamp_of(f.st);
+  switch (f.status) {
+    case FileStatus::ok:
+      out.text.assign(f.bytes.begin(), f.bytes.end());
+      break;
+    case FileStatus::too_large:
       out.too_large = true;
-      out.text.clear();
-      return out;
-    }
-    out.text.append(buf, static_cast<std::size_t>(n));
+      break;
+    case FileStatus::not_regular:
+      out.error = "not a regular file (" + f.why + ")";
+      break;
+    default:
+      out.error = f.why;
+      break;
   }
   return out;
 }
 
-std::uint64_t random_u64() {
-  std::uint64_t v = 0;
-  if (::getrandom(&v, sizeof(v), GRND_NONBLOCK) == static_cast<ssize_t>(sizeof(v))) return v;
-  return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+// Tuning results choose which kernel runs: read only from a directory no other user controls.
+// One warning per directory and process.
+bool trusted(const fs::path& dir) {
+  bool exists = false;
+  const std::string why = why_untrusted_directory(dir, &exists);
+  if (why.empty()) return true;
+  static std::mutex mu;
+  static auto* warned = new std::set<std::string>();  // never destroyed: static-exit safety
+  std::lock_guard<std::mutex> lock(mu);
+  if (warned->insert(dir.string()).second)
+    log()->warn(
+        "tuning database directory {} is not trusted: {}; its results are not used and new "
+        "ones are kept in memory only",
+        dir.string(), why);
+  return false;
 }
-
-// Temp file in the same directory (rename is atomic only within one file system), fsynced
-// before the rename so a crash cannot leave a named file with missing blocks. Returns "" or
-// why it failed; never leaves the temp file behind.
-std::string write_atomically(const fs::path& path, const std::string& text) {
-  const fs::path temp =
-      path.parent_path() / fmt::format(".{}.{}.{}.{:016x}.tmp", path.filename().string(),
-                                       ::getpid(), ::gettid(), random_u64());
-  Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-  if (!fd) return "cannot create a temp file: " + errno_text(errno);
-  std::string why;
-  if (int err = write_all(fd.get(), text); err != 0)
-    why = "cannot write: " + errno_text(err);
-  else if (::fsync(fd.get()) != 0)
-    why = "cannot sync: " + errno_text(errno);
-  else if (int cerr = fd.close(); cerr != 0)
-    why = "cannot close: " + errno_text(cerr);
-  else if (::rename(temp.c_str(), path.c_str()) != 0)
-    why = "cannot rename into place: " + errno_text(errno);
-  if (!why.empty()) {
-    ::unlink(temp.c_str());
-    return why;
-  }
-  // Best effort: makes the rename itself durable.
-  Fd dir(::open(path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir) ::fsync(dir.get());
-  return {};
-}
-
-// An exclusive flock on <file>.lock for one read-modify-write (or a set-aside), so that two
-// processes recording at once both keep their entries. Readers never take it.
-class WriteLock {
- public:
-  explicit WriteLock(const fs::path& path) {
-    const fs::path lock = fs::path(path.string() + ".lock");
-    fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) {
-      error_ = "cannot open the lock file: " + errno_text(errno);
-      return;
-    }
-    while (::flock(fd_, LOCK_EX) != 0) {
-      if (errno == EINTR) continue;
-      error_ = "cannot lock: " + errno_text(errno);
-      break;
-    }
-  }
-  WriteLock(const WriteLock&) = delete;
-  WriteLock& operator=(const WriteLock&) = delete;
-  ~WriteLock() {
-    if (fd_ >= 0) ::close(fd_);  // releases the flock
-  }
-  const std::string& error() const { return error_; }
-
- private:
-  int fd_ = -1;
-  std::string error_;
-};
 
 std::string utc_now_text() {
   const std::time_t now = std::time(nullptr);
@@ -401,11 +334,11 @@ std::string utc_now_text() {
 
 // Renames the damaged file aside if it is still the file that was read (another process may
 // have replaced it with a good one since). Returns where it went, or "" when it was not moved.
-// `locked`: the caller holds the WriteLock already (a second flock from this process on another
+// `locked`: the caller holds the FileLock already (a second flock from this process on another
 // descriptor would wait for itself).
 std::string set_aside(const fs::path& path, const Stamp& read, bool locked, std::string* error) {
-  std::optional<WriteLock> lock;
-  if (!locked) lock.emplace(path);
+  std::optional<FileLock> lock;
+  if (!locked) lock.emplace(path, modes_from_env().file);
   const Stamp now = stamp_path(path);
   if (!now.exists || now.dev != read.dev || now.ino != read.ino) return {};
   const std::string base = path.string() + ".damaged-" + utc_now_text();
@@ -447,6 +380,10 @@ Loaded load(const fs::path& path, const TuningIdentity& identity, bool locked) {
   auto empty = std::make_shared<TuningTable>();
   empty->identity = identity;
   out.table = empty;
+  if (!trusted(path.parent_path())) {
+    out.unreadable = "the directory is not trusted";
+    return out;
+  }
   FileText f = read_text(path);
   if (!f.exists) return out;
   out.stamp = f.stamp;
@@ -652,13 +589,11 @@ bool TuningDb::record(const TuningEntry& e) const {
   }
   const std::string key = path_.string();
   std::string why;
-  {
-    std::error_code ec;
-    fs::create_directories(dir_, ec);
-    if (ec && !fs::is_directory(dir_)) why = "cannot create " + dir_.string() + ": " + ec.message();
-  }
+  const FileModes modes = modes_from_env();
+  why = create_directories(dir_, modes.dir);
+  if (why.empty() && !trusted(dir_)) why = "the directory is not trusted";
   if (why.empty()) {
-    WriteLock lock(path_);
+    FileLock lock(path_, modes.file);
     if (!lock.error().empty()) {
       why = lock.error();
     } else {
@@ -668,8 +603,10 @@ bool TuningDb::record(const TuningEntry& e) const {
       t.identity = identity_;
       t.entries[e.problem.key()] = e;
       // Writing over a file we could not read would drop every entry in it.
-      why = current.unreadable.empty() ? write_atomically(path_, tuning_table_json(t))
-                                       : "cannot read the current file: " + current.unreadable;
+      const std::string text = tuning_table_json(t);
+      why = current.unreadable.empty()
+                ? write_file_atomically(path_, {std::span<const char>(text)}, modes.file)
+                : "cannot read the current file: " + current.unreadable;
       if (why.empty()) {
         const Stamp written = stamp_path(path_);
         std::lock_guard<std::mutex> g(g_mu);

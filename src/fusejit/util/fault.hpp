@@ -20,8 +20,8 @@ enum class Fault {
   nvrtc_compile,   // compile(): NVRTC reports a compilation error (CompileError)
   module_load,     // Module: cuModuleLoadData fails (CudaError)
   kernel_launch,   // Plan::run: the first cuLaunchKernel fails (CudaError, nothing enqueued)
-  disk_full,       // DiskCache::store: a write fails with ENOSPC after the header went out
-  disk_read_only,  // DiskCache::store: creating the temp file fails with EACCES
+  disk_full,       // write_file_atomically: a write after the first part fails with ENOSPC
+  disk_read_only,  // write_file_atomically: creating the temp file fails with EACCES
 };
 inline constexpr int kFaultCount = 5;
 
