@@ -2,15 +2,19 @@
 // the cases and the sweep-file syntax). Prints one line per failing case and a summary; exits 1
 // when any case failed.
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include "cli/problem_options.hpp"
 #include "cli/verbs.hpp"
 #include "fusejit/check/sweep.hpp"
 #include "fusejit/config/kernel_config.hpp"
+#include "fusejit/device/device_memory.hpp"
+#include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
 
 namespace fusejit::cli {
@@ -97,7 +101,31 @@ int run_check(const CheckArgs& a) {
     if (a.verbose || r.status == CaseResult::Status::failed) fmt::print("{}\n", format_result(r));
     std::fflush(stdout);
   };
+  // What the sweep leaves allocated on the GPU, and the process's peak RSS: a soak that plans
+  // thousands of problems must show neither growing (loaded modules stay by design).
+  auto gpu_used = [&a]() -> std::optional<std::size_t> {
+    if (!driver_available()) return std::nullopt;
+    try {
+      current_or_primary_context(a.device);
+      std::size_t free = 0, total = 0;
+      FJ_CU(cuMemGetInfo(&free, &total));
+      return total - free;
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+  };
+  const std::optional<std::size_t> used_before = gpu_used();
   const SweepReport rep = run_sweep(cases, o);
+  const std::optional<std::size_t> used_after = gpu_used();
+  if (used_before && used_after) {
+    struct rusage usage {};
+    ::getrusage(RUSAGE_SELF, &usage);
+    fmt::print(
+        "check: GPU memory in use {:.1f} MiB before the sweep, {:.1f} MiB after; peak RSS "
+        "{:.1f} MiB\n",
+        static_cast<double>(*used_before) / (1 << 20), static_cast<double>(*used_after) / (1 << 20),
+        static_cast<double>(usage.ru_maxrss) / 1024);
+  }
   const SweepSummary& s = rep.summary;
   std::string worst;
   for (const auto& [d, w] : s.worst)

@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "fusejit/check/device_buffer.hpp"
+#include "fusejit/device/device_memory.hpp"
 #include "fusejit/check/sweep.hpp"
 #include "fusejit/device/device.hpp"
 #include "fusejit/device/driver.hpp"

@@ -18,7 +18,7 @@
 
 #include "fusejit/cache/disk_cache.hpp"
 #include "fusejit/check/cpu_reference.hpp"
-#include "fusejit/check/device_buffer.hpp"
+#include "fusejit/device/device_memory.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/plan/plan.hpp"

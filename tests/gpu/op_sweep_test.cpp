@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "fusejit/check/device_buffer.hpp"
+#include "fusejit/device/device_memory.hpp"
 #include "fusejit/check/sweep.hpp"
 #include "fusejit/device/device.hpp"
 #include "fusejit/plan/plan.hpp"

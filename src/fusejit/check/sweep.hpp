@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "fusejit/check/cpu_reference.hpp"
-#include "fusejit/check/device_buffer.hpp"
+#include "fusejit/device/device_memory.hpp"
 #include "fusejit/check/host_tensor.hpp"
 #include "fusejit/config/kernel_config.hpp"
 #include "fusejit/plan/tensors.hpp"

@@ -11,6 +11,7 @@
 
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
+#include "fusejit/device/context.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/plan/launch.hpp"
@@ -22,13 +23,6 @@
 namespace fusejit {
 
 namespace {
-
-CUcontext choose_context(int ordinal) {
-  if (ordinal >= 0) return primary_context(ordinal);
-  CUcontext ctx = nullptr;
-  FJ_CU(cuCtxGetCurrent(&ctx));
-  return ctx ? ctx : primary_context(0);
-}
 
 std::string core_key(const Problem& p, CUcontext ctx, const PlanOptions& o) {
   return fmt::format("{}|{}|{}|{}|{}", p.key(), static_cast<const void*>(ctx),
@@ -73,7 +67,7 @@ std::shared_ptr<const PlanCore> make_plan_core(const Problem& problem, const Pla
   problem.validate();
   auto core = std::make_shared<PlanCore>();
   core->problem = problem;
-  core->context = choose_context(o.device);
+  core->context = context_for(o.device);
   FJ_CU(cuCtxSetCurrent(core->context));
   core->device = Device::current();
   if (o.config) {
@@ -144,7 +138,7 @@ Plan::Plan(const Problem& problem, const PlanOptions& options) {
   static std::mutex mu;
   static std::map<std::string, std::shared_future<std::shared_ptr<const PlanCore>>> cores;
   problem.validate();
-  const CUcontext ctx = choose_context(options.device);
+  const CUcontext ctx = context_for(options.device);
   // The choice is made before the core cache is consulted and becomes part of its key, so a
   // tuning recorded since an earlier plan of the same problem takes effect.
   PlanOptions o = options;

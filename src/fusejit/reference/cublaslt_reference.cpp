@@ -7,9 +7,10 @@
 #include <cstdint>
 #include <utility>
 
-#include "fusejit/check/device_buffer.hpp"
+#include "fusejit/device/device_memory.hpp"
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
+#include "fusejit/device/context.hpp"
 #include "fusejit/device/device.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
@@ -85,10 +86,6 @@ const char* lt_type_name(cudaDataType_t t) {
 cublasComputeType_t lt_compute(DType d) {
   // fp32 is strict (no TF32 anywhere), as PyTorch's default; tf32 opts in like allow_tf32.
   return d == DType::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-}
-
-CUcontext context_for(int device) {
-  return device >= 0 ? primary_context(device) : current_or_primary_context(0);
 }
 
 void make_current(CUcontext ctx) {

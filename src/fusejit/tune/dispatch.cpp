@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 
+#include "fusejit/device/context.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/tune/tuner.hpp"
@@ -46,22 +47,6 @@ std::string describe(const TuningEntry& e) {
       e.reference_ms ? fmt::format(", cuBLASLt {:.4f} ms", *e.reference_ms) : std::string());
 }
 
-// Restores the calling thread's context after tuning (which works in the primary context).
-class KeepContext {
- public:
-  KeepContext() {
-    if (driver().cuCtxGetCurrent(&ctx_) != CUDA_SUCCESS) ctx_ = nullptr;
-  }
-  ~KeepContext() {
-    if (ctx_) driver().cuCtxSetCurrent(ctx_);
-  }
-  KeepContext(const KeepContext&) = delete;
-  KeepContext& operator=(const KeepContext&) = delete;
-
- private:
-  CUcontext ctx_ = nullptr;
-};
-
 // One tuning per (database, problem) at a time in this process; later callers share it.
 TuningEntry tune_once(const TuningDb& db, const Problem& p, const Device& d,
                       const std::string& cache_dir) {
@@ -84,7 +69,7 @@ TuningEntry tune_once(const TuningDb& db, const Problem& p, const Device& d,
   }
   if (run) {
     try {
-      KeepContext keep;
+      ScopedContext keep;  // tuning works in the primary context
       TunerOptions o;
       o.device = d.ordinal;
       o.cache_dir = cache_dir;

@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "fusejit/check/cpu_reference.hpp"
-#include "fusejit/check/device_buffer.hpp"
+#include "fusejit/device/device_memory.hpp"
 #include "fusejit/check/sweep.hpp"
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"

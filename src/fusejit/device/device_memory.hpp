@@ -8,11 +8,9 @@
 #include <cstdint>
 #include <vector>
 
-namespace fusejit {
+#include "fusejit/device/context.hpp"
 
-// The calling thread's current context; when it has none, device `ordinal`'s primary context
-// is made current (the one Plan uses by default) and returned.
-CUcontext current_or_primary_context(int ordinal = 0);
+namespace fusejit {
 
 // One cuMemAlloc'ed block in one context. The allocation is rounded up to a multiple of 4 bytes
 // so 32-bit fills (poison patterns) always cover every byte; size() is what was asked for.

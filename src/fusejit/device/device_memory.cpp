@@ -1,45 +1,14 @@
-#include "fusejit/check/device_buffer.hpp"
+#include "fusejit/device/device_memory.hpp"
 
 #include <fmt/format.h>
 
 #include <utility>
 
-#include "fusejit/device/device.hpp"
+#include "fusejit/device/context.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
 
 namespace fusejit {
-
-namespace {
-
-// Makes `ctx` current for the lifetime of the guard and restores the previous one, so a buffer
-// freed on a thread whose current context differs (or is null) still releases in its own
-// context. Never throws: it runs in destructors.
-class ContextGuard {
- public:
-  explicit ContextGuard(CUcontext ctx) noexcept {
-    const Driver& d = driver();
-    if (d.cuCtxGetCurrent(&previous_) != CUDA_SUCCESS) previous_ = nullptr;
-    switched_ = ctx && ctx != previous_ && d.cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
-  }
-  ~ContextGuard() {
-    if (switched_) driver().cuCtxSetCurrent(previous_);
-  }
-  ContextGuard(const ContextGuard&) = delete;
-  ContextGuard& operator=(const ContextGuard&) = delete;
-
- private:
-  CUcontext previous_ = nullptr;
-  bool switched_ = false;
-};
-
-}  // namespace
-
-CUcontext current_or_primary_context(int ordinal) {
-  CUcontext ctx = nullptr;
-  FJ_CU(cuCtxGetCurrent(&ctx));
-  return ctx ? ctx : primary_context(ordinal);
-}
 
 DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;
@@ -71,7 +40,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 
 void DeviceBuffer::release() noexcept {
   if (ptr_ && driver_available()) {
-    ContextGuard guard(ctx_);
+    ScopedContext guard(ctx_);
     driver().cuMemFree(ptr_);
   }
   ptr_ = 0;
@@ -132,7 +101,7 @@ Stream::Stream() : ctx_(current_or_primary_context()) {
 
 Stream::~Stream() {
   if (stream_ && driver_available()) {
-    ContextGuard guard(ctx_);
+    ScopedContext guard(ctx_);
     driver().cuStreamDestroy(stream_);
   }
 }
@@ -159,7 +128,7 @@ Event::Event() : ctx_(current_or_primary_context()) {
 
 Event::~Event() {
   if (event_ && driver_available()) {
-    ContextGuard guard(ctx_);
+    ScopedContext guard(ctx_);
     driver().cuEventDestroy(event_);
   }
 }

@@ -1,0 +1,34 @@
+// Which CUDA context work runs in, and leaving the caller's current context as it was. One
+// scoped type for every "save, make current, restore" in the library: plans, the reference op,
+// the tuner and device memory all switch contexts on threads that may have their own current.
+#pragma once
+#include <cuda.h>
+
+namespace fusejit {
+
+// The calling thread's current context; when it has none, device `ordinal`'s primary context
+// is made current (the one Plan uses by default) and returned.
+CUcontext current_or_primary_context(int ordinal = 0);
+
+// The context a Plan, reference op or tuner with option `device` works in: `ordinal` >= 0 is
+// that device's primary context; -1 is the calling thread's current context, else device 0's
+// primary context.
+CUcontext context_for(int ordinal);
+
+// Makes `ctx` current for its lifetime (nullptr: leaves the current context alone) and restores
+// whatever was current before, so work done in another context (a buffer freed on a thread
+// whose current context differs, a tuning run in the primary context) never changes the
+// caller's. Never throws: it runs in destructors.
+class ScopedContext {
+ public:
+  explicit ScopedContext(CUcontext ctx = nullptr) noexcept;
+  ~ScopedContext();
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+
+ private:
+  CUcontext previous_ = nullptr;
+  bool saved_ = false;
+};
+
+}  // namespace fusejit
