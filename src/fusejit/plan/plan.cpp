@@ -19,6 +19,7 @@
 #include "fusejit/reference/cublaslt_reference.hpp"
 #include "fusejit/tune/dispatch.hpp"
 #include "fusejit/util/log.hpp"
+#include "fusejit/util/single_flight.hpp"
 
 namespace fusejit {
 
@@ -134,9 +135,10 @@ std::shared_ptr<const PlanCore> make_plan_core(const Problem& problem, const Pla
 }
 
 Plan::Plan(const Problem& problem, const PlanOptions& options) {
-  // One in-flight build per key: concurrent callers of the same plan wait for the first.
-  static std::mutex mu;
-  static std::map<std::string, std::shared_future<std::shared_ptr<const PlanCore>>> cores;
+  // One build per key: concurrent callers of the same plan wait for the first; built cores are
+  // kept for the process, a failed build is retried by the next plan.
+  static SingleFlight<std::shared_ptr<const PlanCore>> cores(
+      SingleFlight<std::shared_ptr<const PlanCore>>::Keep::values);
   problem.validate();
   const CUcontext ctx = context_for(options.device);
   // The choice is made before the core cache is consulted and becomes part of its key, so a
@@ -154,31 +156,7 @@ Plan::Plan(const Problem& problem, const PlanOptions& options) {
     // Without the database the dispatch's last step decides, the same rule as with it.
     reference = !o.config && !o.variant && heuristic_prefers_reference(problem);
   }
-  const std::string key = core_key(problem, ctx, o);
-  std::shared_future<std::shared_ptr<const PlanCore>> fut;
-  std::promise<std::shared_ptr<const PlanCore>> mine;
-  bool build = false;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = cores.find(key);
-    if (it == cores.end()) {
-      fut = mine.get_future().share();
-      cores.emplace(key, fut);
-      build = true;
-    } else {
-      fut = it->second;
-    }
-  }
-  if (build) {
-    try {
-      mine.set_value(make_plan_core(problem, o));
-    } catch (...) {
-      mine.set_exception(std::current_exception());
-      std::lock_guard<std::mutex> lock(mu);
-      cores.erase(key);  // let a later attempt (e.g. after a transient fault) try again
-    }
-  }
-  core_ = fut.get();
+  core_ = cores.get(core_key(problem, ctx, o), [&] { return make_plan_core(problem, o); });
   if (reference) {
     try {
       ReferenceOpOptions ro;

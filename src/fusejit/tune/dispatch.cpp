@@ -12,6 +12,7 @@
 #include "fusejit/error.hpp"
 #include "fusejit/tune/tuner.hpp"
 #include "fusejit/util/log.hpp"
+#include "fusejit/util/single_flight.hpp"
 
 namespace fusejit {
 
@@ -50,37 +51,15 @@ std::string describe(const TuningEntry& e) {
 // One tuning per (database, problem) at a time in this process; later callers share it.
 TuningEntry tune_once(const TuningDb& db, const Problem& p, const Device& d,
                       const std::string& cache_dir) {
-  static std::mutex mu;
-  static std::map<std::string, std::shared_future<TuningEntry>> inflight;
-  const std::string key = db.path().string() + "|" + p.key();
-  std::promise<TuningEntry> mine;
-  std::shared_future<TuningEntry> fut;
-  bool run = false;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = inflight.find(key);
-    if (it == inflight.end()) {
-      fut = mine.get_future().share();
-      inflight.emplace(key, fut);
-      run = true;
-    } else {
-      fut = it->second;
-    }
-  }
-  if (run) {
-    try {
-      ScopedContext keep;  // tuning works in the primary context
-      TunerOptions o;
-      o.device = d.ordinal;
-      o.cache_dir = cache_dir;
-      mine.set_value(tune(p, o).entry);
-    } catch (...) {
-      mine.set_exception(std::current_exception());
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    inflight.erase(key);  // recorded (or failed): later plans read the database
-  }
-  return fut.get();
+  static SingleFlight<TuningEntry> flights(SingleFlight<TuningEntry>::Keep::nothing);
+  // Recorded (or failed) when done: later plans read the database.
+  return flights.get(db.path().string() + "|" + p.key(), [&] {
+    ScopedContext keep;  // tuning works in the primary context
+    TunerOptions o;
+    o.device = d.ordinal;
+    o.cache_dir = cache_dir;
+    return tune(p, o).entry;
+  });
 }
 
 }  // namespace
