@@ -12,7 +12,7 @@ void add_cache(CLI::App& app, Action& action) {
   auto dir = std::make_shared<std::string>();
   cmd->add_option("--cache-dir", *dir, "Cache directory (default: see README)");
   auto open = [dir] {
-    return DiskCache(dir->empty() ? DiskCache::default_dir() : std::filesystem::path(*dir));
+    return DiskCache(DiskCache::resolve_dir(*dir));
   };
   auto* ls = cmd->add_subcommand("ls", "One line per entry: key, bytes, status, description");
   auto* verify =

@@ -191,7 +191,7 @@ int run_compile(const CompileArgs& a) {
     }
     target = arch;
   }
-  const std::string dir = a.cache_dir.empty() ? DiskCache::default_dir().string() : a.cache_dir;
+  const std::string dir = DiskCache::resolve_dir(a.cache_dir).string();
   if (!a.emit_dir.empty()) emit_sources(jobs, a.emit_dir);
   fmt::print("compiling {} kernel set(s) for {} into {}\n", jobs.size(), target, dir);
   // NVRTC is thread-safe; the disk cache dedupes concurrent writers.

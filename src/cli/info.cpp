@@ -37,7 +37,7 @@ void add_info(CLI::App& app, Action& action) {
       std::string archs;
       for (int a : nvrtc_supported_archs()) archs += (archs.empty() ? "" : " ") + std::to_string(a);
       fmt::print("nvrtc:    {} (archs: {})\n", nvrtc_version(), archs);
-      const DiskCache cache(dir->empty() ? DiskCache::default_dir() : std::filesystem::path(*dir));
+      const DiskCache cache(DiskCache::resolve_dir(*dir));
       const auto entries = cache.list();
       std::uintmax_t bytes = 0;
       for (const auto& e : entries) bytes += e.bytes;

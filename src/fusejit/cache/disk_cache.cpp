@@ -150,9 +150,11 @@ fs::path DiskCache::default_dir() {
   return tmp / ("fusejit-cache-" + std::to_string(::getuid()));
 }
 
-DiskCache::DiskCache(fs::path dir) : dir_(std::move(dir)) {
-  // An empty path means "wherever the defaults say" (compile_cached's cache_dir = {}).
-  if (dir_.empty()) dir_ = default_dir();
+fs::path DiskCache::resolve_dir(const std::string& cache_dir) {
+  return cache_dir.empty() ? default_dir() : fs::path(cache_dir);
+}
+
+DiskCache::DiskCache(fs::path dir) : dir_(resolve_dir(dir.string())) {
   modes_ = modes_from_env();
   check_access();
 }

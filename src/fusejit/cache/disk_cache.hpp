@@ -41,6 +41,8 @@ class DiskCache {
   // FUSEJIT_CACHE_DIR; else the source tree's cache/ when this library runs from its build
   // tree; else $XDG_CACHE_HOME/fusejit; else ~/.cache/fusejit.
   static std::filesystem::path default_dir();
+  // The one rule for an option that names a cache directory: empty means default_dir().
+  static std::filesystem::path resolve_dir(const std::string& cache_dir);
 
   // Never throws: an unusable directory turns the cache into a no-op that warns once.
   // An empty `dir` means default_dir().

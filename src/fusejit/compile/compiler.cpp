@@ -170,8 +170,7 @@ std::string cache_key(const KernelSource& src, const std::string& arch,
 
 CompiledKernel compile_cached(const KernelSource& src, const std::string& arch,
                               const std::string& cache_dir) {
-  const DiskCache cache(cache_dir.empty() ? DiskCache::default_dir()
-                                          : std::filesystem::path(cache_dir));
+  const DiskCache cache(DiskCache::resolve_dir(cache_dir));
   const ArchTarget target = target_for(arch);
   const std::string key = cache_key(src, arch, nvrtc_version());
   if (auto bytes = cache.load(key)) {

@@ -522,7 +522,7 @@ TuningTable parse_tuning_table(std::string_view text) {
 // ---------------------------------------------------------------------------------------------
 
 fs::path TuningDb::default_dir(const std::string& cache_dir) {
-  return (cache_dir.empty() ? DiskCache::default_dir() : fs::path(cache_dir)) / "tuning";
+  return DiskCache::resolve_dir(cache_dir) / "tuning";
 }
 
 std::string TuningDb::file_name(const std::string& fingerprint) {
