@@ -13,11 +13,12 @@
 
 #include "cli/problem_options.hpp"
 #include "cli/verbs.hpp"
-#include "fusejit/device/device_memory.hpp"
 #include "fusejit/check/sweep.hpp"
 #include "fusejit/config/kernel_config.hpp"
 #include "fusejit/device/device.hpp"
+#include "fusejit/device/device_memory.hpp"
 #include "fusejit/device/driver.hpp"
+#include "fusejit/device/event_timer.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/plan/plan.hpp"
 #include "fusejit/reference/cublaslt_reference.hpp"
@@ -46,36 +47,21 @@ struct SystemTiming {
   std::string error;
 };
 
-// Input sets that runs rotate through, so small problems are not timed out of a warm L2: at
-// least two, and enough to cover three times the L2 when one set is small, within half of the
-// free memory.
+// At least two input sets and up to 32: bench times few systems and can afford the memory.
 int input_set_count(const Problem& p, const Device& dev) {
   const double set_bytes = static_cast<double>(storage_bytes(p.dtype)) *
                            static_cast<double>(p.M * p.K + p.N * p.K + p.M * p.N);
-  int sets = static_cast<int>(std::clamp(std::ceil(3.0 * dev.l2_bytes / set_bytes), 2.0, 32.0));
-  std::size_t free = 0, total = 0;
-  FJ_CU(cuMemGetInfo(&free, &total));
-  while (sets > 1 && sets * set_bytes > 0.5 * static_cast<double>(free)) --sets;
-  return sets;
+  return timing_input_sets(set_bytes, dev, 2, 32);
 }
 
-// Median and minimum of `runs` event-timed calls of run(set, stream), after `warmup` calls.
+// Median and minimum of `runs` back-to-back runs of run(set, stream), after `warmup` runs, timed
+// as the tuner times its candidates (device/event_timer.hpp).
 template <class Run>
 std::pair<double, double> time_ms(const Stream& stream, int sets, int warmup, int runs, Run run) {
-  for (int i = 0; i < warmup; ++i) run(i % sets, stream.get());
-  std::vector<Event> start(static_cast<std::size_t>(runs)), stop(static_cast<std::size_t>(runs));
-  for (int i = 0; i < runs; ++i) {
-    start[i].record(stream.get());
-    run(i % sets, stream.get());
-    stop[i].record(stream.get());
-  }
-  stop.back().synchronize();
-  std::vector<double> t(static_cast<std::size_t>(runs));
-  for (int i = 0; i < runs; ++i) t[i] = Event::elapsed_ms(start[i], stop[i]);
-  std::sort(t.begin(), t.end());
-  const std::size_t h = t.size() / 2;
-  const double median = t.size() % 2 ? t[h] : 0.5 * (t[h - 1] + t[h]);
-  return {median, t.front()};
+  EventTimer timer(stream.get(), runs);
+  std::vector<double> t;
+  timer.time(run, sets, warmup, runs, t);
+  return {median(t), *std::min_element(t.begin(), t.end())};
 }
 
 double tflops(const Problem& p, double ms) {

@@ -18,12 +18,13 @@
 #include <thread>
 
 #include "fusejit/check/cpu_reference.hpp"
-#include "fusejit/device/device_memory.hpp"
 #include "fusejit/check/sweep.hpp"
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/config/kernel_config.hpp"
+#include "fusejit/device/device_memory.hpp"
 #include "fusejit/device/driver.hpp"
+#include "fusejit/device/event_timer.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/plan/plan.hpp"
 #include "fusejit/reference/cublaslt_reference.hpp"
@@ -146,50 +147,12 @@ std::vector<std::string> compile_all(const Problem& p, const std::string& arch,
   return errors;
 }
 
-// Input sets the timing runs rotate through, so small problems are not timed from a warm L2:
-// enough to cover three times the L2, within half of the free memory, at most 8.
+// At most 8 input sets: the tuner times many candidates and must stay within seconds.
 int input_sets(const Problem& p, const Device& d) {
   const double set_bytes = static_cast<double>(storage_bytes(p.dtype)) *
                            static_cast<double>(p.M * p.lda_x() + p.N * p.lda_w() + p.M * p.lda_y());
-  int sets = static_cast<int>(std::clamp(std::ceil(3.0 * d.l2_bytes / set_bytes), 1.0, 8.0));
-  std::size_t free = 0, total = 0;
-  FJ_CU(cuMemGetInfo(&free, &total));
-  while (sets > 1 && sets * set_bytes > 0.5 * static_cast<double>(free)) --sets;
-  return sets;
+  return timing_input_sets(set_bytes, d, 1, 8);
 }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
-
-// Event-timed runs on one stream, rotating through the input sets: one event between each
-// pair of consecutive runs.
-class Timer {
- public:
-  Timer(const Stream& stream, int max_runs, const std::vector<Tensors>& sets)
-      : stream_(stream), sets_(sets), events_(static_cast<std::size_t>(max_runs) + 1) {}
-  // `warmup` untimed runs, then `count` (<= max_runs) timed ones; appends their milliseconds.
-  void time(const Contender& c, int warmup, int count, std::vector<double>& times) {
-    for (int i = 0; i < warmup; ++i) c.run(stream_, next_set());
-    for (int i = 0; i < count; ++i) {
-      events_[i].record(stream_);
-      c.run(stream_, next_set());
-    }
-    events_[count].record(stream_);
-    events_[count].synchronize();
-    for (int i = 0; i < count; ++i) times.push_back(Event::elapsed_ms(events_[i], events_[i + 1]));
-  }
-
- private:
-  const Tensors& next_set() { return sets_[cursor_++ % sets_.size()]; }
-
-  const Stream& stream_;
-  const std::vector<Tensors>& sets_;
-  std::vector<Event> events_;
-  std::size_t cursor_ = 0;
-};
 
 // The float64 reference for a subset of columns: inputs restricted to those columns of W and
 // the per-column parameters (x whole), run through the same reference the sweep uses.
@@ -392,7 +355,12 @@ TuneResult tune(const Problem& p, const TunerOptions& o) {
   // stream does not wait for: finish them before anything runs.
   FJ_CU(cuCtxSynchronize());
   const Stream stream;
-  Timer timer(stream, o.max_runs, sets);
+  EventTimer timer(stream.get(), o.max_runs);
+  auto timed = [&sets, &timer](const Contender& c, int warmup, int count,
+                               std::vector<double>& times) {
+    timer.time([&](int set, CUstream s) { c.run(s, sets[static_cast<std::size_t>(set)]); },
+               static_cast<int>(sets.size()), warmup, count, times);
+  };
 
   // 3. Time.
   double best = std::numeric_limits<double>::infinity();
@@ -401,7 +369,7 @@ TuneResult tune(const Problem& p, const TunerOptions& o) {
     if (c.built()) {
       try {
         std::vector<double> times;
-        timer.time(c, o.warmup, o.min_runs, times);
+        timed(c, o.warmup, o.min_runs, times);
         double med = median(times);
         if (med > o.drop_ratio * best) {
           c.out.status = Status::dropped;
@@ -410,7 +378,7 @@ TuneResult tune(const Problem& p, const TunerOptions& o) {
           const int total =
               static_cast<int>(std::clamp(std::ceil(o.target_ms / std::max(med, 1e-6)),
                                           double(o.min_runs), double(o.max_runs)));
-          if (total > o.min_runs) timer.time(c, 0, total - o.min_runs, times);
+          if (total > o.min_runs) timed(c, 0, total - o.min_runs, times);
           med = median(times);
           c.out.status = Status::timed;
           best = std::min(best, med);
