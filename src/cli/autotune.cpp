@@ -17,7 +17,7 @@
 #include "fusejit/device/device.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
-#include "fusejit/tune/progress.hpp"
+#include "tools/progress.hpp"
 #include "fusejit/tune/tuner.hpp"
 #include "fusejit/tune/tuning_db.hpp"
 #include "fusejit/util/durable_file.hpp"

@@ -13,7 +13,7 @@
 
 #include "cli/problem_options.hpp"
 #include "cli/verbs.hpp"
-#include "fusejit/check/sweep.hpp"
+#include "tools/sweep.hpp"
 #include "fusejit/config/kernel_config.hpp"
 #include "fusejit/device/device.hpp"
 #include "fusejit/device/device_memory.hpp"

@@ -11,7 +11,7 @@
 
 #include "cli/problem_options.hpp"
 #include "cli/verbs.hpp"
-#include "fusejit/check/sweep.hpp"
+#include "tools/sweep.hpp"
 #include "fusejit/config/kernel_config.hpp"
 #include "fusejit/device/device_memory.hpp"
 #include "fusejit/device/driver.hpp"

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "fusejit/check/cpu_reference.hpp"
+#include "fusejit/verify/cpu_reference.hpp"
 #include "fusejit/error.hpp"
 
 using namespace fusejit;

@@ -9,7 +9,7 @@
 #include <random>
 #include <set>
 
-#include "fusejit/check/host_tensor.hpp"
+#include "fusejit/verify/host_tensor.hpp"
 #include "fusejit/error.hpp"
 
 using namespace fusejit;

@@ -9,7 +9,7 @@
 #include <future>
 #include <thread>
 
-#include "fusejit/check/sweep.hpp"
+#include "tools/sweep.hpp"
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/config/kernel_config.hpp"

@@ -15,7 +15,7 @@
 #include <set>
 #include <string>
 
-#include "fusejit/check/sweep.hpp"
+#include "tools/sweep.hpp"
 #include "fusejit/error.hpp"
 
 using namespace fusejit;

@@ -22,7 +22,7 @@
 #include "fusejit/config/kernel_config.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/plan/plan.hpp"
-#include "fusejit/tune/progress.hpp"
+#include "tools/progress.hpp"
 #include "fusejit/tune/tuner.hpp"
 #include "fusejit/tune/tuning_db.hpp"
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "fusejit/check/sweep.hpp"
+#include "fusejit/verify/verification.hpp"
 #include "fusejit/error.hpp"
 #include "fuzz_check.hpp"
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "fusejit/device/device_memory.hpp"
-#include "fusejit/check/sweep.hpp"
+#include "tools/sweep.hpp"
 #include "fusejit/device/device.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "fusejit/device/device_memory.hpp"
-#include "fusejit/check/sweep.hpp"
+#include "tools/sweep.hpp"
 #include "fusejit/device/device.hpp"
 #include "fusejit/plan/plan.hpp"
 #include "gpu_required.hpp"

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "fusejit/cache/disk_cache.hpp"
-#include "fusejit/check/cpu_reference.hpp"
+#include "fusejit/verify/cpu_reference.hpp"
 #include "fusejit/device/device_memory.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"

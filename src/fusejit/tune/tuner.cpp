@@ -17,8 +17,8 @@
 #include <set>
 #include <thread>
 
-#include "fusejit/check/cpu_reference.hpp"
-#include "fusejit/check/sweep.hpp"
+#include "fusejit/verify/cpu_reference.hpp"
+#include "fusejit/verify/verification.hpp"
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/config/kernel_config.hpp"
@@ -224,21 +224,6 @@ CaseOutputs pick_columns(const CaseOutputs& got, const std::vector<std::int64_t>
   out.num_batches_tracked = got.num_batches_tracked;
   out.y_padding_intact = got.y_padding_intact;
   return out;
-}
-
-// The sweep's pass rule (check/sweep.cpp run_built): every figure under the dtype's threshold,
-// nothing non-finite, the counter advanced once, no write past column N, eval left the stats.
-bool passes(const CaseErrors& e, double threshold, std::string* why) {
-  std::string s;
-  auto note = [&s](const std::string& w) { s += (s.empty() ? "" : "; ") + w; };
-  if (e.non_finite) note("NaN or inf in the output");
-  if (!e.counter_ok) note("num_batches_tracked did not advance by exactly 1");
-  if (!e.padding_ok) note("y was written past column N");
-  if (!e.stats_kept) note("eval changed the running stats");
-  if (!(e.worst() < threshold))
-    note(fmt::format("relative error {:.2e} (y {:.2e}) above {:.0e}", e.worst(), e.y, threshold));
-  *why = s;
-  return s.empty();
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
-// The regression sweep, as a product feature (`fusejit check`, the GPU tests): run the op on
-// many problems with fresh random inputs and poisoned outputs, and compare every output with the
-// float64 reference computed from the same rounded inputs.
+// The float64 verification core: a case (problem, input distribution, tracking) in the
+// sweep-file language, its fresh random inputs with poisoned outputs, the float64 reference
+// of the same rounded inputs, and the one pass rule. The autotuner verifies every winner
+// with it at run time; `fusejit check` and the tests (src/tools/sweep.hpp) run it over sweeps.
 //
 // Sweep files hold one case per line (blank lines and text after '#' are ignored):
 //
@@ -29,12 +30,12 @@
 #include <string_view>
 #include <vector>
 
-#include "fusejit/check/cpu_reference.hpp"
-#include "fusejit/device/device_memory.hpp"
-#include "fusejit/check/host_tensor.hpp"
 #include "fusejit/config/kernel_config.hpp"
+#include "fusejit/device/device_memory.hpp"
 #include "fusejit/plan/tensors.hpp"
 #include "fusejit/problem.hpp"
+#include "fusejit/verify/cpu_reference.hpp"
+#include "fusejit/verify/host_tensor.hpp"
 
 namespace fusejit {
 
@@ -47,23 +48,14 @@ struct SweepCase {
   std::string text() const;
 };
 
+// The widest alignment the problem's strides allow (cuMemAlloc'ed bases are 256-byte aligned).
+int stride_alignment(const Problem& p);
+// True for a sweep-file line that holds no case (blank, or only a comment).
+bool is_blank_sweep_line(std::string_view line);
+
 // One line of a sweep file. Throws InvalidArgument("sweep", ...) naming the bad token, or the
 // InvalidArgument of Problem::validate for a problem that cannot run.
 SweepCase parse_sweep_line(std::string_view line);
-// Every case of a file; errors name the file and line.
-std::vector<SweepCase> read_sweep_file(const std::string& path);
-
-// The built-in sweeps for one (dtype, mode). quick: a fixed cross of M in {2, 3, 17, 64, 127,
-// 128, 129, 1000} (and 1 in eval), N in {1, 7, 8, 64, 200, 512}, K in {1, 5, 8, 64, 1000} where
-// every value occurs, plus 128x512x1024, varying bias/scale/affine presence, momentum (and
-// None), eps, param dtype, packed/odd/padded strides, tracking and both input distributions.
-// full: quick plus M in {1024, 4096}, N = 4096, K = 4096 crosses, more small crosses and the
-// KernelBench shape 1024x8192x8192. The same every call (no randomness in the case list).
-std::vector<SweepCase> builtin_sweep(bool full, DType dtype, Mode mode);
-// "quick", "full" or a sweep file; file cases are kept when their dtype and mode are listed.
-std::vector<SweepCase> sweep_cases(const std::string& which, const std::vector<DType>& dtypes,
-                                   const std::vector<Mode>& modes);
-
 // Largest relative error a case may show in y, the running stats and the saved stats:
 // fp32 2e-5, tf32 2e-3, fp16/bf16 1e-2.
 double sweep_threshold(DType dtype);
@@ -130,47 +122,9 @@ struct CaseErrors {
 };
 CaseErrors compare(const CaseInputs& in, const CaseOutputs& got, const ReferenceOutputs& ref);
 
-enum class Implementation { plan, reference_op };
-std::string_view name(Implementation);
-
-struct CaseResult {
-  enum class Status { passed, failed, skipped };
-  SweepCase c;
-  Status status = Status::failed;
-  bool measured = false;  // the op ran and `errors` holds its figures
-  CaseErrors errors;
-  double threshold = 0;
-  std::uint64_t seed = 0;
-  std::string config;   // the plan's config key, or the reference op's description
-  std::string message;  // why it failed beyond the figures (exception text), or was skipped
-};
-// One line: status, case, config, error figures, threshold, seed and message.
-std::string format_result(const CaseResult& r);
-
-struct SweepOptions {
-  Implementation implementation = Implementation::plan;
-  std::optional<Variant> variant;      // plan: force a variant; cases it cannot run are skipped
-  std::optional<KernelConfig> config;  // plan: force a config; likewise
-  int device = 0;
-  std::string cache_dir;
-  // Case i's inputs use seed + i; without a seed every case draws a fresh one.
-  std::optional<std::uint64_t> seed;
-  // Ops are built (codegen + NVRTC) this many at a time ahead of the runs; 0: one per core.
-  unsigned build_threads = 0;
-  // Called after every case, in order (progress output).
-  std::function<void(const CaseResult&)> on_result;
-};
-
-struct SweepSummary {
-  std::size_t cases = 0, passed = 0, failed = 0, skipped = 0;
-  std::map<DType, double> worst;  // worst figure of any case that ran, per dtype
-};
-struct SweepReport {
-  std::vector<CaseResult> results;
-  SweepSummary summary;
-};
-
-CaseResult run_case(const SweepCase& c, const SweepOptions& options);
-SweepReport run_sweep(const std::vector<SweepCase>& cases, const SweepOptions& options);
+// The pass rule of every verification (the sweep, the tuner): every figure finite and under
+// `threshold`, the counter advanced by one, nothing written past column N, eval's running
+// stats untouched. `why` (when given) gets what failed, "; "-separated.
+bool passes(const CaseErrors& e, double threshold, std::string* why = nullptr);
 
 }  // namespace fusejit

@@ -1,4 +1,4 @@
-#include "fusejit/check/cpu_reference.hpp"
+#include "fusejit/verify/cpu_reference.hpp"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "fusejit/check/host_tensor.hpp"
+#include "fusejit/verify/host_tensor.hpp"
 
 #include <fmt/format.h>
 

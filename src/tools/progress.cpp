@@ -1,4 +1,4 @@
-#include "fusejit/tune/progress.hpp"
+#include "tools/progress.hpp"
 
 #include <sys/ioctl.h>
 #include <unistd.h>
