@@ -55,7 +55,11 @@ struct PlanCore {
   double compile_seconds = 0;
 };
 
-// Builds a core: validate, choose config, codegen, compile (disk cache), load, size launches.
-std::shared_ptr<const PlanCore> make_plan_core(const Problem&, const struct PlanOptions&);
+// The core of (problem, config) in `context`, with kernels from `cache_dir` (empty: the
+// default): built once per process (codegen, compile or load from the disk cache, module load,
+// launch sizes) and shared by every plan and tuning candidate that asks for the same. The
+// config must be valid for the problem on the context's device (KernelConfig::why_invalid).
+std::shared_ptr<const PlanCore> plan_core(const Problem& problem, const KernelConfig& config,
+                                          CUcontext context, const std::string& cache_dir);
 
 }  // namespace fusejit

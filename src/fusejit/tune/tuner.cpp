@@ -17,18 +17,20 @@
 #include <set>
 #include <thread>
 
-#include "fusejit/verify/cpu_reference.hpp"
-#include "fusejit/verify/verification.hpp"
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/config/kernel_config.hpp"
+#include "fusejit/device/context.hpp"
 #include "fusejit/device/device_memory.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/device/event_timer.hpp"
 #include "fusejit/error.hpp"
-#include "fusejit/plan/plan.hpp"
+#include "fusejit/plan/launch.hpp"
+#include "fusejit/plan/plan_core.hpp"
 #include "fusejit/reference/cublaslt_reference.hpp"
 #include "fusejit/util/log.hpp"
+#include "fusejit/verify/cpu_reference.hpp"
+#include "fusejit/verify/verification.hpp"
 
 namespace fusejit {
 
@@ -48,14 +50,16 @@ std::string first_line(const std::string& s) {
 // One contender: a fused config or the reference op, and what became of it.
 struct Contender {
   std::optional<KernelConfig> config;  // nullopt: the cuBLASLt reference op
-  std::unique_ptr<Plan> plan;
+  // A fused candidate: its kernels (shared with any Plan of the same config) and a workspace.
+  std::shared_ptr<const PlanCore> core;
+  DeviceBuffer workspace;
   std::unique_ptr<ReferenceOp> reference;
   CandidateOutcome out;
 
-  bool built() const { return plan || reference; }
+  bool built() const { return core || reference; }
   void run(CUstream s, const Tensors& t) const {
-    if (plan)
-      plan->run(s, t);
+    if (core)
+      launch(*core, s, t, workspace.get());
     else
       reference->run(s, t);
   }
@@ -295,12 +299,9 @@ TuneResult tune(const Problem& p, const TunerOptions& o) {
     }
     try {
       if (c.config) {
-        PlanOptions po;
-        po.device = o.device;
-        po.config = c.config;
-        po.cache_dir = o.cache_dir;
-        po.autotune = false;
-        c.plan = std::make_unique<Plan>(p, po);
+        // candidate_configs only lists configs valid for p on this device.
+        c.core = plan_core(p, *c.config, context_for(o.device), o.cache_dir);
+        c.workspace = DeviceBuffer(c.core->workspace.total);
       } else {
         ReferenceOpOptions ro;
         ro.device = o.device;

@@ -1,0 +1,143 @@
+#include "fusejit/plan/plan.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+
+#include "fusejit/device/context.hpp"
+#include "fusejit/device/driver.hpp"
+#include "fusejit/error.hpp"
+#include "fusejit/plan/launch.hpp"
+#include "fusejit/plan/plan_core.hpp"
+#include "fusejit/reference/cublaslt_reference.hpp"
+#include "fusejit/tune/dispatch.hpp"
+#include "fusejit/util/log.hpp"
+
+namespace fusejit {
+
+bool autotune_from_env() {
+  const char* v = std::getenv("FUSEJIT_AUTOTUNE");
+  if (v == nullptr) return false;
+  std::string s(v);
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s == "1" || s == "true" || s == "on" || s == "yes";
+}
+
+Plan::Plan(const Problem& problem, const PlanOptions& options) {
+  problem.validate();
+  const CUcontext ctx = context_for(options.device);
+  // The choice is made before the core cache is consulted and becomes part of its key, so a
+  // tuning recorded since an earlier plan of the same problem takes effect.
+  PlanOptions o = options;
+  bool reference = false;
+  if (!o.config && !o.variant && o.use_tuning_db) {
+    const KernelChoice choice = choose_kernel(problem, Device::current(), o.cache_dir, o.autotune);
+    FJ_CU(cuCtxSetCurrent(ctx));
+    o.config = choice.config;
+    reference = choice.reference;
+    dispatch_ = name(choice.source);
+  } else {
+    dispatch_ = o.config ? "config" : o.variant ? "variant" : "heuristic";
+    // Without the database the dispatch's last step decides, the same rule as with it.
+    reference = !o.config && !o.variant && heuristic_prefers_reference(problem);
+  }
+  FJ_CU(cuCtxSetCurrent(ctx));
+  const Device device = Device::current();
+  KernelConfig config;
+  if (o.config) {
+    if (auto why = o.config->why_invalid(problem, device); !why.empty())
+      throw InvalidArgument("config", o.config->key() + ": " + why);
+    config = *o.config;
+  } else {
+    config = default_config(problem, device, o.variant);
+  }
+  core_ = plan_core(problem, config, ctx, o.cache_dir);
+  if (reference) {
+    try {
+      ReferenceOpOptions ro;
+      ro.device = options.device;
+      ro.cache_dir = options.cache_dir;
+      ro.own_workspace = false;  // run() passes the plan's (or the caller's)
+      reference_ = std::make_shared<const ReferenceOp>(problem, ro);
+    } catch (const std::exception& e) {
+      log()->warn("plan {}: the tuned cuBLASLt reference path is unavailable ({}); running {}",
+                  problem.key(), e.what(), core_->config.key());
+    }
+  }
+  if (const std::size_t bytes = workspace_size()) {
+    FJ_CU(cuCtxSetCurrent(core_->context));
+    FJ_CU(cuMemAlloc(&own_workspace_, bytes));
+  }
+}
+
+Plan::~Plan() {
+  if (own_workspace_ && driver_available()) driver().cuMemFree(own_workspace_);
+}
+
+Plan::Plan(Plan&& o) noexcept
+    : core_(std::move(o.core_)),
+      own_workspace_(o.own_workspace_),
+      reference_(std::move(o.reference_)),
+      dispatch_(std::move(o.dispatch_)) {
+  o.own_workspace_ = 0;
+}
+
+Plan& Plan::operator=(Plan&& o) noexcept {
+  if (this != &o) {
+    if (own_workspace_ && driver_available()) driver().cuMemFree(own_workspace_);
+    core_ = std::move(o.core_);
+    own_workspace_ = o.own_workspace_;
+    o.own_workspace_ = 0;
+    reference_ = std::move(o.reference_);
+    dispatch_ = std::move(o.dispatch_);
+  }
+  return *this;
+}
+
+const Problem& Plan::problem() const {
+  return core_->problem;
+}
+const KernelConfig& Plan::config() const {
+  return core_->config;
+}
+std::size_t Plan::workspace_size() const {
+  return reference_ ? reference_->workspace_size() : core_->workspace.total;
+}
+std::vector<std::string> Plan::kernel_names() const {
+  return reference_ ? reference_->kernel_names() : core_->schedule.kernels;
+}
+const std::string& Plan::dispatch() const {
+  return dispatch_;
+}
+bool Plan::uses_reference() const {
+  return reference_ != nullptr;
+}
+bool Plan::cache_hit() const {
+  return core_->cache_hit;
+}
+double Plan::compile_seconds() const {
+  return core_->compile_seconds;
+}
+
+void Plan::validate(const Tensors& t) const {
+  validate_tensors(core_->problem, t);
+}
+
+void Plan::run(CUstream stream, const Tensors& t) const {
+  run(stream, t, reinterpret_cast<void*>(own_workspace_), workspace_size());
+}
+
+void Plan::run(CUstream stream, const Tensors& t, void* workspace, std::size_t bytes) const {
+  if (reference_) {
+    reference_->run(stream, t, workspace, bytes);  // validates t and workspace as below
+    return;
+  }
+  validate_tensors(core_->problem, t);
+  validate_workspace(workspace, bytes, core_->workspace.total);
+  launch(*core_, stream, t, workspace);
+}
+
+}  // namespace fusejit

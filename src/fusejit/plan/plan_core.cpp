@@ -1,0 +1,116 @@
+#include "fusejit/plan/plan_core.hpp"
+
+#include <fmt/format.h>
+
+#include "fusejit/compile/compiler.hpp"
+#include "fusejit/device/driver.hpp"
+#include "fusejit/error.hpp"
+#include "fusejit/plan/launch.hpp"
+#include "fusejit/util/log.hpp"
+#include "fusejit/util/single_flight.hpp"
+
+namespace fusejit {
+
+namespace {
+
+// Codegen, compile (or load from the caches), load and size: everything a core needs once.
+std::shared_ptr<const PlanCore> build_plan_core(const Problem& problem, const KernelConfig& config,
+                                                CUcontext context, const std::string& cache_dir) {
+  auto core = std::make_shared<PlanCore>();
+  core->problem = problem;
+  core->context = context;
+  FJ_CU(cuCtxSetCurrent(core->context));
+  core->device = Device::current();
+  core->config = config;
+  core->schedule = schedule(problem, core->config);
+  core->workspace = workspace_layout(problem, core->config);
+  const KernelSource src = generate(problem, core->config);
+  const std::string arch = core->device.arch();
+  const std::string key = cache_key(src, arch, nvrtc_version());
+  core->module = Module::find(key);
+  if (!core->module) {
+    const CompiledKernel compiled = compile_cached(src, arch, cache_dir);
+    core->cache_hit = compiled.cache_hit;
+    core->compile_seconds = compiled.compile_seconds;
+    core->module = Module::get(key, compiled, src.kernels);
+  } else {
+    core->cache_hit = true;
+  }
+  // A kernel's dynamic shared memory, as the module says, checked against the device and set
+  // as the function's limit (above 48 KiB it must be raised before launching).
+  auto dynamic_smem = [&](CUfunction f, const char* kernel, const char* symbol) {
+    const int bytes = core->module->read_int(symbol);
+    if (bytes > core->device.smem_per_block_optin)
+      throw InvalidArgument(
+          "config",
+          fmt::format("{} needs {} bytes of shared memory in {}; {} allows {}", core->config.key(),
+                      bytes, kernel, core->device.name, core->device.smem_per_block_optin));
+    FJ_CU(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes));
+    return bytes;
+  };
+  core->gemm = core->module->function("fj_gemm");
+  core->smem_bytes = dynamic_smem(core->gemm, "fj_gemm", "fj_smem_bytes");
+  auto launch_shape = [&](const char* symbol) {
+    const std::vector<int> v = core->module->read_ints(symbol, 3);
+    return LaunchShape{static_cast<unsigned>(v[0]), static_cast<unsigned>(v[1]),
+                       static_cast<unsigned>(v[2])};
+  };
+  for (const auto& k : core->schedule.kernels) {
+    if (k == "fj_splitk_reduce") {
+      core->splitk_reduce = core->module->function(k);
+      core->splitk_reduce_shape = launch_shape("fj_splitk_reduce_launch");
+      core->splitk_reduce_smem_bytes =
+          dynamic_smem(core->splitk_reduce, "fj_splitk_reduce", "fj_splitk_reduce_smem_bytes");
+    }
+    if (k == "fj_finalize") {
+      core->finalize = core->module->function(k);
+      core->finalize_shape = launch_shape("fj_finalize_launch");
+    }
+    if (k == "fj_apply") {
+      core->apply = core->module->function(k);
+      core->apply_shape = launch_shape("fj_apply_launch");
+    }
+    if (k == "fj_bump") core->bump = core->module->function(k);
+  }
+  size_launches(*core);
+  log()->info("plan {} -> {} ({}, {:.3f} s compile)", problem.key(), core->config.key(),
+              core->cache_hit ? "cached" : "compiled", core->compile_seconds);
+  return core;
+}
+
+}  // namespace
+
+WorkspaceLayout workspace_layout(const Problem& p, const KernelConfig& c) {
+  WorkspaceLayout w;
+  // Regions follow each other, each starting 256-byte aligned; an empty one takes no room.
+  auto region = [&w](std::size_t bytes, std::size_t& offset, std::size_t& size) {
+    offset = w.total;
+    size = bytes;
+    w.total = align_workspace(w.total + bytes);
+  };
+  const KernelSchedule sched = schedule(p, c);
+  const auto row_tiles = static_cast<std::size_t>((p.M + c.bm - 1) / c.bm);
+  const auto col_tiles = static_cast<std::size_t>((p.N + c.bn - 1) / c.bn);
+  const auto n = static_cast<std::size_t>(p.N);
+  const bool two_pass = p.mode == Mode::train && !sched.single_pass;
+  region(two_pass ? row_tiles * n * 8 : 0, w.partials_offset, w.partials_bytes);
+  region(two_pass ? n * 8 : 0, w.coef_offset, w.coef_bytes);
+  const std::size_t slices = sched.split_k ? static_cast<std::size_t>(c.split_k) : 0;
+  region(slices * row_tiles * col_tiles * static_cast<std::size_t>(c.bm) *
+             static_cast<std::size_t>(c.bn) * 4,
+         w.splitk_offset, w.splitk_bytes);
+  return w;
+}
+
+std::shared_ptr<const PlanCore> plan_core(const Problem& problem, const KernelConfig& config,
+                                          CUcontext context, const std::string& cache_dir) {
+  // One build per key: concurrent callers wait for the first; built cores are kept for the
+  // process, a failed build is retried by the next caller.
+  static SingleFlight<std::shared_ptr<const PlanCore>> cores(
+      SingleFlight<std::shared_ptr<const PlanCore>>::Keep::values);
+  const std::string key = fmt::format("{}|{}|{}|{}", problem.key(),
+                                      static_cast<const void*>(context), config.key(), cache_dir);
+  return cores.get(key, [&] { return build_plan_core(problem, config, context, cache_dir); });
+}
+
+}  // namespace fusejit
