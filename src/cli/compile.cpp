@@ -42,17 +42,9 @@ struct CompileArgs {
 };
 
 struct Job {
-  Problem problem;
-  KernelConfig config;
+  KernelSource source;
   std::string arch;
-  // The reference op's plain kernels (a tuned winner, or the heuristic's pick), not `config`.
-  bool reference = false;
 };
-
-KernelSource job_source(const Job& j) {
-  return j.reference ? reference_kernel_source(j.problem.dtype, j.problem.param_dtype)
-                     : generate(j.problem, j.config);
-}
 
 // What the tuning databases' Plans will load: each entry's winner and best fused config (a
 // Plan whose winner is the reference still builds that one), for --arch or the database's CC.
@@ -95,20 +87,16 @@ std::vector<Job> database_jobs(const CompileArgs& a, std::string* target,
     archs.insert(dev.arch());
     for (const auto& entry : t.entries) {
       const TuningEntry& e = entry.second;
-      auto add = [&](const Job& j, const std::string& what) {
-        if (seen.insert(dev.arch() + "|" + entry.first + "|" + what).second) jobs.push_back(j);
-      };
-      if (e.winner == kReferenceCandidate) add({e.problem, {}, dev.arch(), true}, "reference");
-      for (const std::string& k : {e.winner, e.best_fused}) {
-        if (k.empty() || k == kReferenceCandidate) continue;
-        const KernelConfig c = KernelConfig::parse(k);
-        if (const std::string why = c.why_invalid(e.problem, dev); !why.empty()) {
-          fmt::print("  skip {} {} on {}: {}\n", format_shape(e.problem.shape()), k, dev.arch(),
-                     why);
-          continue;
-        }
-        add({e.problem, c, dev.arch(), false}, k);
-      }
+      // Exactly what a Plan of this problem on that arch would choose and load (the entry's
+      // winner, or where it cannot run there the dispatch's fallback, which a Plan builds).
+      const KernelChoice choice = choose_from_table(t, e.problem, dev);
+      if (choice.source != KernelChoice::Source::exact)
+        fmt::print("  skip {} {} on {}: {}; the plan falls back to {}\n",
+                   format_shape(e.problem.shape()), e.winner, dev.arch(), choice.detail,
+                   choice.config.key());
+      for (KernelSource& src : plan_sources(e.problem, choice))
+        if (seen.insert(dev.arch() + "|" + src.name).second)
+          jobs.push_back({std::move(src), dev.arch()});
     }
   }
   std::string list;
@@ -131,7 +119,7 @@ void emit_sources(const std::vector<Job>& jobs, const std::string& dir) {
     if (!f.flush()) throw Error(fmt::format("cannot write {}", path.string()));
   };
   for (const Job& j : jobs) {
-    const KernelSource src = job_source(j);
+    const KernelSource& src = j.source;
     write(root / (src.name + ".cu"), src.text);
     for (const auto& [name, text] : src.headers) write(root / "include" / name, text);
   }
@@ -169,24 +157,25 @@ int run_compile(const CompileArgs& a) {
                               "variant)");
       forced = KernelConfig::parse(a.config);
     }
-    std::set<std::string> reference_sources;  // one per (dtype, param dtype)
+    std::set<std::string> seen;  // the reference op's kernels are shared by many problems
+    auto add = [&](KernelSource src) {
+      if (seen.insert(src.name).second) jobs.push_back({std::move(src), arch});
+    };
     for (const Problem& p : a.problem.problems()) {
       if (forced) {
         if (const std::string why = forced->why_invalid(p, dev); !why.empty())
           throw InvalidArgument(
               "config", fmt::format("{} cannot run {} on {}: {}", a.config, p.key(), arch, why));
-        jobs.push_back({p, *forced, arch});
+        add(generate(p, *forced));
       } else if (a.variant == "all") {
-        for (const auto& c : candidate_configs(p, dev)) jobs.push_back({p, c, arch});
+        for (const auto& c : candidate_configs(p, dev)) add(generate(p, c));
+      } else if (a.variant != "auto") {
+        add(generate(p, default_config(p, dev, parse_variant(a.variant))));
       } else {
-        std::optional<Variant> v;
-        if (a.variant != "auto") v = parse_variant(a.variant);
-        jobs.push_back({p, default_config(p, dev, v), arch});
-        // The planner runs the reference op there (and still builds the fused kernels).
-        if (!v && heuristic_prefers_reference(p) &&
-            reference_sources.insert(fmt::format("{}|{}", name(p.dtype), name(p.param_dtype)))
-                .second)
-          jobs.push_back({p, {}, arch, true});
+        // What a Plan without a tuning entry loads (the heuristic's choice, the reference op's
+        // kernels with it where it prefers that path).
+        for (KernelSource& src : plan_sources(p, choose_from_table(TuningTable{}, p, dev)))
+          add(std::move(src));
       }
     }
     target = arch;
@@ -201,13 +190,12 @@ int run_compile(const CompileArgs& a) {
   int failures = 0, hits = 0, unstored = 0;
   double total = 0;
   auto start = [&](std::size_t i) {
-    results[i] = std::async(std::launch::async, [&, i] {
-      return compile_cached(job_source(jobs[i]), jobs[i].arch, dir);
-    });
+    results[i] = std::async(std::launch::async,
+                            [&, i] { return compile_cached(jobs[i].source, jobs[i].arch, dir); });
   };
   for (; next < jobs.size() && next < workers; ++next) start(next);
   for (std::size_t i = 0; i < jobs.size(); ++i) {
-    const KernelSource src = job_source(jobs[i]);
+    const KernelSource& src = jobs[i].source;
     try {
       const CompiledKernel k = results[i].get();
       hits += k.cache_hit;

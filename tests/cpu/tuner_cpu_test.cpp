@@ -19,12 +19,14 @@
 
 #include <fmt/format.h>
 
+#include "fusejit/codegen/codegen.hpp"
 #include "fusejit/config/kernel_config.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/plan/plan.hpp"
-#include "tools/progress.hpp"
+#include "fusejit/tune/dispatch.hpp"
 #include "fusejit/tune/tuner.hpp"
 #include "fusejit/tune/tuning_db.hpp"
+#include "tools/progress.hpp"
 
 using namespace fusejit;
 namespace fs = std::filesystem;
@@ -339,24 +341,38 @@ TEST_CASE("fusejit compile --from-db compiles the tuned winners without a GPU") 
   add(problem(100, 72, 40), std::string(kReferenceCandidate), "tiled.64x128x64.w2x2.s3.g8");
   add(problem(256, 256, 256), "warpspec.128x128x64.c2.s6.g8.cl1.p1",
       "warpspec.128x128x64.c2.s6.g8.cl1.p1");
+  // The reference won, and its best fused config cannot run on sm_80: a Plan there still
+  // builds fused kernels (the heuristic's), which --from-db used to leave cold.
+  add(problem(512, 128, 64), std::string(kReferenceCandidate),
+      "warpspec.128x128x64.c2.s6.g8.cl1.p1");
+  // What a Plan on sm_80 loads for each entry, by the library's own rule.
+  const Device a100 = Device::for_arch("sm_80");
+  const auto table = db.table();
+  std::set<std::string> plan_loads;
+  for (const auto& [key, e] : table->entries)
+    for (const auto& src : plan_sources(e.problem, choose_from_table(*table, e.problem, a100)))
+      plan_loads.insert(src.name);
+  CHECK(plan_loads.size() == 5);  // the two reference winners share the plain kernels
 
   const Result first = run_cli("compile --from-db --cache-dir " + cache, "CUDA_VISIBLE_DEVICES=");
   REQUIRE_MESSAGE(first.code == 0, first.out);
   CHECK(first.out.find("for sm_80") != std::string::npos);
-  CHECK(first.out.find("3 kernel set(s): 0 hit, 3 compiled") != std::string::npos);
+  CHECK(first.out.find("5 kernel set(s): 0 hit, 5 compiled") != std::string::npos);
+  for (const auto& name : plan_loads)
+    CHECK_MESSAGE(first.out.find(name) != std::string::npos, name);
   CHECK(first.out.find("skip 256x256x256 warpspec") != std::string::npos);
   CHECK(first.out.find("fj.reference.bf16") != std::string::npos);  // the reference's kernels
   // The deployment image is warm: a second run (explicit file) only hits.
   const Result second = run_cli("compile --from-db " + db.path().string() + " --cache-dir " + cache,
                                 "CUDA_VISIBLE_DEVICES=");
   CHECK(second.code == 0);
-  CHECK_MESSAGE(second.out.find("3 kernel set(s): 3 hit, 0 compiled") != std::string::npos,
+  CHECK_MESSAGE(second.out.find("5 kernel set(s): 5 hit, 0 compiled") != std::string::npos,
                 second.out);
   // For another arch the warpspec winner can run.
   const Result hopper =
       run_cli("compile --from-db --arch sm_90a --cache-dir " + cache, "CUDA_VISIBLE_DEVICES=");
   CHECK(hopper.code == 0);
-  CHECK(hopper.out.find("4 kernel set(s)") != std::string::npos);
+  CHECK(hopper.out.find("5 kernel set(s)") != std::string::npos);
 
   // Errors: the problems come from the database (2); a damaged database (1); none at all (1).
   Result r = run_cli("compile --from-db --shapes 64x64x64 --cache-dir " + cache);
@@ -377,7 +393,7 @@ TEST_CASE("fusejit compile --from-db compiles the tuned winners without a GPU") 
   REQUIRE(::mkfifo((tuning / "zz-fifo.json").c_str(), 0600) == 0);
   r = run_cli("compile --from-db --cache-dir " + cache, "CUDA_VISIBLE_DEVICES=");
   CHECK(r.code == 1);
-  CHECK_MESSAGE(r.out.find("3 kernel set(s): 3 hit, 0 compiled") != std::string::npos, r.out);
+  CHECK_MESSAGE(r.out.find("5 kernel set(s): 5 hit, 0 compiled") != std::string::npos, r.out);
   CHECK(r.out.find("damaged or unreadable tuning database: " +
                    (tuning / "zz-damaged.json").string()) != std::string::npos);
   CHECK(r.out.find("damaged or unreadable tuning database: " +

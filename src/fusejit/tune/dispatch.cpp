@@ -7,9 +7,11 @@
 #include <map>
 #include <mutex>
 
+#include "fusejit/codegen/codegen.hpp"
 #include "fusejit/device/context.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
+#include "fusejit/reference/cublaslt_reference.hpp"
 #include "fusejit/tune/tuner.hpp"
 #include "fusejit/util/log.hpp"
 #include "fusejit/util/single_flight.hpp"
@@ -143,6 +145,12 @@ KernelChoice choose_kernel(const Problem& p, const Device& d, const std::string&
   log()->info("plan {}: {} {} ({})", p.key(), name(c.source),
               c.reference ? std::string("reference (cuBLASLt)") : c.config.key(), c.detail);
   return c;
+}
+
+std::vector<KernelSource> plan_sources(const Problem& p, const KernelChoice& choice) {
+  std::vector<KernelSource> out{generate(p, choice.config)};
+  if (choice.reference) out.push_back(reference_kernel_source(p.dtype, p.param_dtype));
+  return out;
 }
 
 }  // namespace fusejit

@@ -10,7 +10,9 @@
 #pragma once
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "fusejit/codegen/kernel_source.hpp"
 #include "fusejit/config/kernel_config.hpp"
 #include "fusejit/device/device.hpp"
 #include "fusejit/problem.hpp"
@@ -44,5 +46,10 @@ KernelChoice choose_from_table(const TuningTable& table, const Problem& p, const
 // choice falls back to steps 3 and 4.
 KernelChoice choose_kernel(const Problem& p, const Device& d, const std::string& cache_dir,
                            bool autotune);
+
+// The kernel sources a Plan that made `choice` for `p` loads: its fused core's (the Plan builds
+// it even when it runs the reference op) and, when choice.reference, the reference op's plain
+// kernels. `fusejit compile` warms exactly these, so a warmed cache serves the Plan whole.
+std::vector<KernelSource> plan_sources(const Problem& p, const KernelChoice& choice);
 
 }  // namespace fusejit
