@@ -2,7 +2,10 @@
 # One call on the GPU machine (device tool): build, run the GPU tests, check, benchmark, and
 # print a short table last. Carry: .deps (scripts/fetch-deps.sh), cache (kernels compiled here
 # with `fusejit compile --arch sm_90a`), .anchors (copy of ../shared/spec/*.py).
-#   scripts/device.sh [tests|check|bench|all] [extra ctest -R regex]
+#   scripts/device.sh [tests|check|bench|soak|ab|all] [extra ctest -R regex]
+# soak: scripts/cache_soak.py (2,000 random cases while the cache directory is corrupted).
+# ab: the same benchmark table for the tree carried in .baseline (e.g. `git archive REF | tar -x
+#     -C .baseline`) and this tree, built side by side, run twice interleaved in this one call.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-/tmp/fusejit-out}
@@ -36,5 +39,26 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   done
   [ -f "$here/.anchors/anchors.py" ] && python3 "$here/.anchors/anchors.py" --dtypes bf16,fp32 \
     --compile 2>&1 | tee "$out/anchors.log" | tail -30
+fi
+if [ "$what" = soak ]; then
+  python3 "$here/scripts/cache_soak.py" "$fj" --cases "${SOAK_CASES:-2000}" --pool "${SOAK_POOL:-300}" \
+    --out "$out" 2>&1 | tee "$out/soak.log" || status=1
+fi
+if [ "$what" = ab ]; then
+  base_build=/tmp/fj-base
+  if [ ! -x "$base_build/fusejit" ]; then
+    cp -r "$here/.deps" "$here/.baseline/" 2>/dev/null
+    BUILD_DIR=$base_build "$here/.baseline/scripts/build.sh" >"$out/build-base.log" 2>&1 ||
+      { tail -30 "$out/build-base.log"; exit 1; }
+  fi
+  shapes=${AB_SHAPES:-1024x8192x8192,4096x4096x4096,128x512x1024,65536x256x64}
+  for round in 1 2; do
+    for side in base new; do
+      bin=$fj; [ $side = base ] && bin=$base_build/fusejit
+      echo "== $side, round $round"
+      FUSEJIT_CACHE_DIR=/tmp/fj-cache-$side python3 "$here/scripts/bench_table.py" "$bin" \
+        --shapes "$shapes" --dtypes bf16 --modes train,eval 2>&1 | tee -a "$out/ab-$side.log"
+    done
+  done
 fi
 exit $status

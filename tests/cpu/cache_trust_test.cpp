@@ -4,6 +4,7 @@
 // bounded by what the header declares. Each case is a repro of issue 22 turned into a test.
 #include <doctest/doctest.h>
 
+#include "test_bytes.hpp"
 #include "test_process.hpp"
 #include "test_tempdir.hpp"
 
@@ -32,6 +33,8 @@ namespace fs = std::filesystem;
 using fusejit::CacheAccess;
 using fusejit::DiskCache;
 using fusejit::test::in_child;
+using fusejit::test::key_for;
+using fusejit::test::payload;
 using fusejit::test::TempDir;
 
 namespace {
@@ -43,18 +46,6 @@ const bool kLogLevelSet = [] { return ::setenv("FUSEJIT_LOG_LEVEL", "warn", 1) =
 constexpr uid_t kOtherUser = 12345;
 // nobody: the unprivileged user a root test run drops to.
 constexpr uid_t kNobody = 65534;
-
-std::string key_for(const std::string& name) {
-  return fusejit::Hasher().add(name).hex();
-}
-
-std::vector<char> payload(std::size_t size, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> byte(1, 255);
-  std::vector<char> out(size);
-  for (char& c : out) c = static_cast<char>(byte(rng));
-  return out;
-}
 
 fs::path entry_path(const fs::path& dir, const std::string& key) {
   return dir / (key + ".fjc");

@@ -2,6 +2,7 @@
 // writing the same entry at once, and must degrade to a warned-once no-op when it cannot write.
 #include <doctest/doctest.h>
 
+#include "test_bytes.hpp"
 #include "test_process.hpp"
 #include "test_tempdir.hpp"
 
@@ -38,20 +39,9 @@ namespace {
 const bool kLogLevelSet = [] { return ::setenv("FUSEJIT_LOG_LEVEL", "warn", 1) == 0; }();
 
 using fusejit::test::in_child;
+using fusejit::test::key_for;
+using fusejit::test::payload;
 using fusejit::test::TempDir;
-
-std::string key_for(const std::string& name) {
-  return fusejit::Hasher().add(name).hex();
-}
-
-// Random bytes, none of them zero, so a payload of zeros can never pass by accident.
-std::vector<char> payload(std::size_t size, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> byte(1, 255);
-  std::vector<char> out(size);
-  for (char& c : out) c = static_cast<char>(byte(rng));
-  return out;
-}
 
 fs::path entry_path(const DiskCache& cache, const std::string& key) {
   return cache.dir() / (key + ".fjc");
