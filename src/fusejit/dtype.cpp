@@ -26,13 +26,13 @@ DType parse_dtype(std::string_view s) {
   for (DType d : {DType::fp32, DType::tf32, DType::fp16, DType::bf16})
     if (s == name(d)) return d;
   throw InvalidArgument("dtype",
-                        "expected one of fp32, tf32, fp16, bf16; got '" + std::string(s) + "'");
+                        "expected one of fp32, tf32, fp16, bf16; got '" + printable(s) + "'");
 }
 
 Mode parse_mode(std::string_view s) {
   if (s == "train") return Mode::train;
   if (s == "eval") return Mode::eval;
-  throw InvalidArgument("mode", "expected train or eval; got '" + std::string(s) + "'");
+  throw InvalidArgument("mode", "expected train or eval; got '" + printable(s) + "'");
 }
 
 std::size_t storage_bytes(DType d) {

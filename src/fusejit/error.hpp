@@ -2,8 +2,31 @@
 #pragma once
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace fusejit {
+
+// `text` (a caller's input) for an error message: printable ASCII as it is, a backslash doubled,
+// every other byte (control characters, DEL, bytes of multi-byte characters) as \xNN, so the
+// message stays on one line and cannot carry terminal escape sequences.
+inline std::string printable(std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c >= 0x20 && c < 0x7f) {
+      out += ch;
+    } else {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
 
 class Error : public std::runtime_error {
  public:

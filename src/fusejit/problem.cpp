@@ -4,15 +4,20 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <limits>
+#include <utility>
 
+#include "common/limits.h"
 #include "fusejit/error.hpp"
 
 namespace fusejit {
 
 namespace {
 
-// Keeps 2D index arithmetic inside the kernels in 32-bit signed range.
-constexpr std::int64_t kMaxDim = (std::int64_t{1} << 31) - 1;
+// The public limits (problem.hpp) are the kernels' (templates/common/limits.h).
+static_assert(kMaxDim == fj::kMaxDim);
+// Row strides are int fields of the kernels' Spec; every offset computed from one is 64-bit.
+constexpr std::int64_t kMaxStride = std::numeric_limits<std::int32_t>::max();
 
 void require(bool ok, const char* arg, const std::string& what) {
   if (!ok) throw InvalidArgument(arg, what);
@@ -28,13 +33,18 @@ Shape parse_shape(std::string_view text) {
     auto x = rest.find('x');
     std::string_view part = i < 2 ? rest.substr(0, x) : rest;
     if ((i < 2 && x == std::string_view::npos) || part.empty())
-      throw InvalidArgument(
-          "shape", "expected MxNxK (e.g. 1024x8192x8192); got '" + std::string(text) + "'");
+      throw InvalidArgument("shape",
+                            "expected MxNxK (e.g. 1024x8192x8192); got '" + printable(text) + "'");
     auto [p, ec] = std::from_chars(part.data(), part.data() + part.size(), *dims[i]);
-    if (ec != std::errc() || p != part.data() + part.size() || *dims[i] < 1 || *dims[i] > kMaxDim)
+    if (ec != std::errc() || p != part.data() + part.size() || *dims[i] < 1)
       throw InvalidArgument("shape", "expected MxNxK with each size in 1.." +
-                                         std::to_string(kMaxDim) + "; got '" + std::string(text) +
+                                         std::to_string(kMaxDim) + "; got '" + printable(text) +
                                          "'");
+    if (*dims[i] > kMaxDim)
+      throw InvalidArgument(
+          "shape", fmt::format("{} = {} is above {} (2^31 - 257: the kernels count tiles in 32-bit "
+                               "int); got '{}'",
+                               "MNK"[i], *dims[i], kMaxDim, printable(text)));
     if (i < 2) rest = rest.substr(x + 1);
   }
   return s;
@@ -45,9 +55,12 @@ std::string format_shape(const Shape& s) {
 }
 
 void Problem::validate() const {
-  require(M >= 1 && M <= kMaxDim, "M", fmt::format("expected 1 <= M <= {}, got {}", kMaxDim, M));
-  require(N >= 1 && N <= kMaxDim, "N", fmt::format("expected 1 <= N <= {}, got {}", kMaxDim, N));
-  require(K >= 1 && K <= kMaxDim, "K", fmt::format("expected 1 <= K <= {}, got {}", kMaxDim, K));
+  // Above kMaxDim the kernels' 32-bit tile counts, (D + tile - 1) / tile, would overflow.
+  for (const auto& [arg, v] : {std::pair{"M", M}, std::pair{"N", N}, std::pair{"K", K}})
+    require(v >= 1 && v <= kMaxDim, arg,
+            fmt::format("expected 1 <= {} <= {} (2^31 - 257: the kernels count tiles in 32-bit "
+                        "int), got {}",
+                        arg, kMaxDim, v));
   require(mode == Mode::eval || M >= 2, "M",
           "train mode needs at least 2 rows per feature (batch statistics of 1 row are "
           "undefined, as in PyTorch); got M=1");
@@ -60,8 +73,11 @@ void Problem::validate() const {
           fmt::format("expected 0 (packed) or >= K={}, got {}", K, ldw));
   require(ldy == 0 || ldy >= N, "ldy",
           fmt::format("expected 0 (packed) or >= N={}, got {}", N, ldy));
-  require(lda_x() <= kMaxDim && lda_w() <= kMaxDim && lda_y() <= kMaxDim, "ldx",
-          "leading dimensions must fit in 31 bits");
+  for (const auto& [arg, v] :
+       {std::pair{"ldx", lda_x()}, std::pair{"ldw", lda_w()}, std::pair{"ldy", lda_y()}})
+    require(v <= kMaxStride, arg,
+            fmt::format("expected a row stride <= {} (a 32-bit int in the kernels), got {}",
+                        kMaxStride, v));
   const auto eb = static_cast<int>(storage_bytes(dtype));
   require(alignment == 0 || alignment == 16 || alignment == 8 || alignment == 4 || alignment == 2 ||
               alignment == 1,

@@ -9,10 +9,16 @@
 
 namespace fusejit {
 
+// The largest M, N and K (2^31 - 257): the kernels compute tile counts as (D + T - 1) / T in
+// 32-bit int with tiles T of up to 256 (templates/common/limits.h, kMaxDim). Row strides may go
+// up to 2^31 - 1; products such as M x N and row offsets are 64-bit in the kernels.
+inline constexpr std::int64_t kMaxDim = (std::int64_t{1} << 31) - 257;
+
 struct Shape {
   std::int64_t M = 0, N = 0, K = 0;
 };
-// "MxNxK" (x is MxK, W is NxK, y is MxN). Throws InvalidArgument("shape", ...).
+// "MxNxK" (x is MxK, W is NxK, y is MxN), each in 1..kMaxDim. Throws InvalidArgument("shape",
+// ...).
 Shape parse_shape(std::string_view text);
 std::string format_shape(const Shape&);
 

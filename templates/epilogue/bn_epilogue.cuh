@@ -9,6 +9,7 @@
 //                     deviation rather than a keeps its digits when a column's mean is large
 //                     against its spread; bn_apply adds the mean back after the finalize.
 #pragma once
+#include "common/limits.h"
 #include "common/params.h"
 #include "common/tile.cuh"
 #include "common/types.cuh"
@@ -27,7 +28,7 @@ struct BnEpilogue {
   static constexpr int BM = Spec::BM, BN = Spec::BN;
   // Threads that share one column in the reductions, and columns each thread walks.
   static constexpr int TPC = NT >= BN ? NT / BN : 1;
-  static_assert(NT >= BN ? NT % BN == 0 : BN % NT == 0, "epilogue threads and BN must nest");
+  static_assert(epilogue_threads_nest(NT, BN), "epilogue threads and BN must nest");
   static constexpr int kScratchFloats = 2 * BN + TPC * BN;
   static constexpr int kScratchBytes = kScratchFloats * 4;
 

@@ -3,6 +3,7 @@
 // row tiles (FOLD_FINALIZE), does the finalize's merge itself.
 #pragma once
 #include "common/grid_dependency.cuh"
+#include "common/limits.h"
 #include "common/params.h"
 #include "common/types.cuh"
 #include "epilogue/store.cuh"
@@ -48,12 +49,8 @@ struct Packed {
 // the y it rewrites, so they are computed once per block into shared memory instead of being
 // re-read by every thread (a thread's own 8 rows x 8 bf16 are 128 bytes, the size of its 8
 // columns' (A, B, tile mean) in fp32). A thread rewrites kApplyRows consecutive rows of VEC
-// columns, all loads issued first: enough bytes in flight to cover memory latency.
-constexpr int kApplyRows = 8;
-constexpr int kApplyColThreads = 32;
-constexpr int kApplyRowThreads = 8;
-constexpr int kApplyThreads = kApplyColThreads * kApplyRowThreads;
-constexpr int kApplyBlockRows = kApplyRows * kApplyRowThreads;
+// columns, all loads issued first: enough bytes in flight to cover memory latency. (The numbers,
+// kApplyRows and the rest, are in common/limits.h: the host counts the blocks with them.)
 
 template <class Spec>
 struct ApplyShape {
@@ -62,17 +59,23 @@ struct ApplyShape {
                                  ? Spec::VEC_BYTES / static_cast<int>(sizeof(T))
                                  : 1;
   static constexpr int kCols = kApplyColThreads * VEC;
-  static constexpr int kGridX = (Spec::N + kCols - 1) / kCols;
-  // Walked from the bottom up (see bn_apply).
-  static constexpr int kGridY = (Spec::M + kApplyBlockRows - 1) / kApplyBlockRows;
+  static constexpr int kStrips = (Spec::N + kCols - 1) / kCols;  // of kCols columns
+  // Of kApplyBlockRows rows, walked from the bottom up (see bn_apply).
+  static constexpr int kSlabs = (Spec::M + kApplyBlockRows - 1) / kApplyBlockRows;
+  // The grid is one-dimensional, strips fastest, as a kStrips x kSlabs grid would run: CUDA caps
+  // grid.y at 65535, which would cap M at 65535 slabs.
+  static_assert(fits_int(static_cast<long long>(kStrips) * kSlabs),
+                "bn_apply: strips x slabs must fit int (KernelConfig::why_invalid)");
+  static constexpr int kBlocks = kStrips * kSlabs;
   // Row tiles a block's rows can reach (its rows start at a multiple of kApplyBlockRows).
   static constexpr int kTileSlots = (kApplyBlockRows - 1) / Spec::BM + 2;
   static_assert(Spec::BM % kApplyRows == 0, "a thread's rows must not straddle two row tiles");
   static_assert(kCols <= kApplyThreads, "one thread per block column fills the coefficients");
 };
 
-// Grid: x over column strips, y over kApplyBlockRows-row slabs from the bottom up: the GEMM wrote
-// the last row tiles last, so they are the likeliest to still be in L2 when the first blocks run.
+// Grid: one block per (column strip, kApplyBlockRows-row slab), strips fastest, slabs from the
+// bottom up: the GEMM wrote the last row tiles last, so they are the likeliest to still be in L2
+// when the first blocks run.
 template <class Spec>
 __device__ void bn_apply(const Params& p) {
   using T = typename Spec::T;
@@ -81,9 +84,10 @@ __device__ void bn_apply(const Params& p) {
   // y = A (d + tile_mean) + B = A d + B', B' = A tile_mean + B per (row tile, column).
   __shared__ float s_a[S::kCols];
   __shared__ float s_b[S::kTileSlots][S::kCols];
-  const int slab = gridDim.y - 1 - blockIdx.y;
+  const int strip = static_cast<int>(blockIdx.x) % S::kStrips;
+  const int slab = S::kSlabs - 1 - static_cast<int>(blockIdx.x) / S::kStrips;
   const int row0 = slab * kApplyBlockRows;
-  const int col0 = blockIdx.x * S::kCols;
+  const int col0 = strip * S::kCols;
   const int first_tile = row0 / Spec::BM;
   const int last_tile = (min(row0 + kApplyBlockRows, Spec::M) - 1) / Spec::BM;
   const int tx = threadIdx.x % kApplyColThreads;
@@ -92,6 +96,7 @@ __device__ void bn_apply(const Params& p) {
   const bool active = c < Spec::N && r0 < Spec::M;
   const int n_here = min(VEC, Spec::N - c);
   const int rows = min(kApplyRows, Spec::M - r0);
+  // Row offsets in 64-bit, also within a thread's rows: 7 * LDY passes 2^31 from LDY ~ 3e8.
   T* y = static_cast<T*>(p.y) + static_cast<long long>(r0) * Spec::LDY + c;
   wait_for_prior_grid();
   // This thread's y first: its latency then overlaps the coefficient work below, which is a
@@ -101,7 +106,7 @@ __device__ void bn_apply(const Params& p) {
   if (active && n_here == VEC) {
 #pragma unroll
     for (int r = 0; r < kApplyRows; ++r)
-      if (r < rows) raw[r].load(y + r * Spec::LDY);
+      if (r < rows) raw[r].load(y + static_cast<long long>(r) * Spec::LDY);
   }
   const float2* tile_stats = reinterpret_cast<const float2*>(p.ws_partials);
   if (threadIdx.x < S::kCols && col0 + static_cast<int>(threadIdx.x) < Spec::N) {
@@ -110,7 +115,7 @@ __device__ void bn_apply(const Params& p) {
     if constexpr (Spec::FOLD_FINALIZE) {
       // Every slab merges its columns' few partials itself (cheaper than a finalize launch);
       // the bottom slab, which runs first, is the one that records.
-      f = finalize_column<Spec>(p, n, slab == static_cast<int>(gridDim.y) - 1);
+      f = finalize_column<Spec>(p, n, slab == S::kSlabs - 1);
     } else {
       const float2 ab = reinterpret_cast<const float2*>(p.ws_coef)[n];
       f = {ab.x, ab.y};
@@ -123,7 +128,7 @@ __device__ void bn_apply(const Params& p) {
   // num_batches_tracked: after every reader. Unfolded, the readers were the finalize kernel,
   // which has completed; folded with momentum=None, every block here reads it, so bump_batches
   // runs after this kernel instead.
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && p.num_batches_tracked &&
+  if (blockIdx.x == 0 && threadIdx.x == 0 && p.num_batches_tracked &&
       !(Spec::FOLD_FINALIZE && Spec::CUMULATIVE))
     *p.num_batches_tracked += 1;
   __syncthreads();
@@ -132,7 +137,7 @@ __device__ void bn_apply(const Params& p) {
   if (n_here < VEC) {
     for (int r = 0; r < rows; ++r)
       for (int j = 0; j < n_here; ++j) {
-        T* e = y + r * Spec::LDY + j;
+        T* e = y + static_cast<long long>(r) * Spec::LDY + j;
         *e = from_float<T>(s_a[tx * VEC + j] * to_float(*e) + s_b[slot][tx * VEC + j]);
       }
     return;
@@ -149,7 +154,7 @@ __device__ void bn_apply(const Params& p) {
     float v[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) v[j] = a[j] * raw[r].get(j) + b[j];
-    store_vec<T, VEC>(y + r * Spec::LDY, v);
+    store_vec<T, VEC>(y + static_cast<long long>(r) * Spec::LDY, v);
   }
 }
 

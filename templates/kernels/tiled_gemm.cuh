@@ -8,6 +8,7 @@
 // through finish(), so the sums are the same on every run (no atomics, no counters).
 #pragma once
 #include "common/grid_dependency.cuh"
+#include "common/limits.h"
 #include "common/math_kind.cuh"
 #include "common/params.h"
 #include "common/select.cuh"
@@ -26,6 +27,12 @@ struct TiledGemm {
                                    TiledMmaMainloop<Spec>>::type;
   using Epilogue = BnEpilogue<Spec, Spec::THREADS>;
   using Tile = AccTile<Spec::BM, Spec::BN>;
+  // Tile counts are (D + T - 1) / T in int (Problem::validate, KernelConfig::why_invalid).
+  static_assert(Spec::M <= kMaxDim && Spec::N <= kMaxDim && Spec::K <= kMaxDim,
+                "M, N and K must be at most kMaxDim (common/limits.h)");
+  static_assert(Spec::BM <= kMaxTileExtent && Spec::BN <= kMaxTileExtent &&
+                    Spec::BK <= kMaxTileExtent,
+                "BM, BN and BK must be at most kMaxTileExtent (common/limits.h)");
   static constexpr int kRowTiles = (Spec::M + Spec::BM - 1) / Spec::BM;
   static constexpr int kColTiles = (Spec::N + Spec::BN - 1) / Spec::BN;
   using Raster = GroupedRaster<kRowTiles, kColTiles, Spec::GROUP_M>;

@@ -33,6 +33,7 @@
 //   block.x = THREADS, dynamic shared memory = kSmemBytes, cluster (CLUSTER_M, 1, 1) when > 1.
 // With CLUSTER_M = 1 that is the plain "one CTA per tile" (or min(tiles, sm_count)) grid.
 #pragma once
+#include "common/limits.h"
 #include "common/math_kind.cuh"
 #include "common/params.h"
 #include "common/spec_flag.cuh"
@@ -69,6 +70,11 @@ struct WarpspecGemm {
   static_assert((Spec::MATH == kMathTf32) == (sizeof(T) == 4), "warpspec: tf32 iff T is float");
   static_assert(Spec::VEC_BYTES == 16, "warpspec: TMA and the stores need 16-byte aligned rows");
   static_assert(Spec::K >= 1, "warpspec: K must be positive");
+  // Tile counts are (D + T - 1) / T in int (Problem::validate, KernelConfig::why_invalid).
+  static_assert(Spec::M <= kMaxDim && Spec::N <= kMaxDim && Spec::K <= kMaxDim,
+                "warpspec: M, N and K must be at most kMaxDim (common/limits.h)");
+  static_assert(BM <= kMaxTileExtent && BN <= kMaxTileExtent && BK <= kMaxTileExtent,
+                "warpspec: BM, BN and BK must be at most kMaxTileExtent (common/limits.h)");
 
   static constexpr int kElem = static_cast<int>(sizeof(T));
   // One 128-byte swizzled row holds kAtomK elements of K; a stage holds BK / kAtomK such
@@ -112,6 +118,10 @@ struct WarpspecGemm {
   static constexpr int kRowTiles = (Spec::M + BM - 1) / BM;
   static constexpr int kColTiles = (Spec::N + BN - 1) / BN;
   static constexpr int kClusterRows = (kRowTiles + CLUSTER - 1) / CLUSTER;
+  // Twice the cluster tiles fit int: the grid (CLUSTER of them) and the tile loops' last
+  // `ct += tile_stride()` (at most kClusterTiles - 1 + kClusterTiles) stay in range.
+  static_assert(fits_int(2LL * kClusterRows * kColTiles),
+                "warpspec: twice the cluster tiles must fit int (KernelConfig::why_invalid)");
   static constexpr int kClusterTiles = kClusterRows * kColTiles;
   static constexpr int kGroupM = Spec::GROUP_M / CLUSTER > 0 ? Spec::GROUP_M / CLUSTER : 1;
   using Raster = GroupedRaster<kClusterRows, kColTiles, kGroupM>;

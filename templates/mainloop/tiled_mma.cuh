@@ -81,7 +81,9 @@ struct OperandLoader {
 
   __device__ __forceinline__ void issue(unsigned stage, int kt) const {
     const int k0 = kt * BK + chunk * kEpc;
-    const int kbytes = kKTail ? clamp_bytes((K - k0) * int(sizeof(T)), 16) : 16;
+    // Elements before converting to bytes: (K - k0) * sizeof(T) passes 2^31 once K > 2^30.
+    const int left = K - k0;
+    const int kbytes = !kKTail || left >= kEpc ? 16 : clamp_bytes(left * int(sizeof(T)), 16);
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
       if (kChunks % THREADS != 0 && row + i * kRowStep >= ROWS) break;

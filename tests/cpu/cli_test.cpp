@@ -102,6 +102,20 @@ TEST_CASE("bad arguments get one clear line and exit code 2") {
            {"check --config tiled.64x64x16.w2x1.s3.g8.k --list", "config"},
            {"check --config tiled.64x64x16.w2x1.s3.g8.k4 --variant tiled --list", "config"},
            {"check --config tiled.64x64x16.w2x1.s3.g8.k4 --op reference --list", "config"},
+           // Issue 22's repros: sizes whose tile counts overflow 32-bit int, configs that
+           // passed validation and then failed in NVRTC, control characters in a key.
+           {"compile --arch sm_90a --shape 2x2147483600x1 --cache-dir " + dir, "N = 2147483600"},
+           {"compile --arch sm_90a --shape 2x64x2147483647 --cache-dir " + dir, "K = 2147483647"},
+           {"compile --arch sm_90a --shape 1000x200x64 --config tiled.64x96x64.w1x2.s3.g1 "
+            "--cache-dir " +
+                dir,
+            "must nest"},
+           {"compile --arch sm_90a --shape 1000x200x64 --config "
+            "warpspec.64x192x64.c2.s2.g8.cl1.p1.pp --cache-dir " +
+                dir,
+            "must nest"},
+           {"compile --arch sm_90a --config \"$(printf 'tiled.\\033[31m64')\" --cache-dir " + dir,
+            "\\x1b[31m64"},
            {"frobnicate", "frobnicate"},
            {"", "subcommand"},
            {"cache", "subcommand"},

@@ -238,3 +238,25 @@ TEST_CASE("split-K candidates come only for small tile grids with a long K") {
       }
   }
 }
+
+TEST_CASE("a key with control characters is refused with them escaped") {
+  for (const char* bad : {"tiled.\x1b[2J128x128x32.w2x4.s3.g8", "tiled.128x128x32.w2x4.s3.g8\n",
+                          "warpspec.128x256x64.c2.s4.g8.cl1.p1\r.pp"}) {
+    try {
+      KernelConfig::parse(bad);
+      FAIL("accepted");
+    } catch (const InvalidArgument& e) {
+      const std::string what = e.what();
+      CHECK(e.argument() == "config");
+      for (const char c : what) CHECK((c >= 0x20 && c < 0x7f));
+      CHECK((what.find("\\x1b") != std::string::npos || what.find("\\x0a") != std::string::npos ||
+             what.find("\\x0d") != std::string::npos));
+    }
+  }
+  try {
+    parse_variant("tiled\x07");
+    FAIL("accepted");
+  } catch (const InvalidArgument& e) {
+    CHECK(std::string(e.what()).find("'tiled\\x07'") != std::string::npos);
+  }
+}

@@ -113,3 +113,21 @@ TEST_CASE("natural alignment is the widest the pointer and stride share") {
   CHECK(natural_alignment(0x1002, 64) == 2);
   CHECK(natural_alignment(0x1001, 64) == 1);
 }
+
+TEST_CASE("parse errors print control characters escaped, on one line") {
+  const std::string evil = "2x\x1b[31m3\nx4\x7f\\";
+  for (auto parse : {+[](const std::string& t) { parse_shape(t); },
+                     +[](const std::string& t) { parse_dtype(t); },
+                     +[](const std::string& t) { parse_mode(t); }}) {
+    try {
+      parse(evil);
+      FAIL("accepted");
+    } catch (const InvalidArgument& e) {
+      const std::string what = e.what();
+      CHECK(what.find("2x\\x1b[31m3\\x0ax4\\x7f\\\\") != std::string::npos);
+      for (const char c : what) CHECK((c >= 0x20 && c < 0x7f));
+    }
+  }
+  CHECK(printable("plain 1024x8192x8192") == "plain 1024x8192x8192");
+  CHECK(printable(std::string("a\0b\xc3\xa9", 5)) == "a\\x00b\\xc3\\xa9");
+}

@@ -1,4 +1,4 @@
-// parse_shape / format_shape: any text either parses to sizes in 1..2^31-1 or is rejected with
+// parse_shape / format_shape: any text either parses to sizes in 1..kMaxDim or is rejected with
 // InvalidArgument("shape"); what parses prints back to text that parses to the same shape.
 #include <cstdint>
 #include <string>
@@ -9,10 +9,8 @@
 
 namespace {
 
-constexpr std::int64_t kMaxDim = (std::int64_t{1} << 31) - 1;
-
 bool in_range(std::int64_t v) {
-  return v >= 1 && v <= kMaxDim;
+  return v >= 1 && v <= fusejit::kMaxDim;
 }
 
 }  // namespace

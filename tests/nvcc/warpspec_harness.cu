@@ -523,7 +523,7 @@ void run_case(Ctx& ctx, const char* name, bool timed) {
       using F = fj::FinalizeShape<Spec>;
       using A = fj::ApplyShape<Spec>;
       ws_finalize<Spec><<<F::kGridX, F::kThreads, 0, ctx.stream>>>(p);
-      ws_apply<Spec><<<dim3(A::kGridX, A::kGridY), fj::kApplyThreads, 0, ctx.stream>>>(p);
+      ws_apply<Spec><<<A::kBlocks, fj::kApplyThreads, 0, ctx.stream>>>(p);
     }
   };
 

@@ -115,7 +115,7 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
            "    fj::FinalizeShape<Spec>::kGridX, 1, fj::FinalizeShape<Spec>::kThreads};\n";
     if (k == "fj_apply")
       t += "extern \"C\" __device__ const int fj_apply_launch[3] = {\n"
-           "    fj::ApplyShape<Spec>::kGridX, fj::ApplyShape<Spec>::kGridY, fj::kApplyThreads};\n";
+           "    fj::ApplyShape<Spec>::kBlocks, 1, fj::kApplyThreads};\n";
   }
   for (const auto& k : sched.kernels) {
     if (k == "fj_gemm" && ws) {

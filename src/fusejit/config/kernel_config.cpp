@@ -6,8 +6,10 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 
+#include "common/limits.h"
 #include "fusejit/error.hpp"
 
 namespace fusejit {
@@ -19,7 +21,7 @@ std::string_view name(Variant v) {
 Variant parse_variant(std::string_view s) {
   if (s == "tiled") return Variant::tiled;
   if (s == "warpspec") return Variant::warpspec;
-  throw InvalidArgument("variant", "expected tiled or warpspec; got '" + std::string(s) + "'");
+  throw InvalidArgument("variant", "expected tiled or warpspec; got '" + printable(s) + "'");
 }
 
 namespace {
@@ -38,6 +40,62 @@ std::int64_t k_tiles(const Problem& p, int bk) {
 
 std::int64_t output_tiles(const Problem& p, const KernelConfig& c) {
   return ((p.M + c.bm - 1) / c.bm) * ((p.N + c.bn - 1) / c.bn);
+}
+
+// The tiled mainloops' cp.async ring (TiledMmaMainloop / SimtFp32Mainloop::kSmemBytes; the
+// SIMT one stages rows padded by 4 floats per operand).
+int tiled_ring_bytes(const Problem& p, const KernelConfig& c) {
+  return p.dtype == DType::fp32
+             ? c.stages * c.bk * (c.bm + c.bn + 8) * 4
+             : c.stages * (c.bm + c.bn) * c.bk * static_cast<int>(storage_bytes(p.dtype));
+}
+
+// The 32-bit counts the kernels derive from the problem and the tile, computed exactly here:
+// empty when each fits, else which one does not. Each rule names what it mirrors.
+std::string int32_counts_why_invalid(const Problem& p, const KernelConfig& c, const Device& d) {
+  const std::int64_t row_tiles = (p.M + c.bm - 1) / c.bm, col_tiles = (p.N + c.bn - 1) / c.bn;
+  auto too_many = [&](const char* what, std::int64_t v) {
+    return fmt::format(
+        "{} = {} does not fit the kernels' 32-bit int for {}x{}x{} (fewer rows or columns, or "
+        "larger tiles)",
+        what, v, p.M, p.N, p.K);
+  };
+  if (p.mode == Mode::train && p.M > c.bm) {
+    // Two-pass train runs bn_apply: ApplyShape::kBlocks (kernels/bn_apply.cuh) on grid.x, one
+    // block per kApplyBlockRows rows x kApplyColThreads x VEC columns (VEC as codegen derives
+    // it from the alignment).
+    const int vec = std::max(
+        1, std::min(p.effective_alignment(), 16) / static_cast<int>(storage_bytes(p.dtype)));
+    const std::int64_t cols = std::int64_t{fj::kApplyColThreads} * vec;
+    const std::int64_t blocks =
+        (p.N + cols - 1) / cols * ((p.M + fj::kApplyBlockRows - 1) / fj::kApplyBlockRows);
+    if (!fj::fits_int(blocks)) return too_many("BatchNorm apply blocks", blocks);
+  }
+  if (c.variant == Variant::tiled) {
+    // GroupedRaster::kTiles (kernels/tile_scheduler.cuh): one CTA per tile on grid.x.
+    if (!fj::fits_int(row_tiles * col_tiles))
+      return too_many("row tiles x column tiles", row_tiles * col_tiles);
+    // GroupedRaster's kPerGroup.
+    if (!fj::fits_int(std::int64_t{c.group_m} * col_tiles))
+      return too_many("group_m x column tiles", std::int64_t{c.group_m} * col_tiles);
+    return {};
+  }
+  // WarpspecGemm (kernels/warpspec_gemm.cuh): its static_assert on twice kClusterTiles (the
+  // grid and the tile loops' last step) and its raster's kPerGroup over kGroupM.
+  const std::int64_t cluster_tiles = (row_tiles + c.cluster_m - 1) / c.cluster_m * col_tiles;
+  if (!fj::fits_int(2 * cluster_tiles)) return too_many("2 x cluster tiles", 2 * cluster_tiles);
+  const std::int64_t group = std::max(1, c.group_m / c.cluster_m);
+  if (!fj::fits_int(group * col_tiles))
+    return too_many("group_m x column tiles", group * col_tiles);
+  if (c.persistent) {
+    // consume()'s `unsigned slice` counts the k slices of every tile a persistent CTA walks:
+    // ceil(cluster tiles / CTAs) x k tiles must not wrap (the stage parity would break).
+    const std::int64_t ctas = std::max(1, std::max(1, d.sm_count) / c.cluster_m);
+    const std::int64_t slices = (cluster_tiles + ctas - 1) / ctas * ((p.K + c.bk - 1) / c.bk);
+    if (slices > std::numeric_limits<std::uint32_t>::max())
+      return too_many("k slices per persistent CTA", slices);
+  }
+  return {};
 }
 
 }  // namespace
@@ -68,10 +126,7 @@ int KernelConfig::smem_bytes(const Problem& p) const {
   }
   // Tiled: the larger of the cp.async ring and the epilogue's fp32 tile + scratch (they alias).
   // Split-K keeps the same size: the slice store reads the same tile.
-  const int epilogue = tiled_epilogue_bytes(bm, bn, threads());
-  const int ring =
-      p.dtype == DType::fp32 ? stages * bk * (bm + bn + 8) * 4 : stages * (bm + bn) * bk * eb;
-  return std::max(ring, epilogue);
+  return std::max(tiled_ring_bytes(p, *this), tiled_epilogue_bytes(bm, bn, threads()));
 }
 
 int KernelConfig::splitk_reduce_smem_bytes() const {
@@ -106,6 +161,13 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
     }
     if (bn != 64 && bn != 128 && bn != 192 && bn != 256)
       return "warpspec: bn must be 64, 128, 192 or 256";
+    // WarpspecGemm::kEpiBytes instantiates the shared-memory epilogue, BnEpilogue<Spec, 128 x
+    // consumers>, even where the fragment epilogue runs: its threads must nest with bn (so no
+    // bn = 192 today).
+    if (!fj::epilogue_threads_nest(threads() - 128, bn))
+      return fmt::format(
+          "warpspec: the tile epilogue's {} threads and bn = {} must nest (one divides the other)",
+          threads() - 128, bn);
     if (bk * static_cast<int>(storage_bytes(p.dtype)) % 128 != 0)
       return "warpspec: bk must span whole 128-byte swizzle rows";
     if (cluster_m != 1 && cluster_m != 2) return "warpspec: cluster_m must be 1 or 2";
@@ -121,6 +183,12 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
     if (warps_m < 1 || warps_n < 1 || threads() > 1024) return "tiled: bad warp layout";
     const int wtm = bm / warps_m, wtn = bn / warps_n;  // warp tile
     if (bm % warps_m != 0 || bn % warps_n != 0) return "tiled: warps must divide the tile";
+    // BnEpilogue<Spec, THREADS> (epilogue/bn_epilogue.cuh), the GEMM's epilogue; the split-K
+    // reduce kernel's thread count nests with bn by construction (SplitKReduce::kThreads).
+    if (bn > 0 && !fj::epilogue_threads_nest(threads(), bn))
+      return fmt::format(
+          "tiled: the epilogue's {} threads and bn = {} must nest (one divides the other)",
+          threads(), bn);
     if (strict_fp32) {
       // SIMT: each lane owns an 8x8 block, so a warp tile is exactly 32 such blocks.
       if (wtm % 8 != 0 || wtn % 8 != 0 || wtm * wtn != 32 * 64)
@@ -137,12 +205,24 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
     }
   }
   if (bm <= 0 || bn <= 0 || bk <= 0 || stages < 2 || group_m < 1) return "non-positive tile field";
+  // TiledGemm's and WarpspecGemm's static_asserts: with M, N, K <= kMaxDim (Problem::validate),
+  // (D + T - 1) / T then fits int.
+  if (bm > fj::kMaxTileExtent || bn > fj::kMaxTileExtent || bk > fj::kMaxTileExtent)
+    return fmt::format("bm, bn and bk must be at most {}", fj::kMaxTileExtent);
+  if (const std::string why = int32_counts_why_invalid(p, *this, d); !why.empty()) return why;
   if (split_k < 1 || split_k > kMaxSplitK)
     return fmt::format("split_k must lie within 1..{}; got {}", kMaxSplitK, split_k);
   if (const std::int64_t kt = k_tiles(p, bk); split_k > kt)
     return fmt::format(
         "split_k {} exceeds the {} k tiles of K = {} (BK = {}): a split would be empty", split_k,
         kt, p.K, bk);
+  // The mainloops' static_asserts, whatever the device allows: the tiled cp.async ring
+  // within 227 KiB, WarpspecGemm::kSmemBytes within 232448 bytes (227 KiB).
+  if (variant == Variant::tiled && tiled_ring_bytes(p, *this) > 227 * 1024)
+    return fmt::format("the cp.async ring needs {} bytes of shared memory, above 227 KiB",
+                       tiled_ring_bytes(p, *this));
+  if (variant == Variant::warpspec && smem_bytes(p) > 232448)
+    return fmt::format("needs {} bytes of shared memory, above 227 KiB", smem_bytes(p));
   const int smem = std::max(smem_bytes(p), splitk_reduce_smem_bytes());
   if (d.smem_per_block_optin > 0 && smem > d.smem_per_block_optin)
     return fmt::format("needs {} bytes of shared memory, the device allows {}", smem,
@@ -213,7 +293,7 @@ KernelConfig KernelConfig::parse(std::string_view key) {
   throw InvalidArgument("config",
                         "expected a key like tiled.128x128x32.w2x4.s4.g8[.k4] or "
                         "warpspec.128x256x64.c2.s4.g8.cl1.p1[.pp|.ts]; got '" +
-                            std::string(key) + "'");
+                            printable(key) + "'");
 }
 
 namespace {

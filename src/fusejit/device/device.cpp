@@ -137,13 +137,13 @@ Arch parse_arch(const std::string& text) {
   bool digits =
       !s.empty() && s.size() <= 3 && s.find_first_not_of("0123456789") == std::string::npos;
   if (!digits)
-    throw InvalidArgument("arch",
-                          "expected an architecture like sm_80, sm_90a or 8.6; got '" + text + "'");
+    throw InvalidArgument("arch", "expected an architecture like sm_80, sm_90a or 8.6; got '" +
+                                      printable(text) + "'");
   a.cc = std::stoi(s);
   if (a.cc < 80)
     throw InvalidArgument("arch", fmt::format("fusejit needs compute capability 8.0 or newer; "
                                               "got '{}'",
-                                              text));
+                                              printable(text)));
   return a;
 }
 
