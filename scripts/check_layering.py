@@ -2,6 +2,8 @@
 """The include rule of the source tree: every folder may include only folders below it.
 
     scripts/check_layering.py [ROOT]      exit 0: one-way; 1: prints each upward include
+    scripts/check_layering.py --self-test [ROOT]   proves the check fails on a planted upward
+                                                   include and on an unlisted folder (CI runs it)
 
 The table below is the one place the directions live (docs/design.md shows it in prose). A
 folder is named by its path under ROOT; a file in a folder not listed fails the check too, so a
@@ -17,6 +19,7 @@ import sys
 # Bottom first. A folder may include itself and any folder listed before it.
 LAYERS = [
     ("include/fusejit", "the installed API: problem, dtype, error, tensors, plan, device info"),
+    ("src/fusejit/types", "the public value types' code: dtype, problem, version"),
     ("src/fusejit/util", "hashing, logging, fault hooks, durable files, single flight, timers"),
     ("src/fusejit/device", "the driver table (dlopen), devices, contexts, device memory"),
     ("src/fusejit/cache", "the disk cache of compiled kernels"),
@@ -92,8 +95,41 @@ def check(root):
     return problems
 
 
+def self_test(root):
+    """The check passes on `root`, and fails on copies of it with one upward include planted in
+    the bottom library folder, and with a file in a folder the table does not list."""
+    import shutil
+    import tempfile
+    if check(root):
+        print("self-test: the tree itself does not pass")
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        for top in ("include", "src"):
+            shutil.copytree(os.path.join(root, top), os.path.join(tmp, top))
+        with open(os.path.join(tmp, "src/fusejit/util/hash.cpp"), "a") as f:
+            f.write('\n#include "fusejit/tune/tuner.hpp"\n')
+        planted = check(tmp)
+        if not any("util/hash.cpp" in p and "above its own folder" in p for p in planted):
+            print("self-test: a planted upward include was not caught:", planted)
+            return 1
+        os.makedirs(os.path.join(tmp, "src/fusejit/newstage"))
+        with open(os.path.join(tmp, "src/fusejit/newstage/x.cpp"), "w") as f:
+            f.write("int x;\n")
+        if not any("newstage" in p and "not in the layering table" in p for p in check(tmp)):
+            print("self-test: a file in an unlisted folder was not caught")
+            return 1
+    print("layering self-test: an upward include and an unlisted folder are both caught")
+    return 0
+
+
 def main():
-    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
+    args = sys.argv[1:]
+    test = bool(args) and args[0] == "--self-test"
+    if test:
+        args = args[1:]
+    root = args[0] if args else os.path.join(os.path.dirname(__file__), "..")
+    if test:
+        return self_test(os.path.abspath(root))
     problems = check(os.path.abspath(root))
     for p in problems:
         print(p)

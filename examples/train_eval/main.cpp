@@ -8,19 +8,23 @@
 #include <random>
 #include <vector>
 
+// The driver through fusejit, which loads it at run time: this program starts on machines
+// without one and says so (below) instead of failing to load.
+#define CHECK_CU(fn, ...) fusejit::check(FUSEJIT_DRIVER_FUNCTION(fn)(__VA_ARGS__), #fn)
+
 namespace {
 
 struct DeviceArray {
   CUdeviceptr ptr = 0;
   std::size_t count = 0;
   explicit DeviceArray(const std::vector<float>& host) : count(host.size()) {
-    FJ_CU(cuMemAlloc(&ptr, count * 4));
-    FJ_CU(cuMemcpyHtoD(ptr, host.data(), count * 4));
+    CHECK_CU(cuMemAlloc, &ptr, count * 4);
+    CHECK_CU(cuMemcpyHtoD, ptr, host.data(), count * 4);
   }
-  ~DeviceArray() { fusejit::driver().cuMemFree(ptr); }
+  ~DeviceArray() { FUSEJIT_DRIVER_FUNCTION(cuMemFree)(ptr); }
   std::vector<float> get() const {
     std::vector<float> v(count);
-    FJ_CU(cuMemcpyDtoH(v.data(), ptr, count * 4));
+    CHECK_CU(cuMemcpyDtoH, v.data(), ptr, count * 4);
     return v;
   }
   void* p() const { return reinterpret_cast<void*>(ptr); }
@@ -84,7 +88,7 @@ int main() {
         ref_rm[n] = 0.9 * ref_rm[n] + 0.1 * mean;
         ref_rv[n] = 0.9 * ref_rv[n] + 0.1 * m2 / (M - 1);
       }
-      FJ_CU(cuCtxSynchronize());
+      CHECK_CU(cuCtxSynchronize);
       std::printf("train step %d done\n", step + 1);
     }
     double worst = 0;
@@ -104,7 +108,7 @@ int main() {
     t.x = dx.p(), t.w = dw.p(), t.y = dy.p(), t.bias = db.p(), t.scale = ds.p();
     t.gamma = dg.p(), t.beta = dbeta.p(), t.running_mean = drm.p(), t.running_var = drv.p();
     eval_plan.run(nullptr, t);
-    FJ_CU(cuCtxSynchronize());
+    CHECK_CU(cuCtxSynchronize);
     const auto y = dy.get();
     double sum = 0;
     for (float v : y) sum += v;

@@ -14,13 +14,14 @@
 
 #include "cli/problem_options.hpp"
 #include "cli/verbs.hpp"
-#include "fusejit/device/device.hpp"
+#include "fusejit/device.hpp"
+#include "fusejit/device/context.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
-#include "tools/progress.hpp"
 #include "fusejit/tune/tuner.hpp"
 #include "fusejit/tune/tuning_db.hpp"
 #include "fusejit/util/durable_file.hpp"
+#include "tools/progress.hpp"
 
 namespace fusejit::cli {
 

@@ -13,15 +13,16 @@
 
 #include "cli/problem_options.hpp"
 #include "cli/verbs.hpp"
-#include "tools/sweep.hpp"
-#include "fusejit/config/kernel_config.hpp"
-#include "fusejit/device/device.hpp"
+#include "fusejit/config/candidates.hpp"
+#include "fusejit/device.hpp"
+#include "fusejit/device/context.hpp"
 #include "fusejit/device/device_memory.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/device/event_timer.hpp"
 #include "fusejit/error.hpp"
-#include "fusejit/plan/plan.hpp"
+#include "fusejit/plan.hpp"
 #include "fusejit/reference/cublaslt_reference.hpp"
+#include "tools/sweep.hpp"
 
 namespace fusejit::cli {
 

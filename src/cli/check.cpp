@@ -11,11 +11,12 @@
 
 #include "cli/problem_options.hpp"
 #include "cli/verbs.hpp"
-#include "tools/sweep.hpp"
-#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/config/candidates.hpp"
+#include "fusejit/device/context.hpp"
 #include "fusejit/device/device_memory.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
+#include "tools/sweep.hpp"
 
 namespace fusejit::cli {
 

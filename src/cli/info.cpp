@@ -5,7 +5,7 @@
 #include "cli/verbs.hpp"
 #include "fusejit/cache/disk_cache.hpp"
 #include "fusejit/compile/compiler.hpp"
-#include "fusejit/device/device.hpp"
+#include "fusejit/device.hpp"
 #include "fusejit/device/driver.hpp"
 
 namespace fusejit::cli {

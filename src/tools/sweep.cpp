@@ -9,9 +9,10 @@
 #include <sstream>
 #include <thread>
 
-#include "fusejit/device/device.hpp"
+#include "fusejit/device.hpp"
+#include "fusejit/device/context.hpp"
 #include "fusejit/error.hpp"
-#include "fusejit/plan/plan.hpp"
+#include "fusejit/plan.hpp"
 #include "fusejit/reference/cublaslt_reference.hpp"
 #include "fusejit/util/durable_file.hpp"
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/config/candidates.hpp"
 #include "fusejit/verify/verification.hpp"
 
 namespace fusejit {

@@ -19,7 +19,7 @@
 
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
-#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/config/candidates.hpp"
 #include "fusejit/error.hpp"
 
 using namespace fusejit;

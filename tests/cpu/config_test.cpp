@@ -2,7 +2,7 @@
 
 #include <set>
 
-#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/config/candidates.hpp"
 #include "fusejit/error.hpp"
 
 using namespace fusejit;

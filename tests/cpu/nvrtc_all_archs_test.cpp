@@ -9,11 +9,11 @@
 #include <future>
 #include <thread>
 
-#include "tools/sweep.hpp"
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
-#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/config/candidates.hpp"
 #include "fusejit/error.hpp"
+#include "tools/sweep.hpp"
 
 using namespace fusejit;
 

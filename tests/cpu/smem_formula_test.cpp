@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "fusejit/codegen/codegen.hpp"
-#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/config/candidates.hpp"
 
 using namespace fusejit;
 

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "common/split_k.h"
-#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/config/candidates.hpp"
 #include "fusejit/plan/plan_core.hpp"
 
 using namespace fusejit;

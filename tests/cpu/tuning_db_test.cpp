@@ -16,7 +16,7 @@
 
 #include <fmt/format.h>
 
-#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/config/candidates.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/tune/dispatch.hpp"
 #include "fusejit/tune/tuning_db.hpp"

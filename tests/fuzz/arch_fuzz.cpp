@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "fusejit/device/device.hpp"
+#include "fusejit/device.hpp"
 #include "fusejit/error.hpp"
 #include "fuzz_check.hpp"
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/config/candidates.hpp"
 #include "fusejit/error.hpp"
 #include "fuzz_check.hpp"
 

@@ -19,17 +19,18 @@
 #include <utility>
 #include <vector>
 
+#include "fusejit/device.hpp"
+#include "fusejit/device/context.hpp"
 #include "fusejit/device/device_memory.hpp"
-#include "tools/sweep.hpp"
-#include "fusejit/device/device.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
-#include "fusejit/plan/plan.hpp"
+#include "fusejit/plan.hpp"
 #include "fusejit/tune/dispatch.hpp"
 #include "fusejit/tune/tuner.hpp"
 #include "fusejit/tune/tuning_db.hpp"
 #include "fusejit/util/log.hpp"
 #include "gpu_required.hpp"
+#include "tools/sweep.hpp"
 
 FUSEJIT_GPU_TEST_EXECUTABLE;
 

@@ -46,14 +46,15 @@
 #include <string>
 #include <vector>
 
+#include "fusejit/device.hpp"
+#include "fusejit/device/context.hpp"
 #include "fusejit/device/device_memory.hpp"
-#include "tools/sweep.hpp"
-#include "fusejit/device/device.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
-#include "fusejit/plan/plan.hpp"
+#include "fusejit/plan.hpp"
 #include "fusejit/reference/cublaslt_reference.hpp"
 #include "gpu_required.hpp"
+#include "tools/sweep.hpp"
 
 FUSEJIT_GPU_TEST_EXECUTABLE;
 

@@ -16,11 +16,12 @@
 #include <thread>
 #include <vector>
 
+#include "fusejit/device.hpp"
+#include "fusejit/device/context.hpp"
 #include "fusejit/device/device_memory.hpp"
-#include "tools/sweep.hpp"
-#include "fusejit/device/device.hpp"
-#include "fusejit/plan/plan.hpp"
+#include "fusejit/plan.hpp"
 #include "gpu_required.hpp"
+#include "tools/sweep.hpp"
 
 FUSEJIT_GPU_TEST_EXECUTABLE;
 

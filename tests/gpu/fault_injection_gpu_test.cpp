@@ -17,12 +17,12 @@
 #include <vector>
 
 #include "fusejit/cache/disk_cache.hpp"
-#include "fusejit/verify/cpu_reference.hpp"
 #include "fusejit/device/device_memory.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
-#include "fusejit/plan/plan.hpp"
+#include "fusejit/plan.hpp"
 #include "fusejit/util/fault.hpp"
+#include "fusejit/verify/cpu_reference.hpp"
 #include "gpu_required.hpp"
 
 FUSEJIT_GPU_TEST_EXECUTABLE;

@@ -11,12 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "fusejit/device.hpp"
+#include "fusejit/device/context.hpp"
 #include "fusejit/device/device_memory.hpp"
-#include "tools/sweep.hpp"
-#include "fusejit/device/device.hpp"
-#include "fusejit/plan/plan.hpp"
+#include "fusejit/plan.hpp"
 #include "fusejit/reference/cublaslt_reference.hpp"
 #include "gpu_required.hpp"
+#include "tools/sweep.hpp"
 
 FUSEJIT_GPU_TEST_EXECUTABLE;
 

@@ -8,9 +8,10 @@
 
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
+#include "fusejit/device/context.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
-#include "fusejit/plan/plan.hpp"
+#include "fusejit/plan.hpp"
 #include "gpu_required.hpp"
 
 FUSEJIT_GPU_TEST_EXECUTABLE;

@@ -1,4 +1,4 @@
-#include "fusejit/plan/plan.hpp"
+#include "fusejit/plan.hpp"
 
 #include <fmt/format.h>
 

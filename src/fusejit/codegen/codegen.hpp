@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "fusejit/codegen/kernel_source.hpp"
-#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/config/candidates.hpp"
 #include "fusejit/problem.hpp"
 
 namespace fusejit {

@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "fusejit/cache/disk_cache.hpp"
-#include "fusejit/device/device.hpp"
+#include "fusejit/device.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/util/fault.hpp"
 #include "fusejit/util/hash.hpp"

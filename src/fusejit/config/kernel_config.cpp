@@ -1,4 +1,4 @@
-#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/config/candidates.hpp"
 
 #include <fmt/format.h>
 

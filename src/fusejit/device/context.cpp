@@ -1,6 +1,6 @@
 #include "fusejit/device/context.hpp"
 
-#include "fusejit/device/device.hpp"
+#include "fusejit/device.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
 

@@ -6,6 +6,10 @@
 
 namespace fusejit {
 
+// Makes the device's primary context current on the calling thread (retaining it once per
+// process) and returns it.
+CUcontext primary_context(int ordinal);
+
 // The calling thread's current context; when it has none, device `ordinal`'s primary context
 // is made current (the one Plan uses by default) and returned.
 CUcontext current_or_primary_context(int ordinal = 0);

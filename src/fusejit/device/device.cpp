@@ -1,11 +1,11 @@
-#include "fusejit/device/device.hpp"
+#include "fusejit/device.hpp"
+#include "fusejit/device/context.hpp"
 
 #include <fmt/format.h>
 
 #include <array>
 #include <mutex>
 
-#include "fusejit/compile/compiler.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
 
@@ -116,7 +116,7 @@ std::string Device::arch() const {
 }
 
 std::string Device::fingerprint() const {
-  return fmt::format("{}|cc{}|driver{}|nvrtc{}", name, cc(), driver_version, nvrtc_version());
+  return fmt::format("{}|cc{}|driver{}", name, cc(), driver_version);
 }
 
 std::string Arch::sm() const {

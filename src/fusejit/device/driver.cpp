@@ -11,6 +11,7 @@ namespace fusejit {
 namespace {
 
 struct Loaded {
+  void* lib = nullptr;
   Driver driver;
   std::string error;  // empty when loaded
 };
@@ -23,6 +24,7 @@ Loaded load() {
                 "); fusejit can still generate and compile kernels (fusejit compile)";
     return out;
   }
+  out.lib = lib;
   Driver& d = out.driver;
   // dlsym the exact symbol the header maps each name to (cuMemAlloc -> cuMemAlloc_v2), so every
   // pointer has precisely the signature we call it with. (cuGetProcAddress by base name would
@@ -66,6 +68,16 @@ bool driver_available(std::string* why_not) {
   const Loaded& l = loaded();
   if (why_not) *why_not = l.error;
   return l.error.empty();
+}
+
+void* driver_symbol(const char* symbol) {
+  const Loaded& l = loaded();
+  if (!l.error.empty()) throw UnsupportedDevice(l.error);
+  void* address = symbol != nullptr ? dlsym(l.lib, symbol) : nullptr;
+  if (address == nullptr)
+    throw InvalidArgument("symbol", std::string("the CUDA driver exports no '") +
+                                        printable(symbol != nullptr ? symbol : "") + "'");
+  return address;
 }
 
 void check(CUresult r, const char* what) {

@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "fusejit/driver.hpp"
+
 namespace fusejit {
 
 // Every driver entry point fusejit uses, resolved through cuGetProcAddress at the ABI of the
@@ -72,12 +74,6 @@ struct Driver {
 // The loaded driver, initialised once (cuInit). Throws UnsupportedDevice("no GPU driver ...")
 // when libcuda.so.1 is missing or cuInit fails (for example: no GPU visible).
 const Driver& driver();
-// True when driver() would succeed; never throws.
-bool driver_available(std::string* why_not = nullptr);
-
-// Throws CudaError naming `what` and the driver's error name when `r` is not CUDA_SUCCESS.
-void check(CUresult r, const char* what);
-
 }  // namespace fusejit
 
 // Checks a driver call made through fusejit::driver(): FJ_CU(cuMemAlloc(&p, n)).

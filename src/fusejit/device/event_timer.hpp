@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "fusejit/device/device.hpp"
+#include "fusejit/device.hpp"
 #include "fusejit/device/device_memory.hpp"
 
 namespace fusejit {

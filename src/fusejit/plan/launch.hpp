@@ -7,7 +7,7 @@
 
 #include "common/params.h"
 #include "fusejit/plan/plan_core.hpp"
-#include "fusejit/plan/tensors.hpp"
+#include "fusejit/tensors.hpp"
 
 namespace fusejit {
 

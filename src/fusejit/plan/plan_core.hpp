@@ -7,8 +7,8 @@
 #include <string>
 
 #include "fusejit/codegen/codegen.hpp"
-#include "fusejit/config/kernel_config.hpp"
-#include "fusejit/device/device.hpp"
+#include "fusejit/config/candidates.hpp"
+#include "fusejit/device.hpp"
 #include "fusejit/problem.hpp"
 #include "fusejit/runtime/module.hpp"
 

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/config/candidates.hpp"
 #include "fusejit/problem.hpp"
 
 namespace fusejit {

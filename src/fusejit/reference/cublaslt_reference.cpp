@@ -7,11 +7,11 @@
 #include <cstdint>
 #include <utility>
 
-#include "fusejit/device/device_memory.hpp"
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
+#include "fusejit/device.hpp"
 #include "fusejit/device/context.hpp"
-#include "fusejit/device/device.hpp"
+#include "fusejit/device/device_memory.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/plan/launch.hpp"

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "fusejit/codegen/kernel_source.hpp"
-#include "fusejit/plan/tensors.hpp"
 #include "fusejit/problem.hpp"
+#include "fusejit/tensors.hpp"
 
 namespace fusejit {
 

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "fusejit/codegen/kernel_source.hpp"
-#include "fusejit/config/kernel_config.hpp"
-#include "fusejit/device/device.hpp"
+#include "fusejit/config/candidates.hpp"
+#include "fusejit/device.hpp"
 #include "fusejit/problem.hpp"
 #include "fusejit/tune/tuning_db.hpp"
 

@@ -19,7 +19,7 @@
 
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
-#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/config/candidates.hpp"
 #include "fusejit/device/context.hpp"
 #include "fusejit/device/device_memory.hpp"
 #include "fusejit/device/driver.hpp"

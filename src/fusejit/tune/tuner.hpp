@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "fusejit/device/device.hpp"
+#include "fusejit/device.hpp"
 #include "fusejit/problem.hpp"
 #include "fusejit/tune/tuning_db.hpp"
 

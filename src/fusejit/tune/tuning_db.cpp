@@ -21,7 +21,7 @@
 
 #include "fusejit/cache/disk_cache.hpp"
 #include "fusejit/compile/compiler.hpp"
-#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/config/candidates.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/util/durable_file.hpp"
 #include "fusejit/util/hash.hpp"
@@ -438,11 +438,12 @@ std::shared_ptr<const TuningTable> with_overlay(const Slot& slot) {
 TuningIdentity tuning_identity(const Device& d) {
   TuningIdentity id;
   id.fusejit = FUSEJIT_VERSION;
-  id.fingerprint = d.fingerprint() + "|fusejit" + id.fusejit;
+  id.nvrtc = nvrtc_version();
+  // The same text fusejit has always written: GPU, then NVRTC, then fusejit.
+  id.fingerprint = d.fingerprint() + "|nvrtc" + id.nvrtc + "|fusejit" + id.fusejit;
   id.name = d.name;
   id.cc = d.cc();
   id.driver = d.driver_version;
-  id.nvrtc = nvrtc_version();
   return id;
 }
 

@@ -31,7 +31,7 @@
 #include <string_view>
 #include <vector>
 
-#include "fusejit/device/device.hpp"
+#include "fusejit/device.hpp"
 #include "fusejit/problem.hpp"
 
 namespace fusejit {
@@ -39,7 +39,8 @@ namespace fusejit {
 // The winner name of the cuBLASLt reference contender (ReferenceOp).
 inline constexpr std::string_view kReferenceCandidate = "reference";
 
-// What a tuning result depends on: Device::fingerprint() (GPU name, CC, driver, NVRTC) plus
+// What a tuning result depends on: Device::fingerprint() (GPU name, CC, driver), NVRTC's version
+// plus
 // the fusejit version (a new release may change every kernel).
 struct TuningIdentity {
   std::string fingerprint;

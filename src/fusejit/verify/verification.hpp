@@ -30,10 +30,10 @@
 #include <string_view>
 #include <vector>
 
-#include "fusejit/config/kernel_config.hpp"
+#include "fusejit/config/candidates.hpp"
 #include "fusejit/device/device_memory.hpp"
-#include "fusejit/plan/tensors.hpp"
 #include "fusejit/problem.hpp"
+#include "fusejit/tensors.hpp"
 #include "fusejit/verify/cpu_reference.hpp"
 #include "fusejit/verify/host_tensor.hpp"
 

@@ -4,6 +4,8 @@
 #include <string>
 #include <string_view>
 
+// The installed API: exported from libfusejit.so, which hides everything else.
+#pragma GCC visibility push(default)
 namespace fusejit {
 
 // `text` (a caller's input) for an error message: printable ASCII as it is, a backslash doubled,
@@ -80,3 +82,4 @@ class CacheError : public Error {
 };
 
 }  // namespace fusejit
+#pragma GCC visibility pop

@@ -1,24 +1,21 @@
-// One struct describes a kernel configuration; its key() is the cache and tuning key.
+// One struct describes a kernel configuration; its key() is the cache and tuning key. Public:
+// PlanOptions can force one, and Plan::config() reports the one chosen.
 #pragma once
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "fusejit/device/device.hpp"
+#include "fusejit/device.hpp"
 #include "fusejit/problem.hpp"
 
+// The installed API: exported from libfusejit.so, which hides everything else.
+#pragma GCC visibility push(default)
 namespace fusejit {
 
 enum class Variant { tiled, warpspec };
 std::string_view name(Variant);
 Variant parse_variant(std::string_view);  // throws InvalidArgument("variant", ...)
-
-// The warpspec TMA-store epilogue's box (FragmentBnEpilogue's kBoxRows x kBoxRowBytes in
-// templates/epilogue/fragment_bn_epilogue.cuh): each consumer warp owns two, and y's tensor map
-// is encoded with this box.
-inline constexpr int kTmaStoreBoxRows = 16;
-inline constexpr int kTmaStoreBoxRowBytes = 64;
 
 struct KernelConfig {
   Variant variant = Variant::tiled;
@@ -65,15 +62,5 @@ struct KernelConfig {
   static KernelConfig parse(std::string_view key);
 };
 
-// A rough time model (waves x tile time + extra passes) that orders candidates until the
-// autotuner measures them.
-double estimated_us(const Problem&, const Device&, const KernelConfig&);
-
-// The configs fusejit considers for a problem on a device (both variants where they apply),
-// each valid_for it. The first is the built-in heuristic's choice.
-std::vector<KernelConfig> candidate_configs(const Problem&, const Device&);
-// The heuristic's choice, optionally restricted to one variant. Throws InvalidArgument
-// ("variant", ...) when that variant cannot run the problem on the device.
-KernelConfig default_config(const Problem&, const Device&, std::optional<Variant> variant = {});
-
 }  // namespace fusejit
+#pragma GCC visibility pop

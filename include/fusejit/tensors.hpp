@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+// The installed API: exported from libfusejit.so, which hides everything else.
+#pragma GCC visibility push(default)
 namespace fusejit {
 
 struct Tensors {
@@ -25,3 +27,4 @@ struct Tensors {
 };
 
 }  // namespace fusejit
+#pragma GCC visibility pop

@@ -10,10 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "fusejit/config/kernel_config.hpp"
-#include "fusejit/plan/tensors.hpp"
+#include "fusejit/kernel_config.hpp"
 #include "fusejit/problem.hpp"
+#include "fusejit/tensors.hpp"
 
+// The installed API: exported from libfusejit.so, which hides everything else.
+#pragma GCC visibility push(default)
 namespace fusejit {
 
 // True when the environment says FUSEJIT_AUTOTUNE=1 (or true/on/yes): PlanOptions::autotune's
@@ -88,3 +90,4 @@ class Plan {
 };
 
 }  // namespace fusejit
+#pragma GCC visibility pop

@@ -1,10 +1,11 @@
 // A GPU as fusejit sees it: what the planner needs to pick and launch kernels.
 #pragma once
-#include <cuda.h>
 
 #include <cstdint>
 #include <string>
 
+// The installed API: exported from libfusejit.so, which hides everything else.
+#pragma GCC visibility push(default)
 namespace fusejit {
 
 struct Device {
@@ -31,7 +32,8 @@ struct Device {
   int cc() const { return cc_major * 10 + cc_minor; }
   // The NVRTC target fusejit compiles for: sm_90a on Hopper (wgmma, setmaxnreg), else sm_XY.
   std::string arch() const;
-  // What a tuning result depends on: GPU name, CC, driver version, NVRTC version.
+  // The GPU as a tuning result depends on it: name, CC, driver version ("NVIDIA H100 80GB
+  // HBM3|cc90|driver13000"). The tuning database adds the NVRTC and fusejit versions.
   std::string fingerprint() const;
 };
 
@@ -44,8 +46,5 @@ struct Arch {
 };
 Arch parse_arch(const std::string& text);
 
-// Makes the device's primary context current on the calling thread (retaining it once per
-// process) and returns it.
-CUcontext primary_context(int ordinal);
-
 }  // namespace fusejit
+#pragma GCC visibility pop

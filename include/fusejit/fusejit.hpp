@@ -7,10 +7,12 @@
 //                     .running_mean = rm, .running_var = rv});
 #pragma once
 
-#include "fusejit/device/device.hpp"
-#include "fusejit/device/driver.hpp"
+#include "fusejit/device.hpp"
+#include "fusejit/driver.hpp"
 #include "fusejit/dtype.hpp"
 #include "fusejit/error.hpp"
-#include "fusejit/plan/plan.hpp"
-#include "fusejit/plan/tensors.hpp"
+#include "fusejit/kernel_config.hpp"
+#include "fusejit/plan.hpp"
 #include "fusejit/problem.hpp"
+#include "fusejit/tensors.hpp"
+#include "fusejit/version.hpp"

@@ -4,6 +4,8 @@
 #include <string>
 #include <string_view>
 
+// The installed API: exported from libfusejit.so, which hides everything else.
+#pragma GCC visibility push(default)
 namespace fusejit {
 
 // The op's math precision. tf32 stores fp32 and multiplies in TF32 (opt-in, like PyTorch's
@@ -25,3 +27,4 @@ DType storage_type(DType);
 const char* template_type_name(DType);
 
 }  // namespace fusejit
+#pragma GCC visibility pop

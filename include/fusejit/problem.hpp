@@ -7,6 +7,8 @@
 
 #include "fusejit/dtype.hpp"
 
+// The installed API: exported from libfusejit.so, which hides everything else.
+#pragma GCC visibility push(default)
 namespace fusejit {
 
 // The largest M, N and K (2^31 - 257): the kernels compute tile counts as (D + T - 1) / T in
@@ -59,3 +61,4 @@ struct Problem {
 int natural_alignment(std::uintptr_t address, std::int64_t row_stride_bytes);
 
 }  // namespace fusejit
+#pragma GCC visibility pop
