@@ -3,12 +3,7 @@
 // and config the host accepts compile, and nothing the kernels compute in 32-bit int overflows.
 // Plain C++ (no CUDA headers), like split_k.h.
 #pragma once
-
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-#define FJ_HOST_DEVICE __host__ __device__
-#else
-#define FJ_HOST_DEVICE
-#endif
+#include "common/host_device.h"
 
 namespace fj {
 
@@ -44,4 +39,3 @@ FJ_HOST_DEVICE constexpr bool epilogue_threads_nest(int threads, int bn) {
 
 }  // namespace fj
 
-#undef FJ_HOST_DEVICE

@@ -1,12 +1,7 @@
 // Split-K: which k tiles each of S CTAs of one output tile multiplies. Plain C++ shared by the
 // kernels and the host (tests check the partition), so the two can never disagree.
 #pragma once
-
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-#define FJ_HOST_DEVICE __host__ __device__
-#else
-#define FJ_HOST_DEVICE
-#endif
+#include "common/host_device.h"
 
 namespace fj {
 
@@ -26,4 +21,3 @@ FJ_HOST_DEVICE constexpr KRange split_k_range(int k_tiles, int splits, int s) {
 
 }  // namespace fj
 
-#undef FJ_HOST_DEVICE

@@ -125,16 +125,8 @@ void launch(const PlanCore& c, CUstream stream, const Tensors& t, void* workspac
   fj::Params prm{};
   prm.x = t.x;
   prm.w = t.w;
-  prm.y = t.y;
   prm.bias = t.bias;
-  prm.scale = t.scale;
-  prm.gamma = t.gamma;
-  prm.beta = t.beta;
-  prm.running_mean = t.running_mean;
-  prm.running_var = t.running_var;
-  prm.num_batches_tracked = reinterpret_cast<long long*>(t.num_batches_tracked);
-  prm.save_mean = t.save_mean;
-  prm.save_invstd = t.save_invstd;
+  set_batchnorm_params(prm, t);
   auto* ws = static_cast<char*>(workspace);
   prm.ws_partials = ws ? reinterpret_cast<float*>(ws + c.workspace.partials_offset) : nullptr;
   prm.ws_coef = ws ? reinterpret_cast<float*>(ws + c.workspace.coef_offset) : nullptr;

@@ -11,6 +11,21 @@
 
 namespace fusejit {
 
+// The BatchNorm side of a run's tensors into a kernel parameter block (fj::Params for the fused
+// kernels, fj::RefParams for the reference op's): one mapping, so the two cannot drift.
+template <class KernelParams>
+void set_batchnorm_params(KernelParams& prm, const Tensors& t) {
+  prm.y = t.y;
+  prm.scale = t.scale;
+  prm.gamma = t.gamma;
+  prm.beta = t.beta;
+  prm.running_mean = t.running_mean;
+  prm.running_var = t.running_var;
+  prm.num_batches_tracked = reinterpret_cast<long long*>(t.num_batches_tracked);
+  prm.save_mean = t.save_mean;
+  prm.save_invstd = t.save_invstd;
+}
+
 // Grid sizes for every kernel of the plan (called once, when the core is built).
 void size_launches(PlanCore&);
 // Throws InvalidArgument naming the first tensor that is missing, misaligned or not wanted.

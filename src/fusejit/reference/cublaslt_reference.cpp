@@ -433,17 +433,9 @@ void ReferenceOp::run(CUstream stream, const Tensors& t, void* workspace,
   fj::RefParams prm{};
   prm.g = static_cast<const float*>(g);
   prm.ldg = m.into_y ? p.lda_y() : p.N;
-  prm.y = t.y;
+  set_batchnorm_params(prm, t);
   prm.ldy = p.lda_y();
   prm.bias = bias_in_gemm ? nullptr : t.bias;
-  prm.scale = t.scale;
-  prm.gamma = t.gamma;
-  prm.beta = t.beta;
-  prm.running_mean = t.running_mean;
-  prm.running_var = t.running_var;
-  prm.num_batches_tracked = reinterpret_cast<long long*>(t.num_batches_tracked);
-  prm.save_mean = t.save_mean;
-  prm.save_invstd = t.save_invstd;
   float* cols = reinterpret_cast<float*>(ws + m.cols_offset);
   prm.col_mean = cols;
   prm.col_mul = cols + p.N;
