@@ -1,6 +1,13 @@
 // Small typed views over shared memory, so kernels index tiles by (row, col) instead of by hand.
 #pragma once
 
+// offsetof for the shared-memory layout structs, as an unsigned: what kernels add to a 32-bit
+// shared-window base to address a member. NVRTC has neither <cstddef> nor __builtin_offsetof;
+// this is the form libcu++ falls back to there, and it folds to a constant.
+#define FJ_OFFSETOF(TYPE, MEMBER)                                                               \
+  static_cast<unsigned>(reinterpret_cast<const char*>(&(static_cast<TYPE*>(nullptr)->MEMBER)) - \
+                        static_cast<const char*>(nullptr))
+
 namespace fj {
 
 // The fp32 accumulator tile every mainloop hands to the epilogue: BM x BN, row-major in shared

@@ -24,7 +24,14 @@
 // while the other keeps the tensor cores busy with the next tile, and TMA_STORE (default
 // false; fragment epilogue, not pingpong, 16-bit y): y leaves through per-warp 1 KiB boxes and
 // TMA stores (the kernel's third tensor map, `ty`: y in boxes of 16 rows x 32 columns, 64-byte
-// swizzle; unused otherwise).
+// swizzle; unused otherwise), and SMEM_BYTES (the host's shared-memory count, checked against
+// the layout below when given).
+//
+// Shared memory is one struct, SharedStorage (its sizeof is the layout): the stage ring, the
+// barriers, the epilogue's scratch and eval's coefficient buffers. Each role (produce,
+// coefficients, consume) gets a Ctx: the storage, its 32-bit shared-window address, the
+// barriers as typed arrays, and the cluster rank. The producer tracks the ring with a
+// PipelineState, the consumers with a PipelineCounter (mainloop/mbarrier.cuh).
 //
 // Host launch contract (WarpspecGemm<Spec>::grid_size):
 //   row_tiles = ceil(M / BM), col_tiles = ceil(N / BN),
@@ -36,6 +43,7 @@
 #include "common/limits.h"
 #include "common/math_kind.cuh"
 #include "common/params.h"
+#include "common/select.cuh"
 #include "common/spec_flag.cuh"
 #include "common/tile.cuh"
 #include "common/tma_descriptor.cuh"
@@ -53,6 +61,8 @@ namespace fj {
 FJ_SPEC_FLAG(WarpspecFragmentEpilogue, FRAGMENT_EPILOGUE, true);
 FJ_SPEC_FLAG(WarpspecPingpong, PINGPONG, false);
 FJ_SPEC_FLAG(WarpspecTmaStore, TMA_STORE, false);
+// Spec::SMEM_BYTES: the host's shared-memory byte count, checked against the layout (-1: none).
+FJ_SPEC_INT(WarpspecHostSmemBytes, SMEM_BYTES, -1);
 
 template <class Spec>
 struct WarpspecGemm {
@@ -105,13 +115,6 @@ struct WarpspecGemm {
 
   static constexpr int kASlab = BM * 128;  // bytes of one K slab of the x tile
   static constexpr int kBSlab = BN * 128;
-  static constexpr int kAStage = kKAtoms * kASlab;
-  static constexpr int kBStage = kKAtoms * kBSlab;
-  static constexpr int kStageBytes = kAStage + kBStage;
-  static constexpr int kRingBytes = STAGES * kStageBytes;
-  // full[STAGES], empty[STAGES], coef_full[2], coef_empty[2] (eval coefficient handoff), then
-  // turn[2] (pingpong: whose mainloop is next).
-  static constexpr int kBarBytes = (2 * STAGES + 6) * 8;
   static constexpr int kKTiles = (Spec::K + BK - 1) / BK;
   static constexpr int kWBoxRows = BN / CLUSTER;  // rows of W one CTA's TMA box covers
 
@@ -132,27 +135,81 @@ struct WarpspecGemm {
   using FragEpi = FragEpiOf<0>;
   using TileEpi = BnEpilogue<Spec, NT>;
   using Tile = AccTile<BM, BN>;
-  static constexpr int kEpiBytes = kFragment ? FragEpi::kScratchBytes * (CONSUMERS / kTeam)
-                                             : Tile::kBytes + TileEpi::kScratchBytes;
   // Eval with the fragment epilogue: warp 1 of the producer warpgroup (otherwise idle) computes
   // each tile's per-column affine while the consumers are still in the mainloop, into one of
   // two buffers, so the parameter loads' latency stays off the epilogue's critical path.
   static constexpr bool kCoefWarp = kFragment && !Spec::TRAIN;
-  static constexpr int kCoefBytes = kCoefWarp ? 2 * 2 * BN * 4 : 0;
   // A non-persistent CTA's AccTile may reuse the stage ring: every load has been consumed by
   // then. Everything else gets its own space so the producer can keep loading.
   static constexpr bool kAliasRing = !kFragment && !Spec::PERSISTENT;
-  static constexpr int kBarOffset =
-      kAliasRing ? ((kEpiBytes > kRingBytes ? kEpiBytes : kRingBytes) + 15) / 16 * 16 : kRingBytes;
-  static constexpr int kEpiAlign = kFragment ? FragEpi::kScratchAlign : 16;
-  static constexpr int kEpiOffset =
-      kAliasRing ? 0 : (kBarOffset + kBarBytes + kEpiAlign - 1) / kEpiAlign * kEpiAlign;
-  static constexpr int kCoefOffset = kEpiOffset + (kEpiBytes + 15) / 16 * 16;
-  static constexpr int kUsedBytes = kAliasRing ? kBarOffset + kBarBytes : kCoefOffset + kCoefBytes;
-  // +1024: the dynamic shared memory base is only 16-byte aligned for sure, and the 128-byte
-  // swizzle pattern (TMA and wgmma agree on it only from a 1024-byte aligned base) needs more.
-  static constexpr int kSmemBytes = kUsedBytes + 1024;
+
+  // ---- Shared memory: SharedStorage is the layout; KernelConfig::smem_bytes mirrors it. ----
+
+  // One k-slice of the ring: the x and W tiles as BK / kAtomK slabs of [rows][128 bytes] each,
+  // which TMA writes with the 128-byte swizzle. TMA and wgmma agree on that pattern only from
+  // 1024-byte aligned addresses, hence the alignment of every slab.
+  struct Stage {
+    alignas(1024) unsigned char a[kKAtoms][BM][128];
+    alignas(1024) unsigned char b[kKAtoms][BN][128];
+  };
+  static_assert(sizeof(Stage) == kKAtoms * (kASlab + kBSlab), "warpspec: slabs pack the stage");
+  struct Barriers {
+    MbarrierSlot full[STAGES];   // the stage's TMA bytes have landed (the producer's arrival)
+    MbarrierSlot empty[STAGES];  // every consumer warp of every CTA that got the stage read it
+    MbarrierSlot coef_full[2];   // eval coefficient buffer b written (the coefficient warp)
+    MbarrierSlot coef_empty[2];  // buffer b read (every thread of the team that used it)
+    MbarrierSlot turn[2];        // pingpong: group g may start its next mainloop
+  };
+  // Epilogue scratch, owned by the epilogue for the duration of its call (TMA_STORE: and by
+  // the stores it leaves in flight).
+  struct FragmentScratch {
+    char team[CONSUMERS / kTeam][FragEpi::kScratchBytes];  // pingpong: one per warpgroup
+  };
+  static_assert(CONSUMERS / kTeam == 1 || FragEpi::kScratchBytes % FragEpi::kScratchAlign == 0,
+                "warpspec: every team's scratch keeps the epilogue's alignment");
+  struct TileScratch {
+    float tile[BM][Tile::LD];  // the fp32 AccTile
+    float epi[TileEpi::kScratchFloats];
+  };
+  using Scratch = typename Select<kFragment, FragmentScratch, TileScratch>::type;
+  static constexpr int kScratchAlign = kFragment ? FragEpi::kScratchAlign : 16;
+  // The three shapes of the storage. Shared-memory epilogue, not persistent: the AccTile reuses
+  // the ring. Otherwise the epilogue has its own space, and eval with the fragment epilogue
+  // adds the coefficient buffers.
+  struct AliasedStorage {
+    union {
+      Stage ring[STAGES];
+      Scratch scratch;
+    };
+    Barriers bar;
+  };
+  struct OwnStorage {
+    Stage ring[STAGES];
+    Barriers bar;
+    alignas(kScratchAlign) Scratch scratch;
+  };
+  // Eval's coefficients from the coefficient warp: [buffer][A, B][column].
+  struct OwnStorageCoef {
+    Stage ring[STAGES];
+    Barriers bar;
+    alignas(kScratchAlign) Scratch scratch;
+    alignas(16) float coef[2][2][BN];
+  };
+  using SharedStorage =
+      typename Select<kAliasRing, AliasedStorage,
+                      typename Select<kCoefWarp, OwnStorageCoef, OwnStorage>::type>::type;
+  static constexpr unsigned kAlign = alignof(SharedStorage);
+  static_assert(kAlign == 1024, "warpspec: the ring sets the storage's alignment");
+  // The dynamic shared memory base is only 16-byte aligned for sure: run() rounds it up to
+  // kAlign, so the launch asks for that much more than the layout.
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage) + kAlign);
   static_assert(kSmemBytes <= 232448, "warpspec: tile and stages exceed 227 KB of shared memory");
+  // Codegen passes the host's count (KernelConfig::smem_bytes) as Spec::SMEM_BYTES: the
+  // planner prunes and launches with that number, so it must be exactly this layout's.
+  static_assert(WarpspecHostSmemBytes<Spec>::value < 0 ||
+                    WarpspecHostSmemBytes<Spec>::value == kSmemBytes,
+                "warpspec: Spec::SMEM_BYTES (KernelConfig::smem_bytes) disagrees with "
+                "sizeof(SharedStorage) + its alignment");
 
   // Registers per thread after the split (setmaxnreg, with two consumer warpgroups only: with
   // one, the launch cap of 255 already leaves the consumers all they need).
@@ -170,28 +227,24 @@ struct WarpspecGemm {
                              const TmaDescriptor* ty) {
     extern __shared__ __align__(1024) unsigned char fj_warpspec_smem[];
     const unsigned raw = shared_addr(fj_warpspec_smem);
-    const unsigned base = (raw + 1023u) & ~1023u;
-    unsigned char* smem = fj_warpspec_smem + (base - raw);
-    const unsigned full0 = base + kBarOffset;
-    const unsigned empty0 = full0 + 8 * STAGES;
-    const unsigned coef_full0 = empty0 + 8 * STAGES;
-    const unsigned coef_empty0 = coef_full0 + 16;
+    const unsigned base = (raw + kAlign - 1u) & ~(kAlign - 1u);
+    SharedStorage& s = *reinterpret_cast<SharedStorage*>(fj_warpspec_smem + (base - raw));
     const int warpgroup = threadIdx.x / 128;
-    const unsigned rank = CLUSTER > 1 ? cluster_rank() : 0u;
+    const Ctx c(s, base, CLUSTER > 1 ? cluster_rank() : 0u);
 
     if (threadIdx.x == 0) {
       tma_prefetch(&tx);
       tma_prefetch(&tw);
       if constexpr (kTmaStore) tma_prefetch(ty);
-      for (int s = 0; s < STAGES; ++s) {
-        mbar_init(full0 + 8 * s, 1);
+      for (int i = 0; i < STAGES; ++i) {
+        c.full[i].init(1);
         // Every consumer warp of every CTA whose W half lands in this stage releases it.
-        mbar_init(empty0 + 8 * s, 4 * kTeam * CLUSTER);
+        c.empty[i].init(4 * kTeam * CLUSTER);
       }
       for (int b = 0; b < 2; ++b) {
-        mbar_init(coef_full0 + 8 * b, 32);            // every lane of the coefficient warp
-        mbar_init(coef_empty0 + 8 * b, 128 * kTeam);  // every thread of the team that used it
-        mbar_init(coef_empty0 + 16 + 8 * b, 4);       // turn[b]: every warp of the other group
+        c.coef_full[b].init(32);            // every lane of the coefficient warp
+        c.coef_empty[b].init(128 * kTeam);  // every thread of the team that used it
+        c.turn[b].init(4);                  // every warp of the other group
       }
       mbar_fence_init();
     }
@@ -205,20 +258,60 @@ struct WarpspecGemm {
     if (warpgroup == 0) {
       if constexpr (CONSUMERS == 2) regs_release<kProducerRegs>();
       if (threadIdx.x == 0) {
-        produce(tx, tw, base, full0, empty0, rank);
-      } else if (kCoefWarp && threadIdx.x / 32 == 1) {
-        coefficients(p, reinterpret_cast<float*>(smem + kCoefOffset), coef_full0, coef_empty0, rank,
-                     threadIdx.x % 32);
+        produce(tx, tw, c);
+      } else if constexpr (kCoefWarp) {
+        if (threadIdx.x / 32 == 1) coefficients(p, c, threadIdx.x % 32);
       }
     } else {
       if constexpr (CONSUMERS == 2) regs_acquire<kConsumerRegs>();
-      consume(p, smem, base, full0, empty0, coef_full0, coef_empty0, rank, threadIdx.x - 128, ty);
+      consume(p, c, threadIdx.x - 128, ty);
     }
     // No CTA of a cluster may leave while its peer can still arrive on its barriers.
     if constexpr (CLUSTER > 1) cluster_sync();
   }
 
  private:
+  // Stage i of the ring by shared-window address (what TMA and the wgmma descriptors take).
+  struct StageAddr {
+    unsigned addr;
+    // Row `row` of K slab ka of the x tile (a) or of the W tile (b).
+    __device__ __forceinline__ unsigned a(int ka, unsigned row = 0) const {
+      return addr + FJ_OFFSETOF(Stage, a) + ka * static_cast<unsigned>(sizeof(Stage::a[0])) +
+             row * static_cast<unsigned>(sizeof(Stage::a[0][0]));
+    }
+    __device__ __forceinline__ unsigned b(int ka, unsigned row = 0) const {
+      return addr + FJ_OFFSETOF(Stage, b) + ka * static_cast<unsigned>(sizeof(Stage::b[0])) +
+             row * static_cast<unsigned>(sizeof(Stage::b[0][0]));
+    }
+  };
+
+  // What every role of the CTA works with: the storage (ordinary loads and stores go through
+  // it), its 32-bit shared-window address `base` with the barriers and stages addressed from
+  // it by the layout's offsets (what mbarrier, TMA and wgmma take), and this CTA's rank in its
+  // cluster. The role functions are inlined into run(), so it lives in registers or folds into
+  // the instructions' address offsets, never in memory.
+  struct Ctx {
+    SharedStorage& s;
+    unsigned base;
+    unsigned rank;
+    MbarrierArray<STAGES> full, empty;
+    MbarrierArray<2> coef_full, coef_empty, turn;
+
+    __device__ __forceinline__ Ctx(SharedStorage& storage, unsigned shared_base, unsigned cta_rank)
+        : s(storage),
+          base(shared_base),
+          rank(cta_rank),
+          full{shared_base + FJ_OFFSETOF(SharedStorage, bar.full)},
+          empty{shared_base + FJ_OFFSETOF(SharedStorage, bar.empty)},
+          coef_full{shared_base + FJ_OFFSETOF(SharedStorage, bar.coef_full)},
+          coef_empty{shared_base + FJ_OFFSETOF(SharedStorage, bar.coef_empty)},
+          turn{shared_base + FJ_OFFSETOF(SharedStorage, bar.turn)} {}
+
+    __device__ __forceinline__ StageAddr stage(unsigned i) const {
+      return {base + FJ_OFFSETOF(SharedStorage, ring) + i * static_cast<unsigned>(sizeof(Stage))};
+    }
+  };
+
   struct TileCoord {
     int row, m0, n0;
   };
@@ -245,35 +338,31 @@ struct WarpspecGemm {
             : "memory");
   }
 
-  __device__ static void produce(const TmaDescriptor& tx, const TmaDescriptor& tw, unsigned base,
-                                 unsigned full0, unsigned empty0, unsigned rank) {
-    int stage = 0;
-    unsigned phase = 0;
+  __device__ __forceinline__ static void produce(const TmaDescriptor& tx, const TmaDescriptor& tw,
+                                                 const Ctx& c) {
+    PipelineState<STAGES> pipe;
     for (int ct = first_tile(); ct < kClusterTiles; ct += tile_stride()) {
-      const TileCoord t = coord(ct, rank);
+      const TileCoord t = coord(ct, c.rank);
       for (int kt = 0; kt < kKTiles; ++kt) {
-        const unsigned full = full0 + 8 * stage, empty = empty0 + 8 * stage;
-        mbar_wait(empty, phase ^ 1u);
+        const Mbarrier full = c.full[pipe.index];
+        c.empty[pipe.index].wait(pipe.phase ^ 1u);
         // The whole W tile arrives in every CTA of the cluster (half of it from the peer).
-        mbar_arrive_expect_tx(full, kStageBytes);
-        const unsigned a_dst = base + stage * kStageBytes;
-        const unsigned b_dst = a_dst + kAStage;
+        full.arrive_expect_tx(static_cast<unsigned>(sizeof(Stage)));
+        const StageAddr stage = c.stage(pipe.index);
 #pragma unroll
         for (int ka = 0; ka < kKAtoms; ++ka) {
           const int k = kt * BK + ka * kAtomK;
-          tma_load_2d(a_dst + ka * kASlab, &tx, full, k, t.m0);
+          tma_load_2d(stage.a(ka), &tx, full.addr, k, t.m0);
           if constexpr (CLUSTER == 1) {
-            tma_load_2d(b_dst + ka * kBSlab, &tw, full, k, t.n0);
+            tma_load_2d(stage.b(ka), &tw, full.addr, k, t.n0);
           } else {
-            tma_load_2d_multicast(b_dst + ka * kBSlab + rank * kWBoxRows * 128, &tw, full, k,
-                                  t.n0 + static_cast<int>(rank) * kWBoxRows,
+            // This CTA's rows of W, into the same rows of every CTA's stage.
+            tma_load_2d_multicast(stage.b(ka, c.rank * kWBoxRows), &tw, full.addr, k,
+                                  t.n0 + static_cast<int>(c.rank) * kWBoxRows,
                                   static_cast<unsigned short>((1u << CLUSTER) - 1u));
           }
         }
-        if (++stage == STAGES) {
-          stage = 0;
-          phase ^= 1u;
-        }
+        pipe.advance();
       }
     }
   }
@@ -293,18 +382,17 @@ struct WarpspecGemm {
 
   // The coefficient warp: eval affine of every tile this CTA stores, double-buffered. It walks
   // the tiles exactly as consume() does and skips the same ones.
-  __device__ static void coefficients(const Params& p, float* coef, unsigned coef_full0,
-                                      unsigned coef_empty0, unsigned rank, int lane) {
+  __device__ __forceinline__ static void coefficients(const Params& p, const Ctx& c, int lane) {
     int runs = 0, runs0 = 0, runs1 = 0;
     int local = 0;
     for (int ct = first_tile(); ct < kClusterTiles; ct += tile_stride(), ++local) {
-      const TileCoord t = coord(ct, rank);
+      const TileCoord t = coord(ct, c.rank);
       if (CLUSTER > 1 && t.m0 >= Spec::M) continue;
       const CoefSlot slot = coef_slot(local, runs, (local & 1) ? runs1 : runs0);
-      mbar_wait(coef_empty0 + 8 * slot.buf, (slot.use & 1) ^ 1u);
-      float* a = coef + slot.buf * 2 * BN;
-      FragEpi::eval_coefficients(p, t.n0, a, a + BN, lane, 32);
-      mbar_arrive(coef_full0 + 8 * slot.buf);  // release: our shared stores before the handoff
+      c.coef_empty[slot.buf].wait((slot.use & 1) ^ 1u);
+      float(&coef)[2][BN] = c.s.coef[slot.buf];
+      FragEpi::eval_coefficients(p, t.n0, coef[0], coef[1], lane, 32);
+      c.coef_full[slot.buf].arrive();  // release: our shared stores before the handoff
       ++runs;
       if (local & 1)
         ++runs1;
@@ -315,42 +403,40 @@ struct WarpspecGemm {
 
   using Acc = float[kMAtoms][BN / 2];
 
-  __device__ static void consume(const Params& p, unsigned char* smem, unsigned base,
-                                 unsigned full0, unsigned empty0, unsigned coef_full0,
-                                 unsigned coef_empty0, unsigned rank, int ctid,
-                                 const TmaDescriptor* ty) {
+  __device__ __forceinline__ static void consume(const Params& p, const Ctx& c, int ctid,
+                                                 const TmaDescriptor* ty) {
     const int group = ctid / 128;  // consumer warpgroup
     const int lane = ctid % 32;
     // Rows of the stage's x tile this group multiplies, and its rank in its epilogue team.
     const int a_row0 = kPingpong ? 0 : group * kWgM;
     const int etid = kPingpong ? ctid % 128 : ctid;
-    unsigned slice = 0;  // k-slices of this CTA's ring so far (all tiles, whoever used them)
-    int runs = 0;        // epilogues this group ran
-    int local = 0;       // this CTA's tiles so far
+    PipelineCounter<STAGES> slice;  // k-slices of this CTA's ring so far (all tiles, all groups)
+    int runs = 0;                   // epilogues this group ran
+    int local = 0;                  // this CTA's tiles so far
     // Pingpong turn-taking. A group may only wait on a stage barrier less than one ring lap
     // ahead of its last completed phase (parity waits cannot tell phase k from k + 2), so a
     // group starts its j-th mainloop only after the other group has issued its own previous
     // one: group 1's j-th follows group 0's j-th, group 0's j-th follows group 1's (j-1)-th.
     // turn[g] completes a phase each time the other group has issued a mainloop.
-    const unsigned turn_mine = coef_empty0 + 16 + 8 * group;
-    const unsigned turn_other = coef_empty0 + 16 + 8 * (group ^ 1);
+    const Mbarrier turn_mine = c.turn[group];
+    const Mbarrier turn_other = c.turn[group ^ 1];
     int loops = 0;  // mainloops this group ran
     Acc acc;
     for (int ct = first_tile(); ct < kClusterTiles; ct += tile_stride(), ++local) {
       if (kPingpong && (local & 1) != group) {
-        slice += kKTiles;  // the other group's tile
+        slice.skip(kKTiles);  // the other group's tile
         continue;
       }
-      if constexpr (kPingpong) mbar_wait(turn_mine, (loops + group + 1) & 1);
-      const TileCoord t = coord(ct, rank);
+      if constexpr (kPingpong) turn_mine.wait((loops + group + 1) & 1);
+      const TileCoord t = coord(ct, c.rank);
 #pragma unroll
       for (int ma = 0; ma < kMAtoms; ++ma) wgmma_fence_operands(acc[ma]);
-      for (int kt = 0; kt < kKTiles; ++kt, ++slice) {
-        const unsigned stage = slice % STAGES;
-        mbar_wait(full0 + 8 * stage, (slice / STAGES) & 1u);
-        const unsigned a_base = base + stage * kStageBytes + a_row0 * 128;
-        const unsigned long long da = wgmma_desc_sw128(a_base);
-        const unsigned long long db = wgmma_desc_sw128(base + stage * kStageBytes + kAStage);
+      for (int kt = 0; kt < kKTiles; ++kt, slice.advance()) {
+        const unsigned i = slice.index();
+        c.full[i].wait(slice.phase());
+        const StageAddr stage = c.stage(i);
+        const unsigned long long da = wgmma_desc_sw128(stage.a(0, a_row0));
+        const unsigned long long db = wgmma_desc_sw128(stage.b(0));
         wgmma_fence();
 #pragma unroll
         for (int ka = 0; ka < kKAtoms; ++ka)
@@ -358,7 +444,7 @@ struct WarpspecGemm {
           for (int ks = 0; ks < kKSteps; ++ks)
 #pragma unroll
             for (int ma = 0; ma < kMAtoms; ++ma) {
-              // Descriptor addresses are in 16-byte units.
+              // Descriptor addresses are in 16-byte units: slab ka, row 64 ma, byte 32 ks.
               const unsigned a_off = (ka * kASlab + ma * 64 * 128 + ks * 32) >> 4;
               const unsigned b_off = (ka * kBSlab + ks * 32) >> 4;
               Wgmma<T, BN>::mma(acc[ma], da + a_off, db + b_off, (kt | ka | ks) != 0 ? 1 : 0);
@@ -367,17 +453,17 @@ struct WarpspecGemm {
         if (kt > 0) {
           // The slice before this one is done: hand its stage back to the producer(s).
           wgmma_wait<1>();
-          release(empty0 + 8 * ((slice - 1) % STAGES), lane);
+          release(c.empty[slice.previous_index()], lane);
         }
       }
       if constexpr (kPingpong) {
         // Every slice of this tile has landed and its wgmma are issued: the other group may
         // start waiting on the ring now, while ours finish.
-        if (lane == 0) mbar_arrive(turn_other);
+        if (lane == 0) turn_other.arrive();
         ++loops;
       }
       wgmma_wait<0>();
-      release(empty0 + 8 * ((slice - 1) % STAGES), lane);
+      release(c.empty[slice.previous_index()], lane);
 #pragma unroll
       for (int ma = 0; ma < kMAtoms; ++ma) wgmma_fence_operands(acc[ma]);
 
@@ -387,25 +473,24 @@ struct WarpspecGemm {
         const CoefSlot slot = coef_slot(local, runs, runs);
         const float* coef = nullptr;
         if constexpr (kCoefWarp) {
-          mbar_wait(coef_full0 + 8 * slot.buf, slot.use & 1);
-          coef = reinterpret_cast<const float*>(smem + kCoefOffset) + slot.buf * 2 * BN;
+          c.coef_full[slot.buf].wait(slot.use & 1);
+          coef = &c.s.coef[slot.buf][0][0];
         }
-        char* scratch = reinterpret_cast<char*>(smem + kEpiOffset);
         if (kPingpong && group == 1) {
-          FragEpiOf<kPingpong ? 1 : 0>::run(p, acc, scratch + FragEpi::kScratchBytes, t.m0, t.n0,
+          FragEpiOf<kPingpong ? 1 : 0>::run(p, acc, c.s.scratch.team[kPingpong ? 1 : 0], t.m0, t.n0,
                                             t.row, etid, coef);
         } else {
-          FragEpi::run(p, acc, scratch, t.m0, t.n0, t.row, etid, coef, ty);
+          FragEpi::run(p, acc, c.s.scratch.team[0], t.m0, t.n0, t.row, etid, coef, ty);
         }
         if constexpr (kCoefWarp) {
           // Every reader arrives itself (rather than one lane per warp after __syncwarp): each
           // thread's own release then orders its reads before the coefficient warp's next
           // writes, which is also what compute-sanitizer's racecheck can follow.
-          mbar_arrive(coef_empty0 + 8 * slot.buf);
+          c.coef_empty[slot.buf].arrive();
         }
         ++runs;
       } else {
-        tile_epilogue(p, acc, smem, t, ctid);
+        tile_epilogue(p, acc, c.s.scratch, t, ctid);
       }
     }
     if constexpr (kFragment) FragEpi::drain(etid);
@@ -417,22 +502,22 @@ struct WarpspecGemm {
   }
 
   // Every warp of this consumer group has finished reading the stage (its wgmma completed).
-  __device__ __forceinline__ static void release(unsigned empty, int lane) {
+  __device__ __forceinline__ static void release(Mbarrier empty, int lane) {
     if (lane == 0) {
       if constexpr (CLUSTER == 1) {
-        mbar_arrive(empty);
+        empty.arrive();
       } else {
 #pragma unroll
-        for (unsigned c = 0; c < CLUSTER; ++c) mbar_arrive_cluster(empty, c);
+        for (unsigned cta = 0; cta < CLUSTER; ++cta) empty.arrive_cluster(cta);
       }
     }
   }
 
   // Spills the accumulators into an fp32 AccTile and runs the shared BnEpilogue over it.
-  __device__ static void tile_epilogue(const Params& p, Acc& acc, unsigned char* smem,
+  __device__ static void tile_epilogue(const Params& p, Acc& acc, TileScratch& scratch,
                                        const TileCoord& t, int ctid) {
     using Bar = NamedBarrier<1, NT>;
-    const Tile tile{reinterpret_cast<float*>(smem + kEpiOffset)};
+    const Tile tile{&scratch.tile[0][0]};
     // Aliased ring: every consumer's wgmma must be done reading it. Own tile: the previous
     // tile's epilogue must be done reading it.
     Bar{}();
@@ -448,8 +533,7 @@ struct WarpspecGemm {
           *reinterpret_cast<float2*>(&tile(row0 + 64 * ma + 8 * h, 8 * j + col0)) =
               make_float2(acc[ma][4 * j + 2 * h], acc[ma][4 * j + 2 * h + 1]);
     Bar{}();
-    TileEpi::run(p, tile, reinterpret_cast<float*>(smem + kEpiOffset + Tile::kBytes), t.m0, t.n0,
-                 t.row, ctid, Bar{});
+    TileEpi::run(p, tile, scratch.epi, t.m0, t.n0, t.row, ctid, Bar{});
   }
 };
 

@@ -66,4 +66,61 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
   }
 }
 
+// One barrier by its 32-bit shared-window address (what the PTX takes), so kernels name their
+// barriers instead of computing addresses. A plain value: it lives in a register, or folds into
+// the instructions' address offsets.
+struct Mbarrier {
+  unsigned addr;
+  __device__ __forceinline__ void init(unsigned arrivals) const { mbar_init(addr, arrivals); }
+  __device__ __forceinline__ void arrive() const { mbar_arrive(addr); }
+  __device__ __forceinline__ void arrive_cluster(unsigned cta) const {
+    mbar_arrive_cluster(addr, cta);
+  }
+  __device__ __forceinline__ void arrive_expect_tx(unsigned bytes) const {
+    mbar_arrive_expect_tx(addr, bytes);
+  }
+  __device__ __forceinline__ void wait(unsigned parity) const { mbar_wait(addr, parity); }
+};
+
+// The 8 bytes one barrier occupies in a shared-memory layout struct.
+struct alignas(8) MbarrierSlot {
+  unsigned long long state;
+};
+
+// N barriers stored back to back (an MbarrierSlot[N] member), indexed like the array.
+template <int N>
+struct MbarrierArray {
+  unsigned addr;  // of barrier 0
+  __device__ __forceinline__ Mbarrier operator[](unsigned i) const {
+    return {addr + static_cast<unsigned>(sizeof(MbarrierSlot)) * i};
+  }
+};
+
+// Where a producer is in a STAGES-deep ring it fills in order: the stage and the parity of the
+// lap around the ring, which is the phase parity of that stage's barriers.
+template <int STAGES>
+struct PipelineState {
+  int index = 0;
+  unsigned phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++index == STAGES) {
+      index = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+// The same position kept as a count of stages consumed since the start, for a consumer that
+// skips whole runs of stages (skip(n)) and releases the stage before the current one. The count
+// must not wrap (KernelConfig::why_invalid bounds it for persistent CTAs).
+template <int STAGES>
+struct PipelineCounter {
+  unsigned count = 0;
+  __device__ __forceinline__ unsigned index() const { return count % STAGES; }
+  __device__ __forceinline__ unsigned phase() const { return (count / STAGES) & 1u; }
+  __device__ __forceinline__ unsigned previous_index() const { return (count - 1) % STAGES; }
+  __device__ __forceinline__ void advance() { ++count; }
+  __device__ __forceinline__ void skip(unsigned n) { count += n; }
+};
+
 }  // namespace fj

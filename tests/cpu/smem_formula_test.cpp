@@ -3,6 +3,8 @@
 // must agree exactly, or configs get pruned that fit, or pass pruning and fail to launch. The
 // same holds for split-K's reduce kernel (splitk_reduce_smem_bytes, fj_splitk_reduce_smem_bytes).
 // NVRTC compiles each candidate to PTX (no GPU needed), where the exported values are literals.
+// Warpspec kernels also get the host's count as Spec::SMEM_BYTES, which WarpspecGemm
+// static_asserts against sizeof(SharedStorage) + its alignment: a mismatch does not compile.
 #include <doctest/doctest.h>
 #include <nvrtc.h>
 
@@ -21,7 +23,22 @@ namespace {
 
 struct Exported {
   long gemm = -1, splitk_reduce = -1;  // -1: not found (or the compile failed)
+  std::string log;                     // NVRTC's log
 };
+
+// `src` with Spec::SMEM_BYTES = bytes (replacing the value where codegen already emits one).
+KernelSource with_smem_bytes(KernelSource src, long bytes) {
+  std::string& t = src.text;
+  const std::string field = "static constexpr int SMEM_BYTES = ";
+  const std::string spec = "struct Spec {\n";
+  if (const auto at = t.find(field); at != std::string::npos) {
+    const auto value = at + field.size();
+    t.replace(value, t.find(';', value) - value, std::to_string(bytes));
+  } else if (const auto open = t.find(spec); open != std::string::npos) {
+    t.insert(open + spec.size(), "  " + field + std::to_string(bytes) + ";\n");
+  }
+  return src;
+}
 
 // The fj_smem_bytes and fj_splitk_reduce_smem_bytes literals of `src` compiled to PTX for
 // compute_XY.
@@ -41,8 +58,13 @@ Exported exported_smem(const KernelSource& src, const std::string& compute) {
   for (const auto& o : opts) copts.push_back(o.c_str());
   Exported value;
   std::size_t size = 0;
-  if (nvrtcCompileProgram(prog, static_cast<int>(copts.size()), copts.data()) == NVRTC_SUCCESS &&
-      nvrtcGetPTXSize(prog, &size) == NVRTC_SUCCESS) {
+  const nvrtcResult compiled =
+      nvrtcCompileProgram(prog, static_cast<int>(copts.size()), copts.data());
+  if (std::size_t log_size = 0; nvrtcGetProgramLogSize(prog, &log_size) == NVRTC_SUCCESS) {
+    value.log.assign(log_size, '\0');
+    if (nvrtcGetProgramLog(prog, value.log.data()) != NVRTC_SUCCESS) value.log.clear();
+  }
+  if (compiled == NVRTC_SUCCESS && nvrtcGetPTXSize(prog, &size) == NVRTC_SUCCESS) {
     std::string ptx(size, '\0');
     if (nvrtcGetPTX(prog, ptx.data()) == NVRTC_SUCCESS) {
       auto literal = [&ptx](const char* symbol) {
@@ -94,16 +116,40 @@ TEST_CASE("every candidate's shared-memory formula equals the kernel's own size"
   std::vector<std::future<Exported>> got;
   for (const Case& c : cases)
     got.push_back(std::async(std::launch::async, [&c] {
-      return exported_smem(generate(c.problem, c.config), c.compute);
+      KernelSource src = generate(c.problem, c.config);
+      // The kernel checks the host's count itself (and fails to compile on a mismatch).
+      if (c.config.variant == Variant::warpspec)
+        src = with_smem_bytes(std::move(src), c.config.smem_bytes(c.problem));
+      return exported_smem(src, c.compute);
     }));
   for (std::size_t i = 0; i < cases.size(); ++i) {
     CAPTURE(cases[i].config.key());
     CAPTURE(cases[i].problem.key());
     const Exported e = got[i].get();
+    INFO("NVRTC log:\n" << e.log);
     CHECK(e.gemm == cases[i].config.smem_bytes(cases[i].problem));
     if (cases[i].config.split_k > 1)
       CHECK(e.splitk_reduce == cases[i].config.splitk_reduce_smem_bytes());
     else
       CHECK(e.splitk_reduce == -1);
   }
+}
+
+TEST_CASE("a warpspec Spec whose SMEM_BYTES disagrees with the kernel's layout does not compile") {
+  Problem p;
+  p.M = 4096, p.N = 1000, p.K = 1000, p.dtype = DType::bf16, p.mode = Mode::eval;
+  const auto cs = candidate_configs(p, Device::for_arch("sm_90a"));
+  const auto ws = std::find_if(
+      cs.begin(), cs.end(), [](const KernelConfig& c) { return c.variant == Variant::warpspec; });
+  REQUIRE(ws != cs.end());
+  CAPTURE(ws->key());
+  const long host = ws->smem_bytes(p);
+  const KernelSource src = generate(p, *ws);
+  const Exported right = exported_smem(with_smem_bytes(src, host), "compute_90a");
+  INFO("NVRTC log:\n" << right.log);
+  CHECK(right.gemm == host);
+  // 16 bytes off: the smallest step the layout's members could be off by.
+  const Exported wrong = exported_smem(with_smem_bytes(src, host + 16), "compute_90a");
+  CHECK(wrong.gemm == -1);
+  CHECK(wrong.log.find("SMEM_BYTES") != std::string::npos);
 }

@@ -79,8 +79,10 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   if (ws)
     t += fmt::format(
         "  static constexpr int CONSUMERS = {}, CLUSTER_M = {};\n"
-        "  static constexpr bool PERSISTENT = {}, PINGPONG = {}, TMA_STORE = {};\n",
-        c.warps_m, c.cluster_m, b(c.persistent), b(c.pingpong), b(c.tma_store));
+        "  static constexpr bool PERSISTENT = {}, PINGPONG = {}, TMA_STORE = {};\n"
+        // The host's count: WarpspecGemm static_asserts that its SharedStorage matches it.
+        "  static constexpr int SMEM_BYTES = {};\n",
+        c.warps_m, c.cluster_m, b(c.persistent), b(c.pingpong), b(c.tma_store), c.smem_bytes(p));
   else
     t += fmt::format("  static constexpr int WARPS_M = {}, WARPS_N = {}, SPLIT_K = {};\n",
                      c.warps_m, c.warps_n, c.split_k);
