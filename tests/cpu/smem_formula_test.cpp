@@ -9,8 +9,8 @@
 #include <nvrtc.h>
 
 #include <algorithm>
+#include <cctype>
 #include <future>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -67,10 +67,19 @@ Exported exported_smem(const KernelSource& src, const std::string& compute) {
   if (compiled == NVRTC_SUCCESS && nvrtcGetPTXSize(prog, &size) == NVRTC_SUCCESS) {
     std::string ptx(size, '\0');
     if (nvrtcGetPTX(prog, ptx.data()) == NVRTC_SUCCESS) {
+      // "<symbol> = <digits>;" at a word start. Not std::regex: building one in several
+      // threads at once races in libstdc++'s ctype cache (a ThreadSanitizer report).
       auto literal = [&ptx](const char* symbol) {
-        std::smatch m;
-        const std::regex re(std::string(R"(\b)") + symbol + R"( = (\d+);)");
-        return std::regex_search(ptx, m, re) ? std::stol(m[1]) : -1L;
+        const std::string key = std::string(symbol) + " = ";
+        for (auto at = ptx.find(key); at != std::string::npos; at = ptx.find(key, at + 1)) {
+          const char before = at == 0 ? ' ' : ptx[at - 1];
+          if (std::isalnum(static_cast<unsigned char>(before)) || before == '_') continue;
+          std::size_t end = at + key.size();
+          while (end < ptx.size() && std::isdigit(static_cast<unsigned char>(ptx[end]))) ++end;
+          if (end > at + key.size() && end < ptx.size() && ptx[end] == ';')
+            return std::stol(ptx.substr(at + key.size(), end - at - key.size()));
+        }
+        return -1L;
       };
       value.gemm = literal("fj_smem_bytes");
       value.splitk_reduce = literal("fj_splitk_reduce_smem_bytes");
