@@ -11,9 +11,7 @@ void add_cache(CLI::App& app, Action& action) {
   cmd->require_subcommand(1);
   auto dir = std::make_shared<std::string>();
   cmd->add_option("--cache-dir", *dir, "Cache directory (default: see README)");
-  auto open = [dir] {
-    return DiskCache(DiskCache::resolve_dir(*dir));
-  };
+  auto open = [dir] { return DiskCache(DiskCache::resolve_dir(*dir)); };
   auto* ls = cmd->add_subcommand("ls", "One line per entry: key, bytes, status, description");
   auto* verify =
       cmd->add_subcommand("verify", "Check every entry's checksum; exit 1 if any is damaged");

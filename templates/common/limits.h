@@ -38,4 +38,3 @@ FJ_HOST_DEVICE constexpr bool epilogue_threads_nest(int threads, int bn) {
 }
 
 }  // namespace fj
-

@@ -20,4 +20,3 @@ FJ_HOST_DEVICE constexpr KRange split_k_range(int k_tiles, int splits, int s) {
 }
 
 }  // namespace fj
-

@@ -8,8 +8,8 @@
 #include <random>
 #include <vector>
 
-#include "fusejit/verify/cpu_reference.hpp"
 #include "fusejit/error.hpp"
+#include "fusejit/verify/cpu_reference.hpp"
 
 using namespace fusejit;
 

@@ -9,8 +9,8 @@
 #include <random>
 #include <set>
 
-#include "fusejit/verify/host_tensor.hpp"
 #include "fusejit/error.hpp"
+#include "fusejit/verify/host_tensor.hpp"
 
 using namespace fusejit;
 

@@ -15,8 +15,8 @@
 #include <set>
 #include <string>
 
-#include "tools/sweep.hpp"
 #include "fusejit/error.hpp"
+#include "tools/sweep.hpp"
 
 using namespace fusejit;
 

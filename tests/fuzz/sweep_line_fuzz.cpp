@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <string>
 
-#include "fusejit/verify/verification.hpp"
 #include "fusejit/error.hpp"
+#include "fusejit/verify/verification.hpp"
 #include "fuzz_check.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
