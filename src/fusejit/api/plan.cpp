@@ -29,32 +29,31 @@ bool autotune_from_env() {
 Plan::Plan(const Problem& problem, const PlanOptions& options) {
   problem.validate();
   const CUcontext ctx = context_for(options.device);
+  // context_for made ctx current; the device is read once (its attributes are driver calls).
+  const Device device = Device::current();
   // The choice is made before the core cache is consulted and becomes part of its key, so a
   // tuning recorded since an earlier plan of the same problem takes effect.
-  PlanOptions o = options;
+  KernelConfig config;
   bool reference = false;
-  if (!o.config && !o.variant && o.use_tuning_db) {
-    const KernelChoice choice = choose_kernel(problem, Device::current(), o.cache_dir, o.autotune);
-    FJ_CU(cuCtxSetCurrent(ctx));
-    o.config = choice.config;
+  if (options.config) {
+    // Only a caller's config needs checking: the dispatch's choices are valid by construction.
+    if (auto why = options.config->why_invalid(problem, device); !why.empty())
+      throw InvalidArgument("config", options.config->key() + ": " + why);
+    config = *options.config;
+    dispatch_ = "config";
+  } else if (options.variant || !options.use_tuning_db) {
+    config = default_config(problem, device, options.variant);
+    dispatch_ = options.variant ? "variant" : "heuristic";
+    // Without the database the dispatch's last step decides, the same rule as with it.
+    reference = !options.variant && heuristic_prefers_reference(problem);
+  } else {
+    const KernelChoice choice = choose_kernel(problem, device, options.cache_dir, options.autotune);
+    FJ_CU(cuCtxSetCurrent(ctx));  // tuning may have worked in another context
+    config = choice.config;
     reference = choice.reference;
     dispatch_ = name(choice.source);
-  } else {
-    dispatch_ = o.config ? "config" : o.variant ? "variant" : "heuristic";
-    // Without the database the dispatch's last step decides, the same rule as with it.
-    reference = !o.config && !o.variant && heuristic_prefers_reference(problem);
   }
-  FJ_CU(cuCtxSetCurrent(ctx));
-  const Device device = Device::current();
-  KernelConfig config;
-  if (o.config) {
-    if (auto why = o.config->why_invalid(problem, device); !why.empty())
-      throw InvalidArgument("config", o.config->key() + ": " + why);
-    config = *o.config;
-  } else {
-    config = default_config(problem, device, o.variant);
-  }
-  core_ = plan_core(problem, config, ctx, o.cache_dir);
+  core_ = plan_core(problem, config, ctx, options.cache_dir);
   if (reference) {
     try {
       ReferenceOpOptions ro;
