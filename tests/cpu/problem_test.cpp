@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include "test_problem.hpp"
+
 #include "fusejit/error.hpp"
 #include "fusejit/problem.hpp"
 
@@ -13,14 +15,7 @@ Problem base() {
   return p;
 }
 
-std::string rejected_argument(const Problem& p) {
-  try {
-    p.validate();
-  } catch (const InvalidArgument& e) {
-    return e.argument();
-  }
-  return "(accepted)";
-}
+using fusejit::test::rejected_argument;
 
 }  // namespace
 

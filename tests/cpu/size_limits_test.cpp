@@ -5,6 +5,8 @@
 // more is refused with an InvalidArgument naming the argument, or a reason naming the count.
 #include <doctest/doctest.h>
 
+#include "test_problem.hpp"
+
 #include <spdlog/sinks/ostream_sink.h>
 
 #include <atomic>
@@ -31,14 +33,7 @@ Problem problem(DType d, Mode m, std::int64_t M, std::int64_t N, std::int64_t K)
   return p;
 }
 
-std::string rejected_argument(const Problem& p) {
-  try {
-    p.validate();
-  } catch (const InvalidArgument& e) {
-    return e.argument();
-  }
-  return "(accepted)";
-}
+using fusejit::test::rejected_argument;
 
 struct Job {
   Problem problem;
