@@ -326,22 +326,35 @@ TEST_CASE("a non-root process refuses a cache another user planted for it") {
 }
 
 TEST_CASE("a trusted directory this user cannot write is a read-only cache") {
-  if (::geteuid() == 0) {
-    MESSAGE(
-        "skipped as root: root may write any directory; covered by the root-owned "
-        "deployment case when run as a user");
-    return;
-  }
   TempDir tmp;
   const fs::path dir = tmp.path() / "ro";
   const std::string key = key_for("ro");
-  REQUIRE(DiskCache(dir).store(key, payload(10, 14), ""));
-  fs::permissions(dir, static_cast<fs::perms>(0555));
-  const DiskCache cache(dir);
-  CHECK(cache.access() == CacheAccess::read_only);
-  CHECK(cache.load(key).has_value());
-  CHECK_FALSE(cache.store(key_for("other"), payload(10, 15), ""));
-  fs::permissions(dir, fs::perms::owner_all);
+  auto read_only_use = [&] {
+    const DiskCache cache(dir);
+    if (cache.access() != CacheAccess::read_only) return 1;
+    const auto loaded = cache.load(key);
+    if (!loaded || *loaded != payload(10, 14)) return 2;
+    if (cache.store(key_for("other"), payload(10, 15), "")) return 3;
+    return 0;
+  };
+  if (::geteuid() == 0) {
+    // The deployment image: root warms a shared cache, an unprivileged service reads it.
+    fs::permissions(tmp.path(), static_cast<fs::perms>(0755));
+    REQUIRE(in_child([&] {
+              ::setenv("FUSEJIT_CACHE_SHARED", "1", 1);
+              return DiskCache(dir).store(key, payload(10, 14), "") ? 0 : 1;
+            }) == 0);
+    CHECK(in_child([&] {
+            if (::setgid(kNobody) != 0 || ::setuid(kNobody) != 0) return 50;
+            return read_only_use();
+          }) == 0);
+  } else {
+    REQUIRE(DiskCache(dir).store(key, payload(10, 14), ""));
+    fs::permissions(dir, static_cast<fs::perms>(0555));
+    CHECK(in_child(read_only_use) == 0);
+    fs::permissions(dir, fs::perms::owner_all);
+  }
+  CHECK_FALSE(fs::exists(entry_path(dir, key_for("other"))));
 }
 
 TEST_CASE("FIFOs, links and directories named like entries never hang, are reported, cleared") {
