@@ -1,6 +1,7 @@
 #include "fusejit/cache/disk_cache.hpp"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,11 +10,15 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
+#include <limits>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string_view>
+#include <system_error>
 #include <utility>
 
 #include <spdlog/spdlog.h>
@@ -35,7 +40,36 @@ constexpr std::uintmax_t kMaxEntryBytes = std::uintmax_t{256} << 20;
 // mid-write. Younger ones may be in flight in another process, so clear() leaves them.
 constexpr auto kStaleTempAge = std::chrono::minutes(10);
 
+// load() marks an entry used only when its mark is older than this: a plan made in a loop
+// would otherwise write metadata on every call, and eviction needs no finer order.
+constexpr std::int64_t kTouchAfterSeconds = 60;
+constexpr std::uintmax_t kDefaultMaxBytes = std::uintmax_t{2} << 30;
+// store() keeps a running estimate of the directory's total per process and scans only when
+// the estimate passes the bound, or after this many stores: other processes' stores are not in
+// this process's estimate, and rescanning every so often keeps their share from growing
+// unseen, while one directory read per 64 compiles costs nothing next to the compiles.
+constexpr unsigned kRescanEveryStores = 64;
+
 std::atomic<bool> g_warned_unusable{false};
+std::atomic<std::uintmax_t> g_default_max_bytes{0};  // 0: from the environment
+
+// Per directory: the entries' total as this process last saw it, plus what it stored since.
+struct Tally {
+  bool known = false;
+  std::uintmax_t total = 0;
+  unsigned stores_since_scan = 0;
+};
+std::mutex g_tally_mu;
+std::map<std::string, Tally>& tallies() {
+  static auto* t = new std::map<std::string, Tally>();  // never destroyed: static-exit safety
+  return *t;
+}
+
+std::int64_t now_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 // load() and store() promise not to throw, and formatting a message can (bad_alloc).
 template <typename... Args>
@@ -126,6 +160,63 @@ const char* non_empty_env(const char* name) {
 
 }  // namespace
 
+std::optional<std::uintmax_t> parse_byte_size(std::string_view text) {
+  std::uintmax_t unit = 1;
+  if (!text.empty()) {
+    switch (text.back()) {
+      case 'K':
+      case 'k':
+        unit = std::uintmax_t{1} << 10;
+        break;
+      case 'M':
+      case 'm':
+        unit = std::uintmax_t{1} << 20;
+        break;
+      case 'G':
+      case 'g':
+        unit = std::uintmax_t{1} << 30;
+        break;
+      default:
+        break;
+    }
+    if (unit != 1) text.remove_suffix(1);
+  }
+  if (text.empty()) return std::nullopt;
+  std::uintmax_t n = 0;
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || ptr != text.data() + text.size()) return std::nullopt;
+  if (n > std::numeric_limits<std::uintmax_t>::max() / unit) return std::nullopt;
+  return n * unit;
+}
+
+void DiskCache::set_default_max_bytes(std::uintmax_t bytes) {
+  g_default_max_bytes = bytes;
+}
+
+std::uintmax_t DiskCache::default_max_bytes() {
+  if (const std::uintmax_t set = g_default_max_bytes.load(); set != 0) return set;
+  // Read on each call (stores are rare next to their compiles), so a changed environment or
+  // set_default_max_bytes(0) takes effect; a bad value must not silently lift the bound.
+  const char* text = non_empty_env("FUSEJIT_CACHE_MAX_BYTES");
+  if (text == nullptr) return kDefaultMaxBytes;
+  const std::optional<std::uintmax_t> parsed = parse_byte_size(text);
+  if (!parsed || *parsed == 0) {
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+      log_quietly(spdlog::level::warn,
+                  "FUSEJIT_CACHE_MAX_BYTES='{}' is not a positive byte count (like 2G, 500M or "
+                  "1048576); using {} bytes",
+                  text, kDefaultMaxBytes);
+    }
+    return kDefaultMaxBytes;
+  }
+  return *parsed;
+}
+
+std::uintmax_t DiskCache::max_bytes() const {
+  return max_bytes_ != 0 ? max_bytes_ : default_max_bytes();
+}
+
 fs::path DiskCache::default_dir() {
   if (const char* dir = non_empty_env("FUSEJIT_CACHE_DIR")) return fs::path(dir);
 #if defined(FUSEJIT_BUILD_DIR) && defined(FUSEJIT_TREE_CACHE_DIR)
@@ -194,6 +285,13 @@ std::optional<std::vector<char>> DiskCache::load(const std::string& key) const {
         return std::nullopt;
       case FileStatus::ok:
         if (entry.problem.empty()) {
+          // The mtime is the entry's last use, which prune() evicts by. A failure (an entry
+          // root stored in our directory) only makes it look older than it is.
+          if (access_ == CacheAccess::read_write &&
+              now_seconds() - static_cast<std::int64_t>(entry.st.st_mtime) > kTouchAfterSeconds) {
+            const struct timespec times[2] = {{0, UTIME_OMIT}, {0, UTIME_NOW}};
+            (void)::futimens(entry.fd.get(), times);
+          }
           entry.bytes.erase(entry.bytes.begin(), entry.bytes.begin() + static_cast<std::ptrdiff_t>(
                                                                            entry.payload_offset));
           return std::move(entry.bytes);
@@ -272,6 +370,7 @@ DiskCache::Inspected DiskCache::inspect(const fs::path& path, std::string_view k
   out.description = std::string(entry->description);
   out.payload_offset = entry->payload_offset;
   out.problem.clear();
+  out.fd = std::move(file.fd);
   return out;
 }
 
@@ -315,6 +414,7 @@ bool DiskCache::store(const std::string& key, const std::vector<char>& payload,
       }
       return false;
     }
+    bound_after_store(key, header.size() + payload.size());
     return true;
   } catch (const std::exception& e) {
     report_unusable(dir_, e.what());
@@ -341,6 +441,7 @@ std::vector<CacheEntryInfo> DiskCache::list() const {
     info.valid = entry.status == FileStatus::ok && entry.problem.empty();
     info.problem = std::move(entry.problem);
     info.description = std::move(entry.description);
+    if (entry.status != FileStatus::error) info.last_use = entry.st.st_mtime;
     out.push_back(std::move(info));
   }
   std::sort(out.begin(), out.end(),
@@ -379,6 +480,101 @@ std::size_t DiskCache::clear() const {
     }
   }
   return removed;
+}
+
+CachePruneResult DiskCache::prune(std::uintmax_t max_bytes) const {
+  if (access_ != CacheAccess::read_write) return {};
+  const CachePruneResult r = prune_entries(max_bytes, max_bytes, {});
+  // What this process knows of the directory is exact now: store() need not rescan soon.
+  try {
+    std::lock_guard<std::mutex> lock(g_tally_mu);
+    Tally& t = tallies()[dir_.string()];
+    t = Tally{true, r.bytes_left, 0};
+  } catch (...) {
+  }
+  return r;
+}
+
+void DiskCache::bound_after_store(const std::string& key, std::uintmax_t bytes) const noexcept {
+  try {
+    const std::uintmax_t bound = max_bytes();
+    {
+      std::lock_guard<std::mutex> lock(g_tally_mu);
+      Tally& t = tallies()[dir_.string()];
+      // A store over an existing entry counts twice: the estimate errs toward scanning early.
+      t.total += bytes;
+      if (t.known && t.total <= bound && ++t.stores_since_scan < kRescanEveryStores) return;
+      t.stores_since_scan = 0;
+    }
+    // Down to 90%, not to the bound itself: a cache at its bound would otherwise rescan on
+    // every store, while this leaves room for many stores between scans.
+    const CachePruneResult r =
+        prune_entries(bound, bound - bound / 10, key + std::string(kEntrySuffix));
+    if (r.removed != 0) {
+      log_quietly(spdlog::level::debug,
+                  "kernel cache {}: removed {} least recently used entries ({} bytes) to stay "
+                  "within {} bytes",
+                  dir_.string(), r.removed, r.bytes_removed, bound);
+    }
+    std::lock_guard<std::mutex> lock(g_tally_mu);
+    Tally& t = tallies()[dir_.string()];
+    t.known = true;
+    t.total = r.bytes_left;
+  } catch (...) {
+    // Bounding the cache is housekeeping: the entry is stored whatever happens here.
+  }
+}
+
+CachePruneResult DiskCache::prune_entries(std::uintmax_t trigger, std::uintmax_t target,
+                                          std::string_view keep) const {
+  struct Candidate {
+    fs::path path;
+    struct stat st;
+  };
+  CachePruneResult out;
+  std::vector<Candidate> candidates;
+  const uid_t me = ::geteuid();
+  std::error_code ec;
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!is_entry_name(name)) continue;
+    struct stat st {};
+    // lstat: a link counts (and goes) as itself, never as what it points to.
+    if (::lstat(it->path().c_str(), &st) != 0 || S_ISDIR(st.st_mode)) continue;
+    out.bytes_left += static_cast<std::uintmax_t>(st.st_size);
+    if (name == keep || st.st_uid != me) continue;
+    candidates.push_back({it->path(), st});
+  }
+  if (out.bytes_left <= trigger) return out;
+  // Oldest mark first; the name breaks ties so the order does not depend on the directory's.
+  std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.st.st_mtim.tv_sec != b.st.st_mtim.tv_sec)
+      return a.st.st_mtim.tv_sec < b.st.st_mtim.tv_sec;
+    if (a.st.st_mtim.tv_nsec != b.st.st_mtim.tv_nsec)
+      return a.st.st_mtim.tv_nsec < b.st.st_mtim.tv_nsec;
+    return a.path < b.path;
+  });
+  for (const Candidate& c : candidates) {
+    if (out.bytes_left <= target) break;
+    struct stat now {};
+    // Only the file that was scanned, and only if nobody used it since: another process may
+    // have renamed a fresh entry into the name or loaded this one meanwhile.
+    if (::lstat(c.path.c_str(), &now) != 0 || now.st_dev != c.st.st_dev ||
+        now.st_ino != c.st.st_ino || now.st_mtim.tv_sec != c.st.st_mtim.tv_sec ||
+        now.st_mtim.tv_nsec != c.st.st_mtim.tv_nsec) {
+      continue;
+    }
+    if (::unlink(c.path.c_str()) != 0) {
+      if (errno != ENOENT)
+        log_quietly(spdlog::level::warn, "cannot remove {}: {}", c.path.string(),
+                    errno_text(errno));
+      continue;
+    }
+    ++out.removed;
+    out.bytes_removed += static_cast<std::uintmax_t>(c.st.st_size);
+    out.bytes_left -= std::min(out.bytes_left, static_cast<std::uintmax_t>(c.st.st_size));
+  }
+  return out;
 }
 
 }  // namespace fusejit

@@ -1,9 +1,11 @@
 // A compiled kernel set loaded into a CUDA context, with its functions ready to launch.
 // Loaded modules are cached in-process by (context, cache key): a second plan of the same
-// kernels costs no load.
+// kernels costs no load. The cache is bounded (least recently used dropped first) so a
+// long-running process that plans ever new shapes does not keep every module loaded.
 #pragma once
 #include <cuda.h>
 
+#include <cstddef>
 #include <map>
 #include <memory>
 #include <string>
@@ -32,6 +34,15 @@ class Module {
                                            const std::vector<std::string>& kernels);
   // Whether get() would hit without compiling (lets callers skip codegen + disk cache).
   static std::shared_ptr<const Module> find(const std::string& key);
+
+  // At most `count` modules are kept by the cache (over all contexts); past that the least
+  // recently used (by get/find) are dropped from it. Dropping only releases the cache's
+  // reference: a module a live plan holds stays loaded until that plan goes. 0 restores the
+  // default: FUSEJIT_MAX_KERNEL_SETS when it is a positive integer, else 256. Applies at once.
+  static void set_max_loaded(std::size_t count);
+  static std::size_t max_loaded();
+  // How many modules the cache holds now (for tests and diagnostics).
+  static std::size_t loaded_count();
 
  private:
   CUmodule module_ = nullptr;
