@@ -43,6 +43,11 @@ struct KernelConfig {
   // epilogue (key suffix ".k<S>"). For grids too small to fill the GPU with a long K.
   int split_k = 1;
   static constexpr int kMaxSplitK = 32;
+  // Compile the kernels for the problem's exact M (key suffix ".xm") instead of reading the row
+  // count at run time. Without it one compiled kernel set serves every M of a layer (same N, K,
+  // dtype, mode, flags, strides) in its schedule class (KernelSchedule); with it M is a
+  // compile-time constant, which the tuner may find faster.
+  bool exact_m = false;
 
   int threads() const;
   // Dynamic shared memory bytes the GEMM kernel needs (stages and the epilogue's tile).
@@ -56,7 +61,7 @@ struct KernelConfig {
   bool valid_for(const Problem& p, const Device& d) const { return why_invalid(p, d).empty(); }
   // Stable text naming every field, e.g. "tiled.128x128x32.w2x4.s3.g8", with ".k8" appended
   // for split_k = 8 (nothing for 1, so keys from before split-K are unchanged); warpspec keys
-  // end in ".pp" for pingpong and ".ts" for tma_store.
+  // end in ".pp" for pingpong and ".ts" for tma_store; exact_m appends ".xm".
   std::string key() const;
   // Inverse of key(); throws InvalidArgument("config", ...).
   static KernelConfig parse(std::string_view key);

@@ -5,6 +5,7 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,15 +37,24 @@ struct PlanOptions {
   // kernels of default_config(), or for large strict-fp32 problems the reference op
   // (tune/dispatch.hpp, heuristic_prefers_reference).
   bool use_tuning_db = true;
+  // Bounds of the caches a plan fills (0: the environment's FUSEJIT_CACHE_MAX_BYTES /
+  // FUSEJIT_MAX_KERNEL_SETS, else the defaults 2 GiB and 256). The disk cache evicts its least
+  // recently used entries past cache_max_bytes when it stores one; the process keeps at most
+  // max_kernel_sets loaded kernel sets not used by a live Plan (least recently used dropped
+  // first). Both caches are shared, so the last plan to set a bound sets it for all.
+  std::uint64_t cache_max_bytes = 0;
+  std::size_t max_kernel_sets = 0;
 };
 
-struct PlanCore;  // compiled + loaded kernels and launch geometry, shared between equal plans
+struct PlanCore;  // compiled + loaded kernels, shared by every plan of the same kernel set
 class ReferenceOp;
 
 class Plan {
  public:
   // Validates `problem` (InvalidArgument), picks a config, compiles or loads its kernels.
-  // Equal (problem, device, options) share one compiled core, cached in-process (thread-safe).
+  // Plans whose problems differ only in M share one compiled kernel set when their configs
+  // agree (the dispatch picks one config per M range, see README "Variable batch sizes"), cached
+  // in-process (thread-safe): a new M then costs no compile.
   explicit Plan(const Problem& problem, const PlanOptions& options = {});
   ~Plan();
   Plan(Plan&&) noexcept;
@@ -62,12 +72,21 @@ class Plan {
   // Same with a caller workspace of at least workspace_size() bytes, 256-byte aligned.
   void run(CUstream stream, const Tensors& t, void* workspace, std::size_t workspace_bytes) const;
 
+  // Variable batches: runs the first `rows` rows of x and y (1 <= rows <= problem().M; train
+  // needs rows >= 2) with this plan's kernels, so a plan made for the largest batch serves
+  // every smaller one with no compile and no new plan. Batch statistics, running stats and
+  // num_batches_tracked are those of the `rows` rows, exactly as a plan made for M = rows.
+  void run(CUstream stream, const Tensors& t, std::int64_t rows) const;
+  void run(CUstream stream, const Tensors& t, std::int64_t rows, void* workspace,
+           std::size_t workspace_bytes) const;
+
   // Checks `t` against the problem without launching anything (what run() checks first).
   void validate(const Tensors& t) const;
 
   // Names of the kernels a run launches, in order (for logs and `fusejit bench`).
   std::vector<std::string> kernel_names() const;
-  // Whether the kernels came from a cache (in-process or disk) and what compiling them cost.
+  // Whether this plan found its kernels in a cache (in-process: built for any M of its kernel
+  // set; or on disk) and what compiling them cost this plan (0 when it found them).
   bool cache_hit() const;
   double compile_seconds() const;
 
@@ -83,7 +102,9 @@ class Plan {
   bool uses_reference() const;
 
  private:
+  struct RunState;  // the problem, workspace layout, launch shape and tensor-map cache
   std::shared_ptr<const PlanCore> core_;
+  std::unique_ptr<RunState> state_;
   CUdeviceptr own_workspace_ = 0;
   std::shared_ptr<const ReferenceOp> reference_;
   std::string dispatch_;

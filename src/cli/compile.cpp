@@ -39,7 +39,25 @@ struct CompileArgs {
   std::string db_file;
   bool problem_given = false;  // --shapes, --dtypes, --modes, --variant or --config given
   std::string emit_dir;        // --emit-source: also write each generated translation unit here
+  bool every_m = false;        // --every-m: each problem's layer for every M class
 };
+
+// --every-m: the problem at one M per M class (config/candidates.hpp), the class's largest
+// (the top class: the problem's own M when larger), so a Plan of any M of the layer finds its
+// kernel set. With M a run-time value, problems of one class share a source: jobs dedupe.
+std::vector<Problem> every_m_class(const Problem& p) {
+  std::vector<Problem> out;
+  for (std::int64_t m = 1; m <= kMaxDim;) {
+    const MClass c = m_class(m);
+    Problem q = p;
+    q.M = c.hi == kMaxDim ? std::max<std::int64_t>(p.M, c.lo) : c.hi;
+    if (q.mode == Mode::train && q.M < 2) q.M = 2;
+    out.push_back(q);
+    if (c.hi == kMaxDim) break;
+    m = c.hi + 1;
+  }
+  return out;
+}
 
 struct Job {
   KernelSource source;
@@ -161,7 +179,17 @@ int run_compile(const CompileArgs& a) {
     auto add = [&](KernelSource src) {
       if (seen.insert(src.name).second) jobs.push_back({std::move(src), arch});
     };
+    std::vector<Problem> problems;
     for (const Problem& p : a.problem.problems()) {
+      if (!a.every_m) {
+        problems.push_back(p);
+        continue;
+      }
+      for (const Problem& q : every_m_class(p))
+        // Classes above the problem's M (the largest classes) only where they can run.
+        if (q.M <= p.M || !forced || forced->valid_for(q, dev)) problems.push_back(q);
+    }
+    for (const Problem& p : problems) {
       if (forced) {
         if (const std::string why = forced->why_invalid(p, dev); !why.empty())
           throw InvalidArgument(
@@ -238,11 +266,15 @@ void add_compile(CLI::App& app, Action& action) {
                   "Compile a tuning database's winners (FILE, or every database under "
                   "<cache dir>/tuning) for --arch or the tuned GPU's architecture")
       ->expected(0, 1);
+  cmd->add_flag("--every-m", a->every_m,
+                "Warm every batch size of each layer: one kernel set per M class (1-64, 65-128, "
+                "129-256, 257-1024, 1025-4096, 4097-16384, larger), so a Plan of any M compiles "
+                "nothing");
   cmd->add_option("--emit-source", a->emit_dir,
                   "Also write the generated CUDA sources (and template headers) to DIR");
   cmd->callback([&action, a, cmd] {
     a->from_db = cmd->get_option("--from-db")->count() > 0;
-    for (const char* o : {"--shapes", "--dtypes", "--modes", "--variant", "--config"})
+    for (const char* o : {"--shapes", "--dtypes", "--modes", "--variant", "--config", "--every-m"})
       a->problem_given |= cmd->get_option(o)->count() > 0;
     action = [a] { return run_compile(*a); };
   });

@@ -28,6 +28,9 @@ struct Params {
   // Workspace (tiled, split-K): the GEMM's fp32 partial sums, [SPLIT_K][tiles][BM * BN], which
   // the reduce kernel adds up (see kernels/splitk_reduce.cuh).
   float* ws_splitk;
+  // Rows of this run: x is [m][ldx], y [m][ldy]. Kernels compiled for an exact M ignore it
+  // (common/rows.cuh).
+  int m;
   float eps;
   float momentum;  // ignored when Spec::CUMULATIVE
 };

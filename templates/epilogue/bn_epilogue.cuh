@@ -11,6 +11,7 @@
 #pragma once
 #include "common/limits.h"
 #include "common/params.h"
+#include "common/rows.cuh"
 #include "common/tile.cuh"
 #include "common/types.cuh"
 #include "epilogue/bn_math.cuh"
@@ -38,7 +39,7 @@ struct BnEpilogue {
     float* coef_a = scratch;
     float* coef_b = scratch + BN;
     float* red = scratch + 2 * BN;
-    const int rows = min(BM, Spec::M - m0);
+    const int rows = min(BM, rows_of<Spec>(p) - m0);
     const int cols = min(BN, Spec::N - n0);
     if constexpr (!Spec::TRAIN) {
       for (int c = tid; c < cols; c += NT) {
@@ -59,7 +60,7 @@ struct BnEpilogue {
       if constexpr (Spec::SINGLE_PASS) {
         const float factor = momentum_factor<Spec>(p);
         for (int c = tid; c < cols; c += NT) {
-          const float var_a = coef_b[c] / static_cast<float>(Spec::M);
+          const float var_a = coef_b[c] / static_cast<float>(rows_of<Spec>(p));
           const Affine f = train_column<Spec>(p, n0 + c, coef_a[c], var_a, factor, true);
           coef_a[c] = f.a;
           coef_b[c] = f.b;

@@ -5,6 +5,7 @@
 // (the bias cancels out of y in train mode; it still moves running_mean).
 #pragma once
 #include "common/params.h"
+#include "common/rows.cuh"
 #include "common/types.cuh"
 
 namespace fj {
@@ -53,9 +54,10 @@ __device__ __forceinline__ Affine train_column(const Params& p, int n, float mea
   if (record && p.running_mean) {
     P* rm = static_cast<P*>(p.running_mean);
     P* rv = static_cast<P*>(p.running_var);
-    constexpr float kUnbias = static_cast<float>(Spec::M) / static_cast<float>(Spec::M - 1);
+    const int m = rows_of<Spec>(p);
+    const float unbias = static_cast<float>(m) / static_cast<float>(m - 1);
     rm[n] = from_float<P>((1.f - factor) * to_float(rm[n]) + factor * mean_z);
-    rv[n] = from_float<P>((1.f - factor) * to_float(rv[n]) + factor * var_z * kUnbias);
+    rv[n] = from_float<P>((1.f - factor) * to_float(rv[n]) + factor * var_z * unbias);
   }
   if (record && p.save_mean) p.save_mean[n] = mean_z;
   if (record && p.save_invstd) p.save_invstd[n] = invstd;

@@ -21,6 +21,7 @@
 // block j, d[4j + 2h + e] at row 64 ma + 16 w + g + 8 h, column 8 j + 2 q + e.
 #pragma once
 #include "common/params.h"
+#include "common/rows.cuh"
 #include "common/types.cuh"
 #include "epilogue/bn_math.cuh"
 #include "mainloop/mbarrier.cuh"
@@ -103,7 +104,7 @@ struct FragmentBnEpilogue {
     if constexpr (!Spec::TRAIN) {
       eval_coefficients(p, n0, coef_a, coef_b, tid, NT);
     } else {
-      const int rows = min(BM, Spec::M - m0);
+      const int rows = min(BM, rows_of<Spec>(p) - m0);
       const int cols = min(BN, Spec::N - n0);
       // Tile mean first, then the sum of squared deviations from it (as BnEpilogue does).
       column_partials<false>(acc, red, nullptr, rows, tid);
@@ -118,7 +119,7 @@ struct FragmentBnEpilogue {
         for (int c = tid; c < BN; c += NT) {
           Affine f{0.f, 0.f};
           if (c < cols) {
-            const float var_a = column_total(red, c) / static_cast<float>(Spec::M);
+            const float var_a = column_total(red, c) / static_cast<float>(rows_of<Spec>(p));
             f = train_column<Spec>(p, n0 + c, coef_a[c], var_a, factor, true);
           }
           coef_a[c] = f.a;
@@ -353,7 +354,7 @@ struct FragmentBnEpilogue {
       const int r = i / 8, u = i % 8;
       const int grow = row_base + r;
       const int gcol = col_base + u * kVec;
-      if (grow < Spec::M && gcol < Spec::N) {
+      if (grow < rows_of<Spec>(p) && gcol < Spec::N) {
         const char* src = stage + r * kStageLd + u * 16;
         T* dst = y + static_cast<long long>(grow) * Spec::LDY + gcol;
         if (gcol + kVec <= Spec::N) {

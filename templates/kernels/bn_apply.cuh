@@ -1,10 +1,12 @@
 // Train mode, second pass, part 2: y holds d = a - tile_mean (see bn_epilogue.cuh); rewrite it
 // in place as y = A (d + tile_mean) + B. Runs after bn_finalize in stream order, or, with few
-// row tiles (FOLD_FINALIZE), does the finalize's merge itself.
+// row tiles (bn_apply<Spec, true>), does the finalize's merge itself. Which one runs is the
+// host's choice per run (the run's M), so a two-pass kernel set holds both.
 #pragma once
 #include "common/grid_dependency.cuh"
 #include "common/limits.h"
 #include "common/params.h"
+#include "common/rows.cuh"
 #include "common/types.cuh"
 #include "epilogue/store.cuh"
 #include "kernels/bn_finalize.cuh"
@@ -60,13 +62,10 @@ struct ApplyShape {
                                  : 1;
   static constexpr int kCols = kApplyColThreads * VEC;
   static constexpr int kStrips = (Spec::N + kCols - 1) / kCols;  // of kCols columns
-  // Of kApplyBlockRows rows, walked from the bottom up (see bn_apply).
-  static constexpr int kSlabs = (Spec::M + kApplyBlockRows - 1) / kApplyBlockRows;
-  // The grid is one-dimensional, strips fastest, as a kStrips x kSlabs grid would run: CUDA caps
-  // grid.y at 65535, which would cap M at 65535 slabs.
-  static_assert(fits_int(static_cast<long long>(kStrips) * kSlabs),
-                "bn_apply: strips x slabs must fit int (KernelConfig::why_invalid)");
-  static constexpr int kBlocks = kStrips * kSlabs;
+  // The grid is kStrips x slabs of kApplyBlockRows rows (walked from the bottom up, see
+  // bn_apply) in one dimension, strips fastest: CUDA caps grid.y at 65535, which would cap M at
+  // 65535 slabs. The host sizes it for the run's M and checks that it fits int
+  // (KernelConfig::why_invalid).
   // Row tiles a block's rows can reach (its rows start at a multiple of kApplyBlockRows).
   static constexpr int kTileSlots = (kApplyBlockRows - 1) / Spec::BM + 2;
   static_assert(Spec::BM % kApplyRows == 0, "a thread's rows must not straddle two row tiles");
@@ -76,26 +75,28 @@ struct ApplyShape {
 // Grid: one block per (column strip, kApplyBlockRows-row slab), strips fastest, slabs from the
 // bottom up: the GEMM wrote the last row tiles last, so they are the likeliest to still be in L2
 // when the first blocks run.
-template <class Spec>
+template <class Spec, bool FOLD_FINALIZE>
 __device__ void bn_apply(const Params& p) {
   using T = typename Spec::T;
   using S = ApplyShape<Spec>;
   constexpr int VEC = S::VEC;
+  const int m = rows_of<Spec>(p);
+  const int slabs = (m + kApplyBlockRows - 1) / kApplyBlockRows;
   // y = A (d + tile_mean) + B = A d + B', B' = A tile_mean + B per (row tile, column).
   __shared__ float s_a[S::kCols];
   __shared__ float s_b[S::kTileSlots][S::kCols];
   const int strip = static_cast<int>(blockIdx.x) % S::kStrips;
-  const int slab = S::kSlabs - 1 - static_cast<int>(blockIdx.x) / S::kStrips;
+  const int slab = slabs - 1 - static_cast<int>(blockIdx.x) / S::kStrips;
   const int row0 = slab * kApplyBlockRows;
   const int col0 = strip * S::kCols;
   const int first_tile = row0 / Spec::BM;
-  const int last_tile = (min(row0 + kApplyBlockRows, Spec::M) - 1) / Spec::BM;
+  const int last_tile = (min(row0 + kApplyBlockRows, m) - 1) / Spec::BM;
   const int tx = threadIdx.x % kApplyColThreads;
   const int r0 = row0 + (threadIdx.x / kApplyColThreads) * kApplyRows;
   const int c = col0 + tx * VEC;
-  const bool active = c < Spec::N && r0 < Spec::M;
+  const bool active = c < Spec::N && r0 < m;
   const int n_here = min(VEC, Spec::N - c);
-  const int rows = min(kApplyRows, Spec::M - r0);
+  const int rows = min(kApplyRows, m - r0);
   // Row offsets in 64-bit, also within a thread's rows: 7 * LDY passes 2^31 from LDY ~ 3e8.
   T* y = static_cast<T*>(p.y) + static_cast<long long>(r0) * Spec::LDY + c;
   wait_for_prior_grid();
@@ -112,10 +113,10 @@ __device__ void bn_apply(const Params& p) {
   if (threadIdx.x < S::kCols && col0 + static_cast<int>(threadIdx.x) < Spec::N) {
     const int n = col0 + threadIdx.x;
     Affine f;
-    if constexpr (Spec::FOLD_FINALIZE) {
+    if constexpr (FOLD_FINALIZE) {
       // Every slab merges its columns' few partials itself (cheaper than a finalize launch);
       // the bottom slab, which runs first, is the one that records.
-      f = finalize_column<Spec>(p, n, slab == S::kSlabs - 1);
+      f = finalize_column<Spec>(p, n, slab == slabs - 1);
     } else {
       const float2 ab = reinterpret_cast<const float2*>(p.ws_coef)[n];
       f = {ab.x, ab.y};
@@ -129,7 +130,7 @@ __device__ void bn_apply(const Params& p) {
   // which has completed; folded with momentum=None, every block here reads it, so bump_batches
   // runs after this kernel instead.
   if (blockIdx.x == 0 && threadIdx.x == 0 && p.num_batches_tracked &&
-      !(Spec::FOLD_FINALIZE && Spec::CUMULATIVE))
+      !(FOLD_FINALIZE && Spec::CUMULATIVE))
     *p.num_batches_tracked += 1;
   __syncthreads();
   if (!active) return;

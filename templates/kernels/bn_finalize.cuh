@@ -7,13 +7,13 @@
 #pragma once
 #include "common/grid_dependency.cuh"
 #include "common/params.h"
+#include "common/rows.cuh"
 #include "epilogue/bn_math.cuh"
 
 namespace fj {
 
 template <class Spec>
 struct FinalizeShape {
-  static constexpr int kRowTiles = (Spec::M + Spec::BM - 1) / Spec::BM;
   static constexpr int kCols = 32;
   static constexpr int kGroups = 8;
   static constexpr int kThreads = kCols * kGroups;
@@ -26,21 +26,22 @@ struct FinalizeShape {
 template <class Spec>
 __device__ __forceinline__ void merge_row_tiles(const Params& p, int n, int first, int step,
                                                 float& cnt, float& mean, float& m2) {
-  constexpr int kRowTiles = FinalizeShape<Spec>::kRowTiles;
+  const int m = rows_of<Spec>(p);
+  const int row_tiles = row_tiles_of<Spec>(p);
   constexpr int kUnroll = 4;
   const float2* partials = reinterpret_cast<const float2*>(p.ws_partials);
-  for (int t0 = first; t0 < kRowTiles; t0 += kUnroll * step) {
+  for (int t0 = first; t0 < row_tiles; t0 += kUnroll * step) {
     float2 pm[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int t = t0 + u * step;
-      pm[u] = t < kRowTiles ? partials[static_cast<long long>(t) * Spec::N + n] : float2{};
+      pm[u] = t < row_tiles ? partials[static_cast<long long>(t) * Spec::N + n] : float2{};
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int t = t0 + u * step;
-      if (t >= kRowTiles) break;
-      const float rows = static_cast<float>(min(Spec::BM, Spec::M - t * Spec::BM));
+      if (t >= row_tiles) break;
+      const float rows = static_cast<float>(min(Spec::BM, m - t * Spec::BM));
       chan_merge(cnt, mean, m2, rows, pm[u].x, pm[u].y);
     }
   }
@@ -52,8 +53,8 @@ template <class Spec>
 __device__ __forceinline__ Affine finalize_column(const Params& p, int n, bool record) {
   float cnt = 0.f, mean = 0.f, m2 = 0.f;
   merge_row_tiles<Spec>(p, n, 0, 1, cnt, mean, m2);
-  return train_column<Spec>(p, n, mean, m2 / static_cast<float>(Spec::M), momentum_factor<Spec>(p),
-                            record);
+  return train_column<Spec>(p, n, mean, m2 / static_cast<float>(rows_of<Spec>(p)),
+                            momentum_factor<Spec>(p), record);
 }
 
 template <class Spec>
@@ -74,7 +75,7 @@ __device__ void bn_finalize(const Params& p) {
   if (g != 0 || n >= Spec::N) return;
   for (int k = 1; k < S::kGroups; ++k)
     if (s_n[k][cx] > 0.f) chan_merge(cnt, mean, m2, s_n[k][cx], s_mean[k][cx], s_m2[k][cx]);
-  const Affine f = train_column<Spec>(p, n, mean, m2 / static_cast<float>(Spec::M),
+  const Affine f = train_column<Spec>(p, n, mean, m2 / static_cast<float>(rows_of<Spec>(p)),
                                       momentum_factor<Spec>(p), true);
   reinterpret_cast<float2*>(p.ws_coef)[n] = make_float2(f.a, f.b);
 }

@@ -20,21 +20,22 @@ struct SplitKReduce {
   // epilogue's column reductions; the GEMM's own count always does.
   static constexpr int kThreads = 256 % Spec::BN == 0 || Spec::BN % 256 == 0 ? 256 : Spec::THREADS;
   static constexpr int kSmemBytes = Gemm::Tile::kBytes + BnEpilogue<Spec, kThreads>::kScratchBytes;
-  static constexpr int kGridX = Gemm::Raster::kTiles;
-  static constexpr long long kSplitStride = static_cast<long long>(kGridX) * Gemm::kSliceVecs;
+  // Grid: one CTA per output tile (the host counts them for the run's M).
 
   __device__ static void run(const Params& p) {
     extern __shared__ __align__(128) char smem[];
     const int linear = blockIdx.x;
     const typename Gemm::Tile tile{reinterpret_cast<float*>(smem)};
-    const int n = Gemm::slice_vecs_in_m(linear);
+    const int n = Gemm::slice_vecs_in_m(p, linear);
     const float4* first = Gemm::slice(p, 0, linear);
+    const long long split_stride =
+        static_cast<long long>(Gemm::raster(p).tiles()) * Gemm::kSliceVecs;
     wait_for_prior_grid();
     for (int i = threadIdx.x; i < n; i += kThreads) {
       // All loads first (they are independent), then the adds in split order.
       float4 v[Gemm::kSplits];
 #pragma unroll
-      for (int s = 0; s < Gemm::kSplits; ++s) v[s] = first[s * kSplitStride + i];
+      for (int s = 0; s < Gemm::kSplits; ++s) v[s] = first[s * split_stride + i];
       float4 acc = v[0];
 #pragma unroll
       for (int s = 1; s < Gemm::kSplits; ++s) {

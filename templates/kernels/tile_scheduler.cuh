@@ -6,21 +6,22 @@
 
 namespace fj {
 
-template <int ROW_TILES, int COL_TILES, int GROUP_M>
+// The row tile count is the run's (M is a run-time value, common/rows.cuh); the host checks
+// that row tiles x COL_TILES fits int for the largest M a plan accepts (KernelConfig::why_invalid).
+template <int COL_TILES, int GROUP_M>
 struct GroupedRaster {
-  static_assert(fits_int(static_cast<long long>(ROW_TILES) * COL_TILES),
-                "GroupedRaster: the tile count must fit int (KernelConfig::why_invalid)");
   static_assert(fits_int(static_cast<long long>(GROUP_M) * COL_TILES),
                 "GroupedRaster: GROUP_M x column tiles must fit int (KernelConfig::why_invalid)");
-  static constexpr int kTiles = ROW_TILES * COL_TILES;
+  int row_tiles;
   struct Tile {
     int row, col;
   };
-  __device__ __forceinline__ static Tile tile(int linear) {
+  __device__ __forceinline__ int tiles() const { return row_tiles * COL_TILES; }
+  __device__ __forceinline__ Tile tile(int linear) const {
     constexpr int kPerGroup = GROUP_M * COL_TILES;
     const int group = linear / kPerGroup;
     const int first_row = group * GROUP_M;
-    const int rows_in_group = min(ROW_TILES - first_row, GROUP_M);
+    const int rows_in_group = min(row_tiles - first_row, GROUP_M);
     const int in_group = linear % kPerGroup;
     return {first_row + in_group % rows_in_group, in_group / rows_in_group};
   }

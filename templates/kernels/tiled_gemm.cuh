@@ -11,6 +11,7 @@
 #include "common/limits.h"
 #include "common/math_kind.cuh"
 #include "common/params.h"
+#include "common/rows.cuh"
 #include "common/select.cuh"
 #include "common/split_k.h"
 #include "common/tile.cuh"
@@ -28,14 +29,16 @@ struct TiledGemm {
   using Epilogue = BnEpilogue<Spec, Spec::THREADS>;
   using Tile = AccTile<Spec::BM, Spec::BN>;
   // Tile counts are (D + T - 1) / T in int (Problem::validate, KernelConfig::why_invalid).
-  static_assert(Spec::M <= kMaxDim && Spec::N <= kMaxDim && Spec::K <= kMaxDim,
+  static_assert(Spec::M >= 0 && Spec::M <= kMaxDim && Spec::N <= kMaxDim && Spec::K <= kMaxDim,
                 "M, N and K must be at most kMaxDim (common/limits.h)");
   static_assert(Spec::BM <= kMaxTileExtent && Spec::BN <= kMaxTileExtent &&
                     Spec::BK <= kMaxTileExtent,
                 "BM, BN and BK must be at most kMaxTileExtent (common/limits.h)");
-  static constexpr int kRowTiles = (Spec::M + Spec::BM - 1) / Spec::BM;
   static constexpr int kColTiles = (Spec::N + Spec::BN - 1) / Spec::BN;
-  using Raster = GroupedRaster<kRowTiles, kColTiles, Spec::GROUP_M>;
+  using Raster = GroupedRaster<kColTiles, Spec::GROUP_M>;
+  __device__ __forceinline__ static Raster raster(const Params& p) {
+    return Raster{row_tiles_of<Spec>(p)};
+  }
   static constexpr int kEpilogueBytes = Tile::kBytes + Epilogue::kScratchBytes;
   static constexpr int kSmemBytes =
       Mainloop::kSmemBytes > kEpilogueBytes ? Mainloop::kSmemBytes : kEpilogueBytes;
@@ -49,17 +52,17 @@ struct TiledGemm {
   static constexpr int kSliceVecs = Spec::BM * Spec::BN / 4;
   __device__ __forceinline__ static float4* slice(const Params& p, int split, int linear) {
     return reinterpret_cast<float4*>(p.ws_splitk) +
-           (static_cast<long long>(split) * Raster::kTiles + linear) * kSliceVecs;
+           (static_cast<long long>(split) * raster(p).tiles() + linear) * kSliceVecs;
   }
-  __device__ __forceinline__ static int slice_vecs_in_m(int linear) {
-    const int m0 = Raster::tile(linear).row * Spec::BM;
-    return min(Spec::BM, Spec::M - m0) * (Spec::BN / 4);
+  __device__ __forceinline__ static int slice_vecs_in_m(const Params& p, int linear) {
+    const int m0 = raster(p).tile(linear).row * Spec::BM;
+    return min(Spec::BM, rows_of<Spec>(p) - m0) * (Spec::BN / 4);
   }
 
   __device__ static void run(const Params& p) {
     extern __shared__ __align__(128) char smem[];
     const int linear = blockIdx.x;
-    const auto t = Raster::tile(linear);
+    const auto t = raster(p).tile(linear);
     const Tile tile{reinterpret_cast<float*>(smem)};
     // Without split-K the range is a compile-time constant, as the mainloop was tuned with.
     const KRange k =
@@ -71,7 +74,7 @@ struct TiledGemm {
       // Only the slice store is left: the reduce kernel's CTAs may start waiting now.
       allow_dependent_launch();
       float4* dst = slice(p, blockIdx.y, linear);
-      const int n = slice_vecs_in_m(linear);
+      const int n = slice_vecs_in_m(p, linear);
       for (int i = threadIdx.x; i < n; i += Spec::THREADS) dst[i] = tile.vec4(i);
     }
   }
@@ -81,7 +84,7 @@ struct TiledGemm {
   // downstream is the same either way.
   template <int NT>
   __device__ static void finish(const Params& p, char* smem, int linear) {
-    const auto t = Raster::tile(linear);
+    const auto t = raster(p).tile(linear);
     BnEpilogue<Spec, NT>::run(p, Tile{reinterpret_cast<float*>(smem)},
                               reinterpret_cast<float*>(smem + Tile::kBytes), t.row * Spec::BM,
                               t.col * Spec::BN, t.row, threadIdx.x, CtaBarrier{});

@@ -33,7 +33,7 @@
 // barriers as typed arrays, and the cluster rank. The producer tracks the ring with a
 // PipelineState, the consumers with a PipelineCounter (mainloop/mbarrier.cuh).
 //
-// Host launch contract (WarpspecGemm<Spec>::grid_size):
+// Host launch contract (WarpspecGemm<Spec>::grid_size; M is the run's rows, common/rows.cuh):
 //   row_tiles = ceil(M / BM), col_tiles = ceil(N / BN),
 //   cluster_tiles = ceil(row_tiles / CLUSTER_M) * col_tiles,
 //   grid.x = CLUSTER_M * (PERSISTENT ? min(cluster_tiles, sm_count / CLUSTER_M) : cluster_tiles),
@@ -43,6 +43,7 @@
 #include "common/limits.h"
 #include "common/math_kind.cuh"
 #include "common/params.h"
+#include "common/rows.cuh"
 #include "common/select.cuh"
 #include "common/spec_flag.cuh"
 #include "common/tile.cuh"
@@ -81,7 +82,7 @@ struct WarpspecGemm {
   static_assert(Spec::VEC_BYTES == 16, "warpspec: TMA and the stores need 16-byte aligned rows");
   static_assert(Spec::K >= 1, "warpspec: K must be positive");
   // Tile counts are (D + T - 1) / T in int (Problem::validate, KernelConfig::why_invalid).
-  static_assert(Spec::M <= kMaxDim && Spec::N <= kMaxDim && Spec::K <= kMaxDim,
+  static_assert(Spec::M >= 0 && Spec::M <= kMaxDim && Spec::N <= kMaxDim && Spec::K <= kMaxDim,
                 "warpspec: M, N and K must be at most kMaxDim (common/limits.h)");
   static_assert(BM <= kMaxTileExtent && BN <= kMaxTileExtent && BK <= kMaxTileExtent,
                 "warpspec: BM, BN and BK must be at most kMaxTileExtent (common/limits.h)");
@@ -118,16 +119,12 @@ struct WarpspecGemm {
   static constexpr int kKTiles = (Spec::K + BK - 1) / BK;
   static constexpr int kWBoxRows = BN / CLUSTER;  // rows of W one CTA's TMA box covers
 
-  static constexpr int kRowTiles = (Spec::M + BM - 1) / BM;
   static constexpr int kColTiles = (Spec::N + BN - 1) / BN;
-  static constexpr int kClusterRows = (kRowTiles + CLUSTER - 1) / CLUSTER;
-  // Twice the cluster tiles fit int: the grid (CLUSTER of them) and the tile loops' last
-  // `ct += tile_stride()` (at most kClusterTiles - 1 + kClusterTiles) stay in range.
-  static_assert(fits_int(2LL * kClusterRows * kColTiles),
-                "warpspec: twice the cluster tiles must fit int (KernelConfig::why_invalid)");
-  static constexpr int kClusterTiles = kClusterRows * kColTiles;
   static constexpr int kGroupM = Spec::GROUP_M / CLUSTER > 0 ? Spec::GROUP_M / CLUSTER : 1;
-  using Raster = GroupedRaster<kClusterRows, kColTiles, kGroupM>;
+  // Over cluster rows (ceil(row_tiles / CLUSTER)): the run's M sets their count. The host
+  // checks that twice the cluster tiles fit int for the largest M (KernelConfig::why_invalid),
+  // so the grid and the tile loops' last `ct += tile_stride` stay in range.
+  using Raster = GroupedRaster<kColTiles, kGroupM>;
 
   // Team g's fragment epilogue (pingpong: one per consumer warpgroup, on their own barriers).
   template <int G>
@@ -216,11 +213,15 @@ struct WarpspecGemm {
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
 
+  // Cluster tiles of a run of m rows.
+  __host__ __device__ static constexpr int cluster_tiles(int m) {
+    return ((m + BM - 1) / BM + CLUSTER - 1) / CLUSTER * kColTiles;
+  }
   // grid.x for the launch (see the header comment).
-  __host__ __device__ static constexpr int grid_size(int sm_count) {
-    return CLUSTER * (Spec::PERSISTENT ? (kClusterTiles < sm_count / CLUSTER ? kClusterTiles
-                                                                             : sm_count / CLUSTER)
-                                       : kClusterTiles);
+  __host__ __device__ static constexpr int grid_size(int m, int sm_count) {
+    return CLUSTER * (Spec::PERSISTENT ? (cluster_tiles(m) < sm_count / CLUSTER ? cluster_tiles(m)
+                                                                                : sm_count / CLUSTER)
+                                       : cluster_tiles(m));
   }
 
   __device__ static void run(const Params& p, const TmaDescriptor& tx, const TmaDescriptor& tw,
@@ -230,7 +231,7 @@ struct WarpspecGemm {
     const unsigned base = (raw + kAlign - 1u) & ~(kAlign - 1u);
     SharedStorage& s = *reinterpret_cast<SharedStorage*>(fj_warpspec_smem + (base - raw));
     const int warpgroup = threadIdx.x / 128;
-    const Ctx c(s, base, CLUSTER > 1 ? cluster_rank() : 0u);
+    const Ctx c(s, base, CLUSTER > 1 ? cluster_rank() : 0u, rows_of<Spec>(p));
 
     if (threadIdx.x == 0) {
       tma_prefetch(&tx);
@@ -296,11 +297,18 @@ struct WarpspecGemm {
     unsigned rank;
     MbarrierArray<STAGES> full, empty;
     MbarrierArray<2> coef_full, coef_empty, turn;
+    int m;              // the run's rows
+    int cluster_tiles;  // the tiles every role walks, as cluster tiles
+    Raster raster;
 
-    __device__ __forceinline__ Ctx(SharedStorage& storage, unsigned shared_base, unsigned cta_rank)
+    __device__ __forceinline__ Ctx(SharedStorage& storage, unsigned shared_base, unsigned cta_rank,
+                                   int rows)
         : s(storage),
           base(shared_base),
           rank(cta_rank),
+          m(rows),
+          cluster_tiles(WarpspecGemm::cluster_tiles(rows)),
+          raster{((rows + BM - 1) / BM + CLUSTER - 1) / CLUSTER},
           full{shared_base + FJ_OFFSETOF(SharedStorage, bar.full)},
           empty{shared_base + FJ_OFFSETOF(SharedStorage, bar.empty)},
           coef_full{shared_base + FJ_OFFSETOF(SharedStorage, bar.coef_full)},
@@ -315,16 +323,16 @@ struct WarpspecGemm {
   struct TileCoord {
     int row, m0, n0;
   };
-  __device__ __forceinline__ static TileCoord coord(int cluster_tile, unsigned rank) {
-    const auto t = Raster::tile(cluster_tile);
-    const int row = t.row * CLUSTER + static_cast<int>(rank);
+  __device__ __forceinline__ static TileCoord coord(const Ctx& c, int cluster_tile) {
+    const auto t = c.raster.tile(cluster_tile);
+    const int row = t.row * CLUSTER + static_cast<int>(c.rank);
     return {row, row * BM, t.col * BN};
   }
   __device__ __forceinline__ static int first_tile() {
     return static_cast<int>(blockIdx.x) / CLUSTER;
   }
-  __device__ __forceinline__ static int tile_stride() {
-    return Spec::PERSISTENT ? static_cast<int>(gridDim.x) / CLUSTER : kClusterTiles;
+  __device__ __forceinline__ static int tile_stride(const Ctx& c) {
+    return Spec::PERSISTENT ? static_cast<int>(gridDim.x) / CLUSTER : c.cluster_tiles;
   }
 
   __device__ __forceinline__ static unsigned cluster_rank() {
@@ -341,8 +349,8 @@ struct WarpspecGemm {
   __device__ __forceinline__ static void produce(const TmaDescriptor& tx, const TmaDescriptor& tw,
                                                  const Ctx& c) {
     PipelineState<STAGES> pipe;
-    for (int ct = first_tile(); ct < kClusterTiles; ct += tile_stride()) {
-      const TileCoord t = coord(ct, c.rank);
+    for (int ct = first_tile(); ct < c.cluster_tiles; ct += tile_stride(c)) {
+      const TileCoord t = coord(c, ct);
       for (int kt = 0; kt < kKTiles; ++kt) {
         const Mbarrier full = c.full[pipe.index];
         c.empty[pipe.index].wait(pipe.phase ^ 1u);
@@ -385,9 +393,9 @@ struct WarpspecGemm {
   __device__ __forceinline__ static void coefficients(const Params& p, const Ctx& c, int lane) {
     int runs = 0, runs0 = 0, runs1 = 0;
     int local = 0;
-    for (int ct = first_tile(); ct < kClusterTiles; ct += tile_stride(), ++local) {
-      const TileCoord t = coord(ct, c.rank);
-      if (CLUSTER > 1 && t.m0 >= Spec::M) continue;
+    for (int ct = first_tile(); ct < c.cluster_tiles; ct += tile_stride(c), ++local) {
+      const TileCoord t = coord(c, ct);
+      if (CLUSTER > 1 && t.m0 >= c.m) continue;
       const CoefSlot slot = coef_slot(local, runs, (local & 1) ? runs1 : runs0);
       c.coef_empty[slot.buf].wait((slot.use & 1) ^ 1u);
       float(&coef)[2][BN] = c.s.coef[slot.buf];
@@ -422,13 +430,13 @@ struct WarpspecGemm {
     const Mbarrier turn_other = c.turn[group ^ 1];
     int loops = 0;  // mainloops this group ran
     Acc acc;
-    for (int ct = first_tile(); ct < kClusterTiles; ct += tile_stride(), ++local) {
+    for (int ct = first_tile(); ct < c.cluster_tiles; ct += tile_stride(c), ++local) {
       if (kPingpong && (local & 1) != group) {
         slice.skip(kKTiles);  // the other group's tile
         continue;
       }
       if constexpr (kPingpong) turn_mine.wait((loops + group + 1) & 1);
-      const TileCoord t = coord(ct, c.rank);
+      const TileCoord t = coord(c, ct);
 #pragma unroll
       for (int ma = 0; ma < kMAtoms; ++ma) wgmma_fence_operands(acc[ma]);
       for (int kt = 0; kt < kKTiles; ++kt, slice.advance()) {
@@ -468,7 +476,7 @@ struct WarpspecGemm {
       for (int ma = 0; ma < kMAtoms; ++ma) wgmma_fence_operands(acc[ma]);
 
       // A CTA of the last cluster row may sit past M when row_tiles is odd: it only fed W.
-      if (CLUSTER > 1 && t.m0 >= Spec::M) continue;
+      if (CLUSTER > 1 && t.m0 >= c.m) continue;
       if constexpr (kFragment) {
         const CoefSlot slot = coef_slot(local, runs, runs);
         const float* coef = nullptr;

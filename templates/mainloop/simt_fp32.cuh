@@ -18,6 +18,7 @@
 #include "common/cp_async.cuh"
 #include "common/math_kind.cuh"
 #include "common/params.h"
+#include "common/rows.cuh"
 #include "common/split_k.h"
 #include "common/tile.cuh"
 #include "common/types.cuh"
@@ -40,7 +41,8 @@ struct SimtFp32Mainloop {
 
   static_assert(Spec::MATH == kMathSimtFp32, "SimtFp32Mainloop: MATH must be kMathSimtFp32");
   static_assert(sizeof(typename Spec::T) == 4, "SimtFp32Mainloop: T must be float");
-  static_assert(M >= 1 && N >= 1 && K >= 1, "M, N and K must be positive");
+  static_assert(M >= 0 && N >= 1 && K >= 1,
+                "N and K must be positive, M positive or 0 (the run's, common/rows.cuh)");
   static_assert(THREADS == WARPS_M * WARPS_N * 32, "THREADS must be WARPS_M * WARPS_N * 32");
   static_assert(BM % WARPS_M == 0 && BN % WARPS_N == 0,
                 "BM and BN must divide evenly among WARPS_M and WARPS_N");
@@ -60,18 +62,18 @@ struct SimtFp32Mainloop {
     static constexpr int kElems = ROWS * BK;
     static constexpr int kIters = (kElems + THREADS - 1) / THREADS;
     static constexpr int kRowStep = THREADS / BK;
-    static constexpr bool kRowTail = NROWS % ROWS != 0;
+    static constexpr bool kRowTail = NROWS == 0 || NROWS % ROWS != 0;  // 0: the run's count
     const float* base;
     const float* g;  // this thread's element of k-tile 0
     int k;           // this thread's k inside a tile
     int row;         // this thread's first row inside the tile
     int rows_left;
 
-    __device__ __forceinline__ void init(const void* ptr, int row0, int tid) {
+    __device__ __forceinline__ void init(const void* ptr, int row0, int tid, int nrows) {
       base = static_cast<const float*>(ptr);
       k = tid % BK;
       row = tid / BK;
-      rows_left = NROWS - row0 - row;
+      rows_left = nrows - row0 - row;
       g = base + static_cast<long long>(row0 + row) * LD + k;
     }
     __device__ __forceinline__ void issue(unsigned stage, int kt) const {
@@ -103,8 +105,8 @@ struct SimtFp32Mainloop {
 
     LoaderA la;
     LoaderB lb;
-    la.init(p.x, m0, tid);
-    lb.init(p.w, n0, tid);
+    la.init(p.x, m0, tid, rows_of<Spec>(p));
+    lb.init(p.w, n0, tid, Spec::N);
     const unsigned s0 = smem_u32(smem);
     const float* sf = reinterpret_cast<const float*>(smem);
 

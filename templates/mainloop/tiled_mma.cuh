@@ -16,6 +16,7 @@
 #include "common/math_kind.cuh"
 #include "common/mma.cuh"
 #include "common/params.h"
+#include "common/rows.cuh"
 #include "common/smem_layout.cuh"
 #include "common/spec_flag.cuh"
 #include "common/split_k.h"
@@ -43,7 +44,8 @@ __device__ __forceinline__ int clamp_bytes(int v, int hi) {
 }
 
 // Copies ROWS x BK slices of a K-contiguous matrix [NROWS][LD] (first row `row0`) into one
-// swizzled stage. Thread t owns chunk column t % CPR of rows t / CPR + i * kRowStep, so a warp
+// swizzled stage. NROWS is the row count when it is a compile-time constant, 0 when it is the
+// run's (x's M, common/rows.cuh): init() is given it either way. Thread t owns chunk column t % CPR of rows t / CPR + i * kRowStep, so a warp
 // reads whole contiguous row segments (coalesced) and writes whole 128-byte lines of shared
 // memory (conflict-free). Rows >= NROWS and k >= K are zero-filled: zero rows keep garbage out
 // of the accumulators and zero k columns (in both operands) add nothing to the dot products.
@@ -57,7 +59,8 @@ struct OperandLoader {
   static constexpr int kRowStep = THREADS / CPR;
   // Successive chunks of a thread keep the same swizzle key: their offsets differ by a constant.
   static constexpr bool kLinearRows = kRowStep % Layout::kPeriod == 0;
-  static constexpr bool kRowTail = NROWS % ROWS != 0;  // some tile has rows past the matrix
+  // Some tile has rows past the matrix (always possible when the row count is the run's).
+  static constexpr bool kRowTail = NROWS == 0 || NROWS % ROWS != 0;
   static constexpr bool kKTail = K % BK != 0;          // the last k-tile is partial
   static_assert(THREADS % CPR == 0, "OperandLoader: THREADS must be a multiple of BK*sizeof(T)/16");
   static_assert(VEC == 16 || VEC == 8 || VEC == 4 || (VEC == 2 && sizeof(T) == 2),
@@ -70,11 +73,11 @@ struct OperandLoader {
   int rows_left;  // rows of the matrix at or after this thread's first row
   int soff;       // swizzled byte offset of the first chunk in a stage
 
-  __device__ __forceinline__ void init(const void* ptr, int row0, int tid) {
+  __device__ __forceinline__ void init(const void* ptr, int row0, int tid, int nrows) {
     base = static_cast<const T*>(ptr);
     chunk = tid % CPR;
     row = tid / CPR;
-    rows_left = NROWS - row0 - row;
+    rows_left = nrows - row0 - row;
     g = base + static_cast<long long>(row0 + row) * LD + chunk * kEpc;
     soff = Layout::offset(row, chunk);
   }
@@ -136,7 +139,8 @@ struct TiledMmaMainloop {
                     (MATH == kMathFp16 && detail::IsSame<T, half_t>::value) ||
                     (MATH == kMathTf32 && detail::IsSame<T, float>::value),
                 "TiledMmaMainloop: T must be bf16_t for bf16, half_t for fp16, float for tf32");
-  static_assert(Spec::M >= 1 && Spec::N >= 1 && Spec::K >= 1, "M, N and K must be positive");
+  static_assert(Spec::M >= 0 && Spec::N >= 1 && Spec::K >= 1,
+                "N and K must be positive, M positive or 0 (the run's)");
   static_assert(THREADS == WARPS_M * WARPS_N * 32, "THREADS must be WARPS_M * WARPS_N * 32");
   static_assert(BM % (16 * WARPS_M) == 0,
                 "BM must be a multiple of 16 * WARPS_M (a warp owns whole 16-row mma tiles)");
@@ -212,8 +216,8 @@ struct TiledMmaMainloop {
 
     LoaderA la;
     LoaderB lb;
-    la.init(p.x, m0, tid);
-    lb.init(p.w, n0, tid);
+    la.init(p.x, m0, tid, rows_of<Spec>(p));
+    lb.init(p.w, n0, tid, Spec::N);
     const unsigned s0 = smem_u32(smem);
 
     // Prologue: STAGES-1 tiles in flight. One commit per slot, even when empty, so that

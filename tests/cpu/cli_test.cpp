@@ -135,7 +135,7 @@ TEST_CASE("compile --config compiles exactly that config") {
           "--config tiled.64x64x16.w2x1.s3.g8.k8 --cache-dir " +
           dir);
   REQUIRE_MESSAGE(r.code == 0, r.out);
-  CHECK(r.out.find("fj.fp32.eval.128x512x1024.tiled.64x64x16.w2x1.s3.g8.k8") != std::string::npos);
+  CHECK(r.out.find("fj.fp32.eval.Mx512x1024.tiled.64x64x16.w2x1.s3.g8.k8") != std::string::npos);
   CHECK(r.out.find("1 kernel set(s): 0 hit, 1 compiled") != std::string::npos);
 }
 

@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
 
@@ -25,7 +27,12 @@ TEST_CASE("codegen is deterministic and specializes the prelude, not the templat
   CHECK(a.text == b.text);
   CHECK(a.name == b.name);
   CHECK(a.options == b.options);
-  CHECK(a.text.find("static constexpr int M = 1000, N = 200, K = 64;") != std::string::npos);
+  // M is the run's (0 in the Spec) unless the config asks for exact M.
+  CHECK(a.text.find("static constexpr int M = 0, N = 200, K = 64;") != std::string::npos);
+  KernelConfig exact = config();
+  exact.exact_m = true;
+  CHECK(generate(problem(), exact).text.find("static constexpr int M = 1000, N = 200, K = 64;") !=
+        std::string::npos);
   CHECK(a.text.find("using T = fj::bf16_t;") != std::string::npos);
   CHECK(a.text.find("#include \"kernels/tiled_gemm.cuh\"") != std::string::npos);
   // The templates travel as headers, byte for byte as embedded.
@@ -39,10 +46,10 @@ TEST_CASE("the kernel schedule follows the mode and whether M fits one tile") {
   Problem p = problem();
   // 8 row tiles: fj_apply merges the partials itself.
   CHECK(schedule(p, config()).fold_finalize);
-  CHECK(schedule(p, config()).kernels == std::vector<std::string>{"fj_gemm", "fj_apply"});
+  CHECK(schedule(p, config()).kernels == std::vector<std::string>{"fj_gemm", "fj_apply_fold"});
   p.momentum = std::nullopt;
   CHECK(schedule(p, config()).kernels ==
-        std::vector<std::string>{"fj_gemm", "fj_apply", "fj_bump"});
+        std::vector<std::string>{"fj_gemm", "fj_apply_fold", "fj_bump"});
   // 9 row tiles: a finalize kernel merges them once per column.
   p.M = 8 * 128 + 1;
   CHECK(!schedule(p, config()).fold_finalize);
@@ -92,7 +99,7 @@ TEST_CASE("split-K: the reduce kernel follows the GEMM, then the unsplit schedul
   p.K = 1000;             // 32 k tiles: 8 splits of 4
   CHECK(schedule(p, split).split_k);
   CHECK(!schedule(p, config()).split_k);
-  CHECK(schedule(p, split).kernels == Names{"fj_gemm", "fj_splitk_reduce", "fj_apply"});
+  CHECK(schedule(p, split).kernels == Names{"fj_gemm", "fj_splitk_reduce", "fj_apply_fold"});
   p.M = 8 * 128 + 1;
   CHECK(schedule(p, split).kernels ==
         Names{"fj_gemm", "fj_splitk_reduce", "fj_finalize", "fj_apply"});
@@ -138,4 +145,74 @@ TEST_CASE("the cache key follows split-K's S") {
   CHECK(one != two);
   CHECK(two != four);
   CHECK(one != four);
+}
+
+TEST_CASE("dynamic M: problems that differ only in M give one source and one cache key per class") {
+  Problem a = problem();
+  for (const Mode mode : {Mode::train, Mode::eval}) {
+    a.mode = mode;
+    Problem b = a;
+    b.M = 9 * 128 + 77;  // another row-tile count, and unfolded rather than folded apply
+    const KernelSource sa = generate(a, config()), sb = generate(b, config());
+    CHECK(sa.text == sb.text);
+    CHECK(sa.name == sb.name);
+    CHECK(cache_key(sa, "sm_90a", "13.0") == cache_key(sb, "sm_90a", "13.0"));
+    CHECK(sa.text.find(std::to_string(a.M)) == std::string::npos);
+    // exact_m puts M back, and with it a key per M.
+    KernelConfig exact = config();
+    exact.exact_m = true;
+    CHECK(cache_key(generate(a, exact), "sm_90a", "13.0") !=
+          cache_key(generate(b, exact), "sm_90a", "13.0"));
+    CHECK(cache_key(generate(a, exact), "sm_90a", "13.0") != cache_key(sa, "sm_90a", "13.0"));
+  }
+  // Train: M <= BM is the single-pass class, with its own source.
+  Problem small = problem();
+  small.M = 128;
+  Problem tiny = small;
+  tiny.M = 2;
+  CHECK(generate(small, config()).text == generate(tiny, config()).text);
+  CHECK(generate(small, config()).text != generate(problem(), config()).text);
+  // Eval has one class: M = 2 and M = 1000 share a source.
+  small.mode = tiny.mode = Mode::eval;
+  Problem big = problem();
+  big.mode = Mode::eval;
+  CHECK(generate(tiny, config()).text == generate(big, config()).text);
+}
+
+TEST_CASE("a two-pass kernel set holds both apply paths; each run picks one by its row tiles") {
+  using Names = std::vector<std::string>;
+  Problem p = problem();
+  CHECK(kernel_set(p, config()) == Names{"fj_gemm", "fj_finalize", "fj_apply", "fj_apply_fold"});
+  p.momentum = std::nullopt;
+  CHECK(kernel_set(p, config()) ==
+        Names{"fj_gemm", "fj_finalize", "fj_apply", "fj_apply_fold", "fj_bump"});
+  CHECK(schedule(p, config(), 129).kernels == Names{"fj_gemm", "fj_apply_fold", "fj_bump"});
+  CHECK(schedule(p, config(), 8 * 128).kernels == Names{"fj_gemm", "fj_apply_fold", "fj_bump"});
+  CHECK(schedule(p, config(), 8 * 128 + 1).kernels == Names{"fj_gemm", "fj_finalize", "fj_apply"});
+  // A run of few rows through a two-pass set stays two-pass (the set has no single-pass GEMM).
+  CHECK(schedule(p, config(), 2).kernels == Names{"fj_gemm", "fj_apply_fold", "fj_bump"});
+  // exact_m: the set is exactly the one schedule.
+  KernelConfig exact = config();
+  exact.exact_m = true;
+  CHECK(kernel_set(p, exact) == schedule(p, exact).kernels);
+  // Every kernel a run may launch is in the set, for every M of the class.
+  for (std::int64_t rows = 2; rows <= p.M; rows += 37)
+    for (const auto& k : schedule(p, config(), rows).kernels) {
+      const Names set = kernel_set(p, config());
+      CHECK_MESSAGE(std::find(set.begin(), set.end(), k) != set.end(), k, " rows=", rows);
+    }
+}
+
+TEST_CASE("exact_m round-trips through the config key") {
+  KernelConfig c = config();
+  c.exact_m = true;
+  CHECK(c.key() == "tiled.128x128x32.w2x4.s4.g8.xm");
+  CHECK(KernelConfig::parse(c.key()).exact_m);
+  CHECK(KernelConfig::parse(c.key()).key() == c.key());
+  KernelConfig w = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.xm");
+  CHECK(w.exact_m);
+  CHECK(w.tma_store);
+  CHECK(w.key() == "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.xm");
+  CHECK(!KernelConfig::parse("tiled.128x128x32.w2x4.s4.g8.k4").exact_m);
+  CHECK(KernelConfig::parse("tiled.128x128x32.w2x4.s4.g8.k4.xm").split_k == 4);
 }

@@ -452,9 +452,65 @@ TEST_CASE("dispatch: exact entry, then the nearest valid bucket, then the heuris
   CHECK(c.source == KernelChoice::Source::exact);
   CHECK(c.reference);
   CHECK(c.config.key() == kTiled);
+  // 600 rows: the same layer and M class (257..1024) as the entry.
   c = choose_from_table(r, problem(600, 64, 4096, DType::bf16, Mode::eval), sm80);
+  CHECK(c.source == KernelChoice::Source::m_class);
+  CHECK(c.reference);
+  // 1100 rows: the next class; the nearest-bucket rule still finds the entry.
+  c = choose_from_table(r, problem(1100, 64, 4096, DType::bf16, Mode::eval), sm80);
   CHECK(c.source == KernelChoice::Source::bucket);
   CHECK(c.reference);
+}
+
+TEST_CASE("dispatch: a tuned M serves its layer's whole M class, as the dynamic-M twin") {
+  const Device sm80 = Device::for_arch("sm_80");
+  TuningTable t;
+  t.identity = identity(80);
+  const std::string exact = std::string(kTiled) + ".xm";
+  const Problem at1000 = problem(1000, 256, 512), at3000 = problem(3000, 256, 512);
+  t.entries[at1000.key()] = entry(at1000, exact);
+  t.entries[at3000.key()] = entry(at3000, kTiled);
+  // Its own M: the exact-M config as tuned.
+  KernelChoice c = choose_from_table(t, at1000, sm80);
+  CHECK(c.source == KernelChoice::Source::exact);
+  CHECK(c.config.exact_m);
+  // Another M of the class 257..1024: the same config without exact M (one kernel set).
+  for (const std::int64_t m : {257, 700, 1024}) {
+    CAPTURE(m);
+    c = choose_from_table(t, problem(m, 256, 512), sm80);
+    CHECK(c.source == KernelChoice::Source::m_class);
+    CHECK(c.config.key() == kTiled);
+  }
+  // 1025..4096 holds only M = 3000, even where M = 1000 is nearer by ratio.
+  c = choose_from_table(t, problem(1100, 256, 512), sm80);
+  CHECK(c.source == KernelChoice::Source::m_class);
+  CHECK(c.detail.find("M = 3000") != std::string::npos);
+  // Another layer (N differs) never counts as the same class.
+  c = choose_from_table(t, problem(700, 128, 512), sm80);
+  CHECK(c.source != KernelChoice::Source::m_class);
+  CHECK(same_m_class(t, problem(700, 128, 512)) == nullptr);
+  CHECK(same_m_class(t, problem(5000, 256, 512)) == nullptr);
+}
+
+TEST_CASE("M classes: bounds as documented, each inside one schedule class of every tile") {
+  CHECK(m_class(1).lo == 1);
+  CHECK(m_class(64).hi == 64);
+  CHECK(m_class(65).lo == 65);
+  CHECK(m_class(128).hi == 128);
+  CHECK(m_class(1000).lo == 257);
+  CHECK(m_class(1000).hi == 1024);
+  CHECK(m_class(16385).hi == kMaxDim);
+  CHECK(m_class(16385).representative() == 65536);
+  int classes = 0;
+  for (std::int64_t m = 1; m <= 8192; m = m_class(m).hi + 1) ++classes;
+  CHECK(classes == kMaxMClassesUpTo8192);
+  // No class straddles the tile heights fusejit uses (64, 128): whether a train plan is
+  // single-pass is the same for every M of a class (folded apply or not is each run's choice).
+  for (const std::int64_t bm : {64, 128})
+    for (std::int64_t m = 1; m < 100000; m = m_class(m).hi + 1) {
+      const MClass c = m_class(m);
+      CHECK((c.hi <= bm) == (c.lo <= bm));
+    }
 }
 
 TEST_CASE("dispatch heuristic: the reference op for strict fp32 with a long K, else fused") {

@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(256) ws_finalize(const __grid_constant__ fj::P
 template <class Spec>
 __global__ void __launch_bounds__(fj::kApplyThreads)
     ws_apply(const __grid_constant__ fj::Params p) {
-  fj::bn_apply<Spec>(p);
+  fj::bn_apply<Spec, false>(p);
 }
 
 // ---- host helpers -----------------------------------------------------------------------
@@ -486,6 +486,7 @@ void run_case(Ctx& ctx, const char* name, bool timed) {
   p.ws_partials = d_part;
   p.ws_coef = d_coef;
   p.eps = 1e-5f;
+  p.m = M;
   p.momentum = 0.1f;
 
   constexpr int elem = static_cast<int>(sizeof(S));
@@ -501,7 +502,7 @@ void run_case(Ctx& ctx, const char* name, bool timed) {
                           G::kSmemBytes));
   // Untimed (small) cases pretend the GPU has 4 SMs, so that persistent CTAs walk several
   // tiles each (and pingpong groups alternate) even on shapes with few tiles.
-  const int grid = G::grid_size(timed ? ctx.sm_count : 4);
+  const int grid = G::grid_size(Spec::M, timed ? ctx.sm_count : 4);
   auto launch_gemm = [&] {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(grid);
@@ -523,7 +524,8 @@ void run_case(Ctx& ctx, const char* name, bool timed) {
       using F = fj::FinalizeShape<Spec>;
       using A = fj::ApplyShape<Spec>;
       ws_finalize<Spec><<<F::kGridX, F::kThreads, 0, ctx.stream>>>(p);
-      ws_apply<Spec><<<A::kBlocks, fj::kApplyThreads, 0, ctx.stream>>>(p);
+      const int slabs = (Spec::M + fj::kApplyBlockRows - 1) / fj::kApplyBlockRows;
+      ws_apply<Spec><<<A::kStrips * slabs, fj::kApplyThreads, 0, ctx.stream>>>(p);
     }
   };
 

@@ -6,12 +6,14 @@
 #include <cctype>
 #include <cstdlib>
 
+#include "fusejit/cache/disk_cache.hpp"
 #include "fusejit/device/context.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/plan/launch.hpp"
 #include "fusejit/plan/plan_core.hpp"
 #include "fusejit/reference/cublaslt_reference.hpp"
+#include "fusejit/runtime/module.hpp"
 #include "fusejit/tune/dispatch.hpp"
 #include "fusejit/util/log.hpp"
 
@@ -26,8 +28,20 @@ bool autotune_from_env() {
   return s == "1" || s == "true" || s == "on" || s == "yes";
 }
 
+struct Plan::RunState {
+  Problem problem;
+  WorkspaceLayout workspace;
+  RunShape shape;  // for problem.M rows
+  std::vector<std::string> kernel_names;
+  bool cache_hit = false;
+  double compile_seconds = 0;
+  TensorMapCache maps;
+};
+
 Plan::Plan(const Problem& problem, const PlanOptions& options) {
   problem.validate();
+  if (options.cache_max_bytes) DiskCache::set_default_max_bytes(options.cache_max_bytes);
+  if (options.max_kernel_sets) Module::set_max_loaded(options.max_kernel_sets);
   const CUcontext ctx = context_for(options.device);
   // context_for made ctx current; the device is read once (its attributes are driver calls).
   const Device device = Device::current();
@@ -53,7 +67,16 @@ Plan::Plan(const Problem& problem, const PlanOptions& options) {
     reference = choice.reference;
     dispatch_ = name(choice.source);
   }
-  core_ = plan_core(problem, config, ctx, options.cache_dir);
+  bool built = false;
+  core_ = plan_core(problem, config, ctx, options.cache_dir, &built);
+  state_ = std::make_unique<RunState>();
+  state_->problem = problem;
+  state_->workspace = workspace_layout(problem, config);
+  state_->shape = run_shape(*core_, problem.M, state_->workspace);
+  state_->kernel_names = schedule(problem, config).kernels;
+  // This plan's own story: a core another plan built (any M of its kernel set) cost nothing.
+  state_->cache_hit = !built || core_->cache_hit;
+  state_->compile_seconds = built ? core_->compile_seconds : 0.0;
   if (reference) {
     try {
       ReferenceOpOptions ro;
@@ -78,6 +101,7 @@ Plan::~Plan() {
 
 Plan::Plan(Plan&& o) noexcept
     : core_(std::move(o.core_)),
+      state_(std::move(o.state_)),
       own_workspace_(o.own_workspace_),
       reference_(std::move(o.reference_)),
       dispatch_(std::move(o.dispatch_)) {
@@ -88,6 +112,7 @@ Plan& Plan::operator=(Plan&& o) noexcept {
   if (this != &o) {
     if (own_workspace_ && driver_available()) driver().cuMemFree(own_workspace_);
     core_ = std::move(o.core_);
+    state_ = std::move(o.state_);
     own_workspace_ = o.own_workspace_;
     o.own_workspace_ = 0;
     reference_ = std::move(o.reference_);
@@ -97,16 +122,16 @@ Plan& Plan::operator=(Plan&& o) noexcept {
 }
 
 const Problem& Plan::problem() const {
-  return core_->problem;
+  return state_->problem;
 }
 const KernelConfig& Plan::config() const {
   return core_->config;
 }
 std::size_t Plan::workspace_size() const {
-  return reference_ ? reference_->workspace_size() : core_->workspace.total;
+  return reference_ ? reference_->workspace_size() : state_->workspace.total;
 }
 std::vector<std::string> Plan::kernel_names() const {
-  return reference_ ? reference_->kernel_names() : core_->schedule.kernels;
+  return reference_ ? reference_->kernel_names() : state_->kernel_names;
 }
 const std::string& Plan::dispatch() const {
   return dispatch_;
@@ -115,14 +140,14 @@ bool Plan::uses_reference() const {
   return reference_ != nullptr;
 }
 bool Plan::cache_hit() const {
-  return core_->cache_hit;
+  return state_->cache_hit;
 }
 double Plan::compile_seconds() const {
-  return core_->compile_seconds;
+  return state_->compile_seconds;
 }
 
 void Plan::validate(const Tensors& t) const {
-  validate_tensors(core_->problem, t);
+  validate_tensors(state_->problem, t);
 }
 
 void Plan::run(CUstream stream, const Tensors& t) const {
@@ -134,9 +159,42 @@ void Plan::run(CUstream stream, const Tensors& t, void* workspace, std::size_t b
     reference_->run(stream, t, workspace, bytes);  // validates t and workspace as below
     return;
   }
-  validate_tensors(core_->problem, t);
-  validate_workspace(workspace, bytes, core_->workspace.total);
-  launch(*core_, stream, t, workspace);
+  validate_tensors(state_->problem, t);
+  validate_workspace(workspace, bytes, state_->workspace.total);
+  launch(*core_, state_->shape, stream, t, workspace, &state_->maps);
+}
+
+void Plan::run(CUstream stream, const Tensors& t, std::int64_t rows) const {
+  run(stream, t, rows, reinterpret_cast<void*>(own_workspace_), workspace_size());
+}
+
+void Plan::run(CUstream stream, const Tensors& t, std::int64_t rows, void* workspace,
+               std::size_t bytes) const {
+  const Problem& p = state_->problem;
+  if (rows == p.M) {
+    run(stream, t, workspace, bytes);
+    return;
+  }
+  const std::int64_t least = p.mode == Mode::train ? 2 : 1;
+  if (rows < least || rows > p.M)
+    throw InvalidArgument("rows", fmt::format("expected {} <= rows <= M = {} (the plan's M{}); got {}",
+                                              least, p.M,
+                                              p.mode == Mode::train
+                                                  ? "; train mode needs two rows for a variance"
+                                                  : "",
+                                              rows));
+  if (reference_)
+    throw InvalidArgument("rows",
+                          fmt::format("this plan runs the cuBLASLt reference op, planned for M = "
+                                      "{} rows exactly; plan M = {} for this batch",
+                                      p.M, rows));
+  if (core_->config.exact_m)
+    throw InvalidArgument("rows", fmt::format("this plan's kernels were compiled for M = {} "
+                                              "exactly (config {}); got {}",
+                                              p.M, core_->config.key(), rows));
+  validate_tensors(p, t);
+  validate_workspace(workspace, bytes, state_->workspace.total);
+  launch(*core_, run_shape(*core_, rows, state_->workspace), stream, t, workspace, &state_->maps);
 }
 
 }  // namespace fusejit

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string_view>
 
 #include "fusejit/codegen/embedded_templates.hpp"
 
@@ -31,22 +32,38 @@ const char* b(bool v) {
 
 }  // namespace
 
-KernelSchedule schedule(const Problem& p, const KernelConfig& c) {
+bool single_pass_class(const Problem& p, const KernelConfig& c) {
+  return p.mode == Mode::train && p.M <= c.bm;
+}
+
+KernelSchedule schedule(const Problem& p, const KernelConfig& c, std::int64_t rows) {
   KernelSchedule s;
   s.kernels.push_back("fj_gemm");
   s.split_k = c.variant == Variant::tiled && c.split_k > 1;
   if (s.split_k) s.kernels.push_back("fj_splitk_reduce");
   if (p.mode != Mode::train) return s;
-  s.single_pass = p.M <= c.bm;
-  // With few row tiles, each fj_apply block re-merging its columns' partials costs less than a
-  // separate finalize launch (which runs alone, between the GEMM and the apply pass).
-  constexpr std::int64_t kFoldMaxRowTiles = 8;
-  s.fold_finalize = !s.single_pass && (p.M + c.bm - 1) / c.bm <= kFoldMaxRowTiles;
+  s.single_pass = single_pass_class(p, c);
+  s.fold_finalize = !s.single_pass && (rows + c.bm - 1) / c.bm <= kFoldMaxRowTiles;
   if (!s.single_pass && !s.fold_finalize) s.kernels.push_back("fj_finalize");
-  if (!s.single_pass) s.kernels.push_back("fj_apply");
+  if (!s.single_pass) s.kernels.push_back(s.fold_finalize ? "fj_apply_fold" : "fj_apply");
   // momentum=None: every reader of num_batches_tracked must finish before it is bumped.
   if ((s.single_pass || s.fold_finalize) && !p.momentum) s.kernels.push_back("fj_bump");
   return s;
+}
+
+std::vector<std::string> kernel_set(const Problem& p, const KernelConfig& c) {
+  if (c.exact_m || p.mode != Mode::train || single_pass_class(p, c)) return schedule(p, c).kernels;
+  // Two-pass, dynamic M: both apply paths, the finalize and (cumulative) the bump.
+  std::vector<std::string> k{"fj_gemm"};
+  if (c.variant == Variant::tiled && c.split_k > 1) k.push_back("fj_splitk_reduce");
+  k.insert(k.end(), {"fj_finalize", "fj_apply", "fj_apply_fold"});
+  if (!p.momentum) k.push_back("fj_bump");
+  return k;
+}
+
+std::string kernel_set_problem_key(const Problem& p, const KernelConfig& c) {
+  const std::string k = p.key();
+  return c.exact_m ? k : "M" + k.substr(k.find('x'));
 }
 
 const std::vector<std::pair<std::string, std::string>>& template_headers() {
@@ -59,19 +76,25 @@ const std::vector<std::pair<std::string, std::string>>& template_headers() {
 }
 
 KernelSource generate(const Problem& p, const KernelConfig& c) {
-  const KernelSchedule sched = schedule(p, c);
+  const std::vector<std::string> kernels = kernel_set(p, c);
+  const bool single_pass = single_pass_class(p, c);
   const bool ws = c.variant == Variant::warpspec;
   KernelSource src;
-  src.name =
-      fmt::format("fj.{}.{}.{}.{}", name(p.dtype), name(p.mode), format_shape(p.shape()), c.key());
+  const std::string rows = c.exact_m ? std::to_string(p.M) : std::string("M");
+  src.name = fmt::format("fj.{}.{}.{}x{}x{}.{}{}", name(p.dtype), name(p.mode), rows, p.N, p.K,
+                         c.key(),
+                         p.mode != Mode::train ? "" : (single_pass ? ".1pass" : ".2pass"));
   std::string& t = src.text;
-  t += fmt::format("// fusejit generated kernel: {}\n// problem: {}\n", src.name, p.key());
+  t += fmt::format("// fusejit generated kernel: {}\n// problem: {}\n", src.name,
+                   kernel_set_problem_key(p, c));
   t += "#include \"common/types.cuh\"\n#include \"common/math_kind.cuh\"\n";
   t += "struct Spec {\n";
   t += fmt::format("  using T = {};\n  using P = {};\n", template_type_name(p.dtype),
                    template_type_name(p.param_dtype));
   t += fmt::format("  static constexpr int MATH = {};\n", math_name(p.dtype));
-  t += fmt::format("  static constexpr int M = {}, N = {}, K = {};\n", p.M, p.N, p.K);
+  // M = 0: the run's row count, from fj::Params::m (common/rows.cuh).
+  t += fmt::format("  static constexpr int M = {}, N = {}, K = {};\n", c.exact_m ? p.M : 0, p.N,
+                   p.K);
   t += fmt::format("  static constexpr int LDX = {}, LDW = {}, LDY = {};\n", p.lda_x(), p.lda_w(),
                    p.lda_y());
   t += fmt::format("  static constexpr int BM = {}, BN = {}, BK = {}, STAGES = {}, GROUP_M = {};\n",
@@ -90,36 +113,37 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   t += fmt::format("  static constexpr int VEC_BYTES = {};\n",
                    std::min(p.effective_alignment(), 16));
   t += fmt::format(
-      "  static constexpr bool TRAIN = {}, SINGLE_PASS = {}, FOLD_FINALIZE = {}, CUMULATIVE = {};\n"
+      "  static constexpr bool TRAIN = {}, SINGLE_PASS = {}, CUMULATIVE = {};\n"
       "  static constexpr bool HAS_BIAS = {}, HAS_SCALE = {}, HAS_AFFINE = {};\n",
-      b(p.mode == Mode::train), b(sched.single_pass), b(sched.fold_finalize), b(!p.momentum),
+      b(p.mode == Mode::train), b(single_pass), b(!p.momentum),
       b(p.has_bias), b(p.has_scale), b(p.has_affine));
   t += "};\n";
   const char* gemm = ws ? "fj::WarpspecGemm<Spec>" : "fj::TiledGemm<Spec>";
   t += ws ? "#include \"kernels/warpspec_gemm.cuh\"\n" : "#include \"kernels/tiled_gemm.cuh\"\n";
-  if (sched.split_k) t += "#include \"kernels/splitk_reduce.cuh\"\n";
+  const auto has = [&](std::string_view k) {
+    return std::find(kernels.begin(), kernels.end(), k) != kernels.end();
+  };
+  if (has("fj_splitk_reduce")) t += "#include \"kernels/splitk_reduce.cuh\"\n";
   // The BatchNorm passes (fj_finalize, fj_apply, fj_bump) live in bn_apply.cuh.
-  const bool bn_passes = std::any_of(sched.kernels.begin(), sched.kernels.end(), [](const auto& k) {
-    return k == "fj_finalize" || k == "fj_apply" || k == "fj_bump";
-  });
+  const bool bn_passes = has("fj_finalize") || has("fj_apply") || has("fj_apply_fold") || has("fj_bump");
   if (bn_passes) t += "#include \"kernels/bn_apply.cuh\"\n";
   // The host reads the exact dynamic shared memory size and the launch shapes of the BatchNorm
-  // passes from the module: the templates are their one source of truth.
+  // passes from the module: the templates are their one source of truth. Grids that grow with
+  // M are given per unit (launch[0]): the split-K reduce's per output tile, fj_apply's per slab
+  // of kApplyBlockRows rows; the host multiplies by the run's count.
   t += fmt::format("extern \"C\" __device__ const int fj_smem_bytes = {}::kSmemBytes;\n", gemm);
-  for (const auto& k : sched.kernels) {
-    if (k == "fj_splitk_reduce")
-      t += "extern \"C\" __device__ const int fj_splitk_reduce_smem_bytes =\n"
-           "    fj::SplitKReduce<Spec>::kSmemBytes;\n"
-           "extern \"C\" __device__ const int fj_splitk_reduce_launch[3] = {\n"
-           "    fj::SplitKReduce<Spec>::kGridX, 1, fj::SplitKReduce<Spec>::kThreads};\n";
-    if (k == "fj_finalize")
-      t += "extern \"C\" __device__ const int fj_finalize_launch[3] = {\n"
-           "    fj::FinalizeShape<Spec>::kGridX, 1, fj::FinalizeShape<Spec>::kThreads};\n";
-    if (k == "fj_apply")
-      t += "extern \"C\" __device__ const int fj_apply_launch[3] = {\n"
-           "    fj::ApplyShape<Spec>::kBlocks, 1, fj::kApplyThreads};\n";
-  }
-  for (const auto& k : sched.kernels) {
+  if (has("fj_splitk_reduce"))
+    t += "extern \"C\" __device__ const int fj_splitk_reduce_smem_bytes =\n"
+         "    fj::SplitKReduce<Spec>::kSmemBytes;\n"
+         "extern \"C\" __device__ const int fj_splitk_reduce_launch[3] = {\n"
+         "    1, 1, fj::SplitKReduce<Spec>::kThreads};\n";
+  if (has("fj_finalize"))
+    t += "extern \"C\" __device__ const int fj_finalize_launch[3] = {\n"
+         "    fj::FinalizeShape<Spec>::kGridX, 1, fj::FinalizeShape<Spec>::kThreads};\n";
+  if (has("fj_apply") || has("fj_apply_fold"))
+    t += "extern \"C\" __device__ const int fj_apply_launch[3] = {\n"
+         "    fj::ApplyShape<Spec>::kStrips, 1, fj::kApplyThreads};\n";
+  for (const auto& k : kernels) {
     if (k == "fj_gemm" && ws) {
       t += fmt::format(
           "extern \"C\" __global__ void __launch_bounds__(Spec::THREADS, 1)\n"
@@ -141,12 +165,15 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
            "fj_finalize(const fj::Params p) { fj::bn_finalize<Spec>(p); }\n";
     } else if (k == "fj_apply") {
       t += "extern \"C\" __global__ void __launch_bounds__(fj::kApplyThreads)\n"
-           "fj_apply(const fj::Params p) { fj::bn_apply<Spec>(p); }\n";
+           "fj_apply(const fj::Params p) { fj::bn_apply<Spec, false>(p); }\n";
+    } else if (k == "fj_apply_fold") {
+      t += "extern \"C\" __global__ void __launch_bounds__(fj::kApplyThreads)\n"
+           "fj_apply_fold(const fj::Params p) { fj::bn_apply<Spec, true>(p); }\n";
     } else if (k == "fj_bump") {
       t += "extern \"C\" __global__ void fj_bump(const fj::Params p) { fj::bump_batches(p); }\n";
     }
   }
-  src.kernels = sched.kernels;
+  src.kernels = kernels;
   src.options = {"--std=c++17", "-DNDEBUG", "--extra-device-vectorization"};
   src.headers = template_headers();
   return src;

@@ -2,6 +2,7 @@
 // (struct Spec), the template includes and the extern "C" kernels one run launches.
 // Deterministic: the same inputs give byte-identical text, which is what keys the caches.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -11,7 +12,17 @@
 
 namespace fusejit {
 
-// Which kernels a run launches, in order, and their names in the generated source.
+// M is a run-time value: one kernel set serves every M of a layer (N, K, dtypes, mode, flags,
+// strides, alignment) and config in one schedule class. Train mode has two classes, because
+// the GEMM's epilogue differs: single-pass (M <= BM: one row tile holds whole columns, the
+// epilogue normalizes y itself) and two-pass (M > BM: the epilogue leaves per-row-tile
+// partials, fj_apply normalizes). A two-pass set holds both apply kernels, folded and not, and
+// each run picks one by its row tiles. Eval mode has one class. With config.exact_m, M is a
+// compile-time constant instead and the set serves that M only.
+bool single_pass_class(const Problem&, const KernelConfig&);
+
+// Which kernels a run of `rows` rows (1 <= rows <= p.M; rows == p.M for exact_m) launches, in
+// order, and their names in the generated source.
 struct KernelSchedule {
   bool single_pass = false;    // train: the GEMM's epilogue sees whole columns (one row tile)
   bool fold_finalize = false;  // train, two-pass: fj_apply merges the partials itself
@@ -20,9 +31,23 @@ struct KernelSchedule {
   bool split_k = false;
   std::vector<std::string> kernels;  // e.g. {"fj_gemm", "fj_splitk_reduce", "fj_finalize", ...}
 };
-KernelSchedule schedule(const Problem&, const KernelConfig&);
+KernelSchedule schedule(const Problem&, const KernelConfig&, std::int64_t rows);
+inline KernelSchedule schedule(const Problem& p, const KernelConfig& c) {
+  return schedule(p, c, p.M);
+}
+// With few row tiles, each fj_apply block re-merging its columns' partials costs less than a
+// separate finalize launch (which runs alone, between the GEMM and the apply pass).
+inline constexpr std::int64_t kFoldMaxRowTiles = 8;
 
+// Every kernel the set of (p, c) holds: what any run it serves may launch.
+std::vector<std::string> kernel_set(const Problem&, const KernelConfig&);
+
+// The source of that set. It names M only with exact_m: two problems that differ in M alone
+// (in one schedule class) give byte-identical text, hence one cache key and one compile.
 KernelSource generate(const Problem&, const KernelConfig&);
+
+// The problem's key with M replaced by "M" unless `c.exact_m`: what the kernel set depends on.
+std::string kernel_set_problem_key(const Problem&, const KernelConfig&);
 
 // The embedded templates as NVRTC headers (include name, contents).
 const std::vector<std::pair<std::string, std::string>>& template_headers();

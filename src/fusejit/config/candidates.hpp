@@ -1,6 +1,7 @@
 // The library's side of kernel configs: the candidates it considers, the heuristic's pick, the
 // time model that orders them, and the layout constants host code shares with the templates.
 #pragma once
+#include <cstdint>
 #include <optional>
 #include <vector>
 
@@ -16,6 +17,21 @@ namespace fusejit {
 inline constexpr int kTmaStoreBoxRows = 16;
 inline constexpr int kTmaStoreBoxRowBytes = 64;
 
+// M classes: the ranges of M for which the dispatch makes one choice of config, so that the
+// batch sizes of one layer share a few kernel sets (M is a run-time value in them, codegen.hpp)
+// instead of compiling one each. Bounds (inclusive upper): 64 and 128, the two tile heights,
+// below which train mode runs in one pass; 256; 1024; 4096; 16384; then everything larger. Each
+// class spans at most a factor 4 of M, inside which the heuristic's time model (waves of tiles)
+// ranks the configs alike, and each lies inside one schedule class (BM and 8 BM are class
+// bounds), so a class needs at most one kernel set and M = 1..8192 at most six.
+struct MClass {
+  std::int64_t lo = 1, hi = 1;  // inclusive
+  // The M the heuristic ranks configs at: the class's largest (the top class: 65536).
+  std::int64_t representative() const;
+};
+MClass m_class(std::int64_t M);
+inline constexpr int kMaxMClassesUpTo8192 = 6;
+
 // A rough time model (waves x tile time + extra passes) that orders candidates until the
 // autotuner measures them.
 double estimated_us(const Problem&, const Device&, const KernelConfig&);
@@ -23,7 +39,8 @@ double estimated_us(const Problem&, const Device&, const KernelConfig&);
 // The configs fusejit considers for a problem on a device (both variants where they apply),
 // each valid_for it. The first is the built-in heuristic's choice.
 std::vector<KernelConfig> candidate_configs(const Problem&, const Device&);
-// The heuristic's choice, optionally restricted to one variant. Throws InvalidArgument
+// The heuristic's choice, optionally restricted to one variant: the first of the candidates
+// ranked at the M class's representative M that can run `p` itself. Throws InvalidArgument
 // ("variant", ...) when that variant cannot run the problem on the device.
 KernelConfig default_config(const Problem&, const Device&, std::optional<Variant> variant = {});
 

@@ -236,12 +236,13 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
 }
 
 std::string KernelConfig::key() const {
+  const char* xm = exact_m ? ".xm" : "";
   if (variant == Variant::tiled)
-    return fmt::format("tiled.{}x{}x{}.w{}x{}.s{}.g{}{}", bm, bn, bk, warps_m, warps_n, stages,
-                       group_m, split_k != 1 ? fmt::format(".k{}", split_k) : "");
-  return fmt::format("warpspec.{}x{}x{}.c{}.s{}.g{}.cl{}.p{}{}{}", bm, bn, bk, warps_m, stages,
+    return fmt::format("tiled.{}x{}x{}.w{}x{}.s{}.g{}{}{}", bm, bn, bk, warps_m, warps_n, stages,
+                       group_m, split_k != 1 ? fmt::format(".k{}", split_k) : "", xm);
+  return fmt::format("warpspec.{}x{}x{}.c{}.s{}.g{}.cl{}.p{}{}{}{}", bm, bn, bk, warps_m, stages,
                      group_m, cluster_m, int(persistent), pingpong ? ".pp" : "",
-                     tma_store ? ".ts" : "");
+                     tma_store ? ".ts" : "", xm);
 }
 
 namespace {
@@ -272,8 +273,11 @@ std::optional<std::vector<int>> match_key(std::string_view text, std::string_vie
 
 }  // namespace
 
-KernelConfig KernelConfig::parse(std::string_view key) {
+KernelConfig KernelConfig::parse(std::string_view whole) {
   KernelConfig c;
+  std::string_view key = whole;
+  c.exact_m = key.ends_with(".xm");
+  if (c.exact_m) key.remove_suffix(3);
   if (auto v = match_key(key, "tiled.#x#x#.w#x#.s#.g#.k#");
       v || (v = match_key(key, "tiled.#x#x#.w#x#.s#.g#"))) {
     c.variant = Variant::tiled;
@@ -296,9 +300,9 @@ KernelConfig KernelConfig::parse(std::string_view key) {
     return c;
   }
   throw InvalidArgument("config",
-                        "expected a key like tiled.128x128x32.w2x4.s4.g8[.k4] or "
-                        "warpspec.128x256x64.c2.s4.g8.cl1.p1[.pp|.ts]; got '" +
-                            printable(key) + "'");
+                        "expected a key like tiled.128x128x32.w2x4.s4.g8[.k4][.xm] or "
+                        "warpspec.128x256x64.c2.s4.g8.cl1.p1[.pp|.ts][.xm]; got '" +
+                            printable(whole) + "'");
 }
 
 namespace {
@@ -485,9 +489,28 @@ std::vector<KernelConfig> candidate_configs(const Problem& p, const Device& d) {
   return out;
 }
 
+MClass m_class(std::int64_t M) {
+  constexpr std::int64_t kBounds[] = {64, 128, 256, 1024, 4096, 16384};
+  std::int64_t lo = 1;
+  for (const std::int64_t hi : kBounds) {
+    if (M <= hi) return {lo, hi};
+    lo = hi + 1;
+  }
+  return {lo, kMaxDim};
+}
+
+std::int64_t MClass::representative() const {
+  return hi == kMaxDim ? 65536 : hi;
+}
+
 KernelConfig default_config(const Problem& p, const Device& d, std::optional<Variant> variant) {
-  const auto cs = candidate_configs(p, d);
-  for (const auto& c : cs)
+  // Ranked at the class's M, so every M of the class gets the same config (and kernel set)
+  // unless a config cannot run this M itself (32-bit counts at the largest M).
+  Problem ranked = p;
+  ranked.M = m_class(p.M).representative();
+  for (const auto& c : candidate_configs(ranked, d))
+    if ((!variant || c.variant == *variant) && c.valid_for(p, d)) return c;
+  for (const auto& c : candidate_configs(p, d))
     if (!variant || c.variant == *variant) return c;
   std::string reasons;
   const auto all = variant == Variant::warpspec ? warpspec_candidates(p) : tiled_candidates(p, d);

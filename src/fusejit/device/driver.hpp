@@ -53,6 +53,12 @@ namespace fusejit {
   X(cuStreamDestroy) \
   X(cuStreamSynchronize) \
   X(cuStreamGetCtx) \
+  X(cuStreamBeginCapture) \
+  X(cuStreamEndCapture) \
+  X(cuGraphInstantiate) \
+  X(cuGraphLaunch) \
+  X(cuGraphExecDestroy) \
+  X(cuGraphDestroy) \
   X(cuEventCreate) \
   X(cuEventDestroy) \
   X(cuEventRecord) \

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/limits.h"
 #include "common/params.h"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
@@ -14,11 +15,21 @@ namespace fusejit {
 
 namespace {
 
+// `what` is a callable giving the text for the error: nothing is formatted on the success path,
+// which a run takes every call.
+template <class What>
+void require_pointer(const void* p, const char* arg, std::size_t align, What&& what) {
+  if (p && reinterpret_cast<std::uintptr_t>(p) % align == 0) [[likely]]
+    return;
+  if (!p)
+    throw InvalidArgument(arg, fmt::format("expected a device pointer ({}); got null", what()));
+  throw InvalidArgument(arg,
+                        fmt::format("expected a {}-byte aligned pointer ({}); got {}", align, what(),
+                                    p));
+}
+
 void require_pointer(const void* p, const char* arg, std::size_t align, const char* what) {
-  if (!p) throw InvalidArgument(arg, fmt::format("expected a device pointer ({}); got null", what));
-  if (reinterpret_cast<std::uintptr_t>(p) % align)
-    throw InvalidArgument(
-        arg, fmt::format("expected a {}-byte aligned pointer ({}); got {}", align, what, p));
+  require_pointer(p, arg, align, [what] { return what; });
 }
 
 void forbid(const void* p, const char* arg, const char* why) {
@@ -27,22 +38,38 @@ void forbid(const void* p, const char* arg, const char* why) {
 
 }  // namespace
 
-void size_launches(PlanCore& c) {
-  const Problem& p = c.problem;
-  const auto row_tiles = static_cast<unsigned>((p.M + c.config.bm - 1) / c.config.bm);
-  const auto col_tiles = static_cast<unsigned>((p.N + c.config.bn - 1) / c.config.bn);
+RunShape run_shape(const PlanCore& c, std::int64_t rows, const WorkspaceLayout& workspace) {
+  RunShape r;
+  r.rows = static_cast<int>(rows);
+  r.workspace = workspace;
+  const KernelConfig& k = c.config;
+  const auto row_tiles = static_cast<unsigned>((rows + k.bm - 1) / k.bm);
+  const auto col_tiles = static_cast<unsigned>((c.problem.N + k.bn - 1) / k.bn);
   const unsigned tiles = row_tiles * col_tiles;
-  if (c.config.variant == Variant::warpspec) {
+  if (k.variant == Variant::warpspec) {
     // WarpspecGemm::grid_size: clusters of cluster_m CTAs along M; persistent grids stop at
     // one cluster per cluster_m SMs.
-    const auto cl = static_cast<unsigned>(c.config.cluster_m);
+    const auto cl = static_cast<unsigned>(k.cluster_m);
     const unsigned cluster_tiles = (row_tiles + cl - 1) / cl * col_tiles;
     const unsigned sms = static_cast<unsigned>(c.device.sm_count) / cl;
-    c.gemm_grid = cl * (c.config.persistent ? std::min(cluster_tiles, sms) : cluster_tiles);
+    r.gemm_grid = cl * (k.persistent ? std::min(cluster_tiles, sms) : cluster_tiles);
   } else {
-    c.gemm_grid = tiles;
-    c.gemm_splits = static_cast<unsigned>(c.config.split_k);
+    r.gemm_grid = tiles;
+    r.gemm_splits = static_cast<unsigned>(k.split_k);
   }
+  if (c.splitk_reduce) r.splitk_grid = c.splitk_reduce_shape.grid_x * tiles;
+  if (c.problem.mode != Mode::train) return r;
+  const bool fold = row_tiles <= kFoldMaxRowTiles;
+  if (!c.single_pass) {
+    r.finalize = !fold;
+    r.apply = fold ? c.apply_fold : c.apply;
+    const auto slabs = static_cast<unsigned>((rows + fj::kApplyBlockRows - 1) / fj::kApplyBlockRows);
+    r.apply_grid = c.apply_shape.grid_x * slabs;
+  }
+  // momentum=None: every reader of num_batches_tracked must finish before it is bumped, which
+  // the GEMM's (single-pass) or fj_apply's (folded) own increment cannot promise.
+  r.bump = (c.single_pass || fold) && !c.problem.momentum;
+  return r;
 }
 
 void validate_workspace(const void* workspace, std::size_t bytes, std::size_t needed) {
@@ -62,15 +89,16 @@ void validate_tensors(const Problem& p, const Tensors& t) {
   const auto al = static_cast<std::size_t>(p.effective_alignment());
   const std::size_t pe = storage_bytes(p.param_dtype);
   require_pointer(t.x, "x", al,
-                  fmt::format("x is [{}][{}] {}", p.M, p.lda_x(), name(p.dtype)).c_str());
+                  [&] { return fmt::format("x is [{}][{}] {}", p.M, p.lda_x(), name(p.dtype)); });
   require_pointer(t.w, "w", al,
-                  fmt::format("W is [{}][{}] {}", p.N, p.lda_w(), name(p.dtype)).c_str());
+                  [&] { return fmt::format("W is [{}][{}] {}", p.N, p.lda_w(), name(p.dtype)); });
   require_pointer(t.y, "y", al,
-                  fmt::format("y is [{}][{}] {}", p.M, p.lda_y(), name(p.dtype)).c_str());
+                  [&] { return fmt::format("y is [{}][{}] {}", p.M, p.lda_y(), name(p.dtype)); });
   auto param = [&](const void* ptr, bool present, const char* arg, const char* flag) {
     if (present)
-      require_pointer(ptr, arg, pe, fmt::format("[{}] {}", p.N, name(p.param_dtype)).c_str());
-    else
+      require_pointer(ptr, arg, pe,
+                      [&] { return fmt::format("[{}] {}", p.N, name(p.param_dtype)); });
+    else if (ptr)
       forbid(ptr, arg, fmt::format("the problem has {} = false", flag).c_str());
   };
   param(t.bias, p.has_bias, "bias", "has_bias");
@@ -116,7 +144,8 @@ void validate_stream(CUcontext context, CUstream stream) {
                           "make the stream in the context the plan was made in");
 }
 
-void launch(const PlanCore& c, CUstream stream, const Tensors& t, void* workspace) {
+void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Tensors& t,
+            void* workspace, TensorMapCache* maps) {
   const Driver& d = driver();
   CUcontext current = nullptr;
   check(d.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
@@ -128,9 +157,10 @@ void launch(const PlanCore& c, CUstream stream, const Tensors& t, void* workspac
   prm.bias = t.bias;
   set_batchnorm_params(prm, t);
   auto* ws = static_cast<char*>(workspace);
-  prm.ws_partials = ws ? reinterpret_cast<float*>(ws + c.workspace.partials_offset) : nullptr;
-  prm.ws_coef = ws ? reinterpret_cast<float*>(ws + c.workspace.coef_offset) : nullptr;
-  prm.ws_splitk = ws ? reinterpret_cast<float*>(ws + c.workspace.splitk_offset) : nullptr;
+  prm.ws_partials = ws ? reinterpret_cast<float*>(ws + shape.workspace.partials_offset) : nullptr;
+  prm.ws_coef = ws ? reinterpret_cast<float*>(ws + shape.workspace.coef_offset) : nullptr;
+  prm.ws_splitk = ws ? reinterpret_cast<float*>(ws + shape.workspace.splitk_offset) : nullptr;
+  prm.m = shape.rows;
   prm.eps = static_cast<float>(c.problem.eps);
   prm.momentum = static_cast<float>(c.problem.momentum.value_or(0.0));
   void* args[] = {&prm};
@@ -139,23 +169,23 @@ void launch(const PlanCore& c, CUstream stream, const Tensors& t, void* workspac
   if (fault::fire(Fault::kernel_launch))
     check(CUDA_ERROR_LAUNCH_FAILED, "cuLaunchKernel(fj_gemm) [injected fault kernel_launch]");
   if (c.config.variant == Variant::warpspec) {
-    launch_warpspec(c, stream, prm, t);
+    launch_warpspec(c, shape, stream, prm, t, maps);
   } else {
-    check(d.cuLaunchKernel(c.gemm, c.gemm_grid, c.gemm_splits, 1, threads, 1, 1,
+    check(d.cuLaunchKernel(c.gemm, shape.gemm_grid, shape.gemm_splits, 1, threads, 1, 1,
                            static_cast<unsigned>(c.smem_bytes), stream, args, nullptr),
           "cuLaunchKernel(fj_gemm)");
   }
   // The split-K reduce and the BatchNorm passes go out as programmatic dependent launches on
   // sm_90+ (they wait for the previous kernel inside, see templates/common/grid_dependency.cuh).
-  auto dependent = [&](CUfunction f, LaunchShape shape, const char* what, int smem = 0) {
-    CUlaunchAttribute pdl{};
-    pdl.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    pdl.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchAttribute pdl{};
+  pdl.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  pdl.value.programmaticStreamSerializationAllowed = 1;
+  auto dependent = [&](CUfunction f, unsigned grid, unsigned block, const char* what,
+                       int smem = 0) {
     CUlaunchConfig cfg{};
-    cfg.gridDimX = shape.grid_x;
-    cfg.gridDimY = shape.grid_y;
-    cfg.gridDimZ = 1;
-    cfg.blockDimX = shape.threads;
+    cfg.gridDimX = grid;
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = block;
     cfg.blockDimY = cfg.blockDimZ = 1;
     cfg.sharedMemBytes = static_cast<unsigned>(smem);
     cfg.hStream = stream;
@@ -164,11 +194,14 @@ void launch(const PlanCore& c, CUstream stream, const Tensors& t, void* workspac
     check(d.cuLaunchKernelEx(&cfg, f, args, nullptr), what);
   };
   if (c.splitk_reduce)
-    dependent(c.splitk_reduce, c.splitk_reduce_shape, "cuLaunchKernelEx(fj_splitk_reduce)",
-              c.splitk_reduce_smem_bytes);
-  if (c.finalize) dependent(c.finalize, c.finalize_shape, "cuLaunchKernelEx(fj_finalize)");
-  if (c.apply) dependent(c.apply, c.apply_shape, "cuLaunchKernelEx(fj_apply)");
-  if (c.bump) dependent(c.bump, {1, 1, 1}, "cuLaunchKernelEx(fj_bump)");
+    dependent(c.splitk_reduce, shape.splitk_grid, c.splitk_reduce_shape.threads,
+              "cuLaunchKernelEx(fj_splitk_reduce)", c.splitk_reduce_smem_bytes);
+  if (shape.finalize)
+    dependent(c.finalize, c.finalize_shape.grid_x, c.finalize_shape.threads,
+              "cuLaunchKernelEx(fj_finalize)");
+  if (shape.apply)
+    dependent(shape.apply, shape.apply_grid, c.apply_shape.threads, "cuLaunchKernelEx(fj_apply)");
+  if (shape.bump) dependent(c.bump, 1, 1, "cuLaunchKernelEx(fj_bump)");
 }
 
 }  // namespace fusejit

@@ -3,10 +3,13 @@
 #pragma once
 #include <cuda.h>
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 
 #include "common/params.h"
 #include "fusejit/plan/plan_core.hpp"
+#include "fusejit/plan/tma_descriptor.hpp"
 #include "fusejit/tensors.hpp"
 
 namespace fusejit {
@@ -26,9 +29,36 @@ void set_batchnorm_params(KernelParams& prm, const Tensors& t) {
   prm.save_invstd = t.save_invstd;
 }
 
-// Grid sizes for every kernel of the plan (called once, when the core is built).
-void size_launches(PlanCore&);
+// What a run of `rows` rows launches: the grids and the kernels (a plan computes it once for
+// its own M; Plan::run(rows) per call, a few integer operations).
+struct RunShape {
+  int rows = 0;
+  unsigned gemm_grid = 0;
+  unsigned gemm_splits = 1;  // the GEMM's grid y: split-K's S
+  unsigned splitk_grid = 0, apply_grid = 0;
+  CUfunction apply = nullptr;  // fj_apply, fj_apply_fold, or none
+  bool finalize = false, bump = false;
+  WorkspaceLayout workspace;  // the plan's: sized for its M, of which a run uses a prefix
+};
+// `rows` must lie within what `workspace` was laid out for (Plan::run checks).
+RunShape run_shape(const PlanCore&, std::int64_t rows, const WorkspaceLayout& workspace);
+
+// The warpspec kernel's tensor maps for the last (x, W, y, rows) a plan ran with: encoding
+// them is a pure host call but costs about as much as a launch, and a loop runs with the same
+// tensors again and again. One run at a time uses it (`busy`); a concurrent run of the same
+// plan encodes its own instead of waiting.
+struct TensorMapCache {
+  std::atomic_flag busy;
+  bool valid = false;
+  const void* x = nullptr;
+  const void* w = nullptr;
+  const void* y = nullptr;
+  int rows = 0;
+  WarpspecTensorMaps maps{};
+};
+
 // Throws InvalidArgument naming the first tensor that is missing, misaligned or not wanted.
+// Formats nothing unless it throws.
 void validate_tensors(const Problem&, const Tensors&);
 // Throws InvalidArgument("workspace") unless `workspace` holds `needed` bytes (of `bytes`
 // given) and is kWorkspaceAlign-aligned; nothing to check when `needed` is 0.
@@ -38,10 +68,13 @@ void validate_workspace(const void* workspace, std::size_t bytes, std::size_t ne
 // The null, legacy and per-thread handles mean "the current context's", which the caller has
 // made `context`, so they pass.
 void validate_stream(CUcontext context, CUstream stream);
-// Enqueues the plan's kernels on `stream`. `workspace` was checked by the caller.
-void launch(const PlanCore&, CUstream stream, const Tensors&, void* workspace);
-// The warpspec GEMM's launch: its TMA descriptors name the run's x and W, so they are encoded
-// here, on the host, every run (a pure host call: no sync, no allocation).
-void launch_warpspec(const PlanCore&, CUstream stream, const fj::Params& params, const Tensors&);
+// Enqueues a run of shape.rows rows on `stream`. `workspace` was checked by the caller, and
+// sized for at least shape.rows rows. `maps`: the plan's tensor-map cache, or null.
+void launch(const PlanCore&, const RunShape& shape, CUstream stream, const Tensors&,
+            void* workspace, TensorMapCache* maps = nullptr);
+// The warpspec GEMM's launch: its TMA descriptors name the run's x, W and y and its rows, so
+// they are encoded on the host (a pure host call: no sync, no allocation) when those change.
+void launch_warpspec(const PlanCore&, const RunShape& shape, CUstream stream,
+                     const fj::Params& params, const Tensors&, TensorMapCache* maps);
 
 }  // namespace fusejit

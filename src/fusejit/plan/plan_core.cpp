@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
+
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
@@ -22,8 +24,7 @@ std::shared_ptr<const PlanCore> build_plan_core(const Problem& problem, const Ke
   FJ_CU(cuCtxSetCurrent(core->context));
   core->device = Device::current();
   core->config = config;
-  core->schedule = schedule(problem, core->config);
-  core->workspace = workspace_layout(problem, core->config);
+  core->single_pass = single_pass_class(problem, config);
   const KernelSource src = generate(problem, core->config);
   const std::string arch = core->device.arch();
   const std::string key = cache_key(src, arch, nvrtc_version());
@@ -55,7 +56,7 @@ std::shared_ptr<const PlanCore> build_plan_core(const Problem& problem, const Ke
     return LaunchShape{static_cast<unsigned>(v[0]), static_cast<unsigned>(v[1]),
                        static_cast<unsigned>(v[2])};
   };
-  for (const auto& k : core->schedule.kernels) {
+  for (const auto& k : src.kernels) {
     if (k == "fj_splitk_reduce") {
       core->splitk_reduce = core->module->function(k);
       core->splitk_reduce_shape = launch_shape("fj_splitk_reduce_launch");
@@ -66,14 +67,13 @@ std::shared_ptr<const PlanCore> build_plan_core(const Problem& problem, const Ke
       core->finalize = core->module->function(k);
       core->finalize_shape = launch_shape("fj_finalize_launch");
     }
-    if (k == "fj_apply") {
-      core->apply = core->module->function(k);
+    if (k == "fj_apply" || k == "fj_apply_fold") {
+      (k == "fj_apply" ? core->apply : core->apply_fold) = core->module->function(k);
       core->apply_shape = launch_shape("fj_apply_launch");
     }
     if (k == "fj_bump") core->bump = core->module->function(k);
   }
-  size_launches(*core);
-  log()->info("plan {} -> {} ({}, {:.3f} s compile)", problem.key(), core->config.key(),
+  log()->info("plan {} -> {} ({}, {:.3f} s compile)", src.name, core->config.key(),
               core->cache_hit ? "cached" : "compiled", core->compile_seconds);
   return core;
 }
@@ -88,14 +88,15 @@ WorkspaceLayout workspace_layout(const Problem& p, const KernelConfig& c) {
     size = bytes;
     w.total = align_workspace(w.total + bytes);
   };
-  const KernelSchedule sched = schedule(p, c);
+  const bool single_pass = single_pass_class(p, c);
   const auto row_tiles = static_cast<std::size_t>((p.M + c.bm - 1) / c.bm);
   const auto col_tiles = static_cast<std::size_t>((p.N + c.bn - 1) / c.bn);
   const auto n = static_cast<std::size_t>(p.N);
-  const bool two_pass = p.mode == Mode::train && !sched.single_pass;
+  const bool two_pass = p.mode == Mode::train && !single_pass;
   region(two_pass ? row_tiles * n * 8 : 0, w.partials_offset, w.partials_bytes);
   region(two_pass ? n * 8 : 0, w.coef_offset, w.coef_bytes);
-  const std::size_t slices = sched.split_k ? static_cast<std::size_t>(c.split_k) : 0;
+  const bool split_k = c.variant == Variant::tiled && c.split_k > 1;
+  const std::size_t slices = split_k ? static_cast<std::size_t>(c.split_k) : 0;
   region(slices * row_tiles * col_tiles * static_cast<std::size_t>(c.bm) *
              static_cast<std::size_t>(c.bn) * 4,
          w.splitk_offset, w.splitk_bytes);
@@ -103,14 +104,28 @@ WorkspaceLayout workspace_layout(const Problem& p, const KernelConfig& c) {
 }
 
 std::shared_ptr<const PlanCore> plan_core(const Problem& problem, const KernelConfig& config,
-                                          CUcontext context, const std::string& cache_dir) {
+                                          CUcontext context, const std::string& cache_dir,
+                                          bool* built) {
   // One build per key: concurrent callers wait for the first; built cores are kept for the
   // process, a failed build is retried by the next caller.
   static SingleFlight<std::shared_ptr<const PlanCore>> cores(
       SingleFlight<std::shared_ptr<const PlanCore>>::Keep::values);
-  const std::string key = fmt::format("{}|{}|{}|{}", problem.key(),
-                                      static_cast<const void*>(context), config.key(), cache_dir);
-  return cores.get(key, [&] { return build_plan_core(problem, config, context, cache_dir); });
+  // Every M of a kernel set maps to one core (kernel_set_problem_key and the class).
+  const std::string key =
+      fmt::format("{}|{}|{}|{}|{}", kernel_set_problem_key(problem, config),
+                  int(single_pass_class(problem, config)), static_cast<const void*>(context),
+                  config.key(), cache_dir);
+  // The cores hold their modules: they are bounded like the module registry.
+  static std::atomic<std::size_t> capacity{0};
+  if (const std::size_t want = Module::max_loaded(); capacity.exchange(want) != want)
+    cores.set_capacity(want);
+  bool ran = false;
+  auto core = cores.get(key, [&] {
+    ran = true;
+    return build_plan_core(problem, config, context, cache_dir);
+  });
+  if (built) *built = ran;
+  return core;
 }
 
 }  // namespace fusejit

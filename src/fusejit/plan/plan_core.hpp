@@ -1,4 +1,6 @@
-// What a plan needs at run time, built once per (problem, device, options) and shared.
+// A loaded kernel set, built once per (kernel set, context, cache dir) and shared by every plan
+// and tuning candidate it serves: with M a run-time value (codegen.hpp), that is every M of a
+// layer in one schedule class.
 #pragma once
 #include <cuda.h>
 
@@ -28,6 +30,7 @@ struct WorkspaceLayout {
   std::size_t splitk_offset = 0, splitk_bytes = 0;      // split-K: [S][tiles][BM * BN] float
   std::size_t total = 0;
 };
+// For runs of up to p.M rows (a run of fewer rows uses a prefix of each region's layout).
 WorkspaceLayout workspace_layout(const Problem&, const KernelConfig&);
 
 struct LaunchShape {
@@ -35,19 +38,19 @@ struct LaunchShape {
 };
 
 struct PlanCore {
+  // The problem the set was first built for. Everything of it but M holds for every plan the
+  // set serves; a run's M comes with the run (RunShape, plan/launch.hpp).
   Problem problem;
   KernelConfig config;
   Device device;
   CUcontext context = nullptr;
-  KernelSchedule schedule;
-  WorkspaceLayout workspace;
+  bool single_pass = false;  // train: the single-pass class (codegen.hpp)
   std::shared_ptr<const Module> module;
   CUfunction gemm = nullptr, splitk_reduce = nullptr, finalize = nullptr, apply = nullptr,
-             bump = nullptr;
+             apply_fold = nullptr, bump = nullptr;
   int smem_bytes = 0;
-  unsigned gemm_grid = 0;
-  unsigned gemm_splits = 1;  // the GEMM's grid y: split-K's S
-  // From the module (templates/kernels/splitk_reduce.cuh, bn_*.cuh).
+  // From the module (templates/kernels/splitk_reduce.cuh, bn_*.cuh). grid_x of the split-K
+  // reduce is per output tile and of fj_apply per kApplyBlockRows-row slab.
   LaunchShape splitk_reduce_shape, finalize_shape, apply_shape;
   int splitk_reduce_smem_bytes = 0;
   // How the kernels were obtained (for logs, `fusejit bench`, tests of the cache).
@@ -56,10 +59,14 @@ struct PlanCore {
 };
 
 // The core of (problem, config) in `context`, with kernels from `cache_dir` (empty: the
-// default): built once per process (codegen, compile or load from the disk cache, module load,
-// launch sizes) and shared by every plan and tuning candidate that asks for the same. The
-// config must be valid for the problem on the context's device (KernelConfig::why_invalid).
+// default): built once per process (codegen, compile or load from the disk cache, module load)
+// and shared by every plan and tuning candidate whose problem and config give the same kernel
+// set. The config must be valid for the problem on the context's device
+// (KernelConfig::why_invalid). Cores are kept up to a bound (set_max_plan_cores), least
+// recently used dropped first; a dropped core lives on in the plans that hold it.
+// `built` (when given) says whether this call built the core (false: it was in the process).
 std::shared_ptr<const PlanCore> plan_core(const Problem& problem, const KernelConfig& config,
-                                          CUcontext context, const std::string& cache_dir);
+                                          CUcontext context, const std::string& cache_dir,
+                                          bool* built = nullptr);
 
 }  // namespace fusejit

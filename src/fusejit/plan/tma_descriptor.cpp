@@ -63,21 +63,22 @@ CUtensorMap encode_tma_tile_map(DType dtype, const void* base, std::int64_t rows
 }
 
 WarpspecTensorMaps warpspec_tensor_maps(const Problem& problem, const KernelConfig& config,
-                                        const void* x, const void* w, void* y) {
+                                        std::int64_t rows, const void* x, const void* w,
+                                        const void* y) {
   if (config.variant != Variant::warpspec)
     throw InvalidArgument("config", "tensor maps exist only for the warpspec variant");
   if (config.cluster_m < 1 || config.bn % config.cluster_m != 0)
     throw InvalidArgument("config", "bn must split evenly over the cluster");
   const int atom = static_cast<int>(128 / storage_bytes(problem.dtype));
   WarpspecTensorMaps maps;
-  maps.x = encode_tma_tile_map(problem.dtype, x, problem.M, problem.K, problem.lda_x(), config.bm,
+  maps.x = encode_tma_tile_map(problem.dtype, x, rows, problem.K, problem.lda_x(), config.bm,
                                atom, "x");
   maps.w = encode_tma_tile_map(problem.dtype, w, problem.N, problem.K, problem.lda_w(),
                                config.bn / config.cluster_m, atom, "w");
   std::memset(&maps.y, 0, sizeof(maps.y));
   if (config.tma_store) {
     const int box_cols = kTmaStoreBoxRowBytes / static_cast<int>(storage_bytes(problem.dtype));
-    maps.y = encode_tma_tile_map(problem.dtype, y, problem.M, problem.N, problem.lda_y(),
+    maps.y = encode_tma_tile_map(problem.dtype, y, rows, problem.N, problem.lda_y(),
                                  kTmaStoreBoxRows, box_cols, "y");
   }
   return maps;

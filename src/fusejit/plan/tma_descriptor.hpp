@@ -29,10 +29,12 @@ struct WarpspecTensorMaps {
   CUtensorMap y;  // tma_store: [M][N] boxes of kTmaStoreBoxRows x kTmaStoreBoxRowBytes; else zeros
 };
 
-// The maps the warpspec kernel of `config` expects for `problem` with these operands: boxes
+// The maps the warpspec kernel of `config` expects for `problem` with these operands and a run
+// of `rows` rows (x and y are [rows][...]; loads past them read zero, stores skip them): boxes
 // of one 128-byte K slab (64 bf16/fp16 or 32 tf32 elements) by the CTA's rows, and for y one
 // consumer warp's 16 rows by 32 columns.
 WarpspecTensorMaps warpspec_tensor_maps(const Problem& problem, const KernelConfig& config,
-                                        const void* x, const void* w, void* y);
+                                        std::int64_t rows, const void* x, const void* w,
+                                        const void* y);
 
 }  // namespace fusejit

@@ -35,7 +35,9 @@ std::optional<KernelChoice> usable(const TuningEntry& e, const Problem& p, const
     c.config = fused ? *fused : default_config(p, d);
     return c;
   }
-  const KernelConfig k = KernelConfig::parse(e.winner);
+  KernelConfig k = KernelConfig::parse(e.winner);
+  // An exact-M winner serves its own M; for another M its dynamic twin shares a kernel set.
+  if (e.problem.M != p.M) k.exact_m = false;
   if (const std::string w = k.why_invalid(p, d); !w.empty()) {
     *why = fmt::format("{} cannot run it ({})", e.winner, w);
     return std::nullopt;
@@ -70,6 +72,8 @@ std::string_view name(KernelChoice::Source s) {
   switch (s) {
     case KernelChoice::Source::exact:
       return "tuned";
+    case KernelChoice::Source::m_class:
+      return "m-class";
     case KernelChoice::Source::bucket:
       return "bucket";
     case KernelChoice::Source::autotuned:
@@ -90,6 +94,16 @@ KernelChoice choose_from_table(const TuningTable& table, const Problem& p, const
       return *c;
     }
     skipped = "tuned entry skipped: " + why + "; ";
+  }
+  if (const TuningEntry* e = same_m_class(table, p)) {
+    std::string why;
+    if (auto c = usable(*e, p, d, &why)) {
+      c->source = KernelChoice::Source::m_class;
+      c->detail = fmt::format("{}tuned M = {} of the same layer and M class: {}", skipped,
+                              e->problem.M, describe(*e));
+      return *c;
+    }
+    skipped += fmt::format("tuned M = {} of the same class skipped: {}; ", e->problem.M, why);
   }
   if (auto m = nearest_bucket(table, p)) {
     std::string why;
@@ -128,7 +142,9 @@ KernelChoice choose_kernel(const Problem& p, const Device& d, const std::string&
   const TuningDb db = TuningDb::for_device(d, cache_dir);
   const auto table = db.table();
   KernelChoice c = choose_from_table(*table, p, d);
-  if (autotune && !table->entries.count(p.key())) {
+  // Tuned once per M class of a layer: a loop over batch sizes measures nothing new.
+  if (autotune && c.source != KernelChoice::Source::exact &&
+      c.source != KernelChoice::Source::m_class) {
     try {
       const TuningEntry e = tune_once(db, p, d, cache_dir);
       std::string why;

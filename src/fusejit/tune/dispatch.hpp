@@ -1,10 +1,13 @@
 // How a Plan picks its kernels when the caller forces neither a config nor a variant:
 //   1. the tuning database's exact entry for the problem (TuningDb, Problem::key());
-//   2. with autotuning on (PlanOptions::autotune, FUSEJIT_AUTOTUNE=1) and no exact entry:
-//      tune now, record, use the winner;
-//   3. the nearest tuned problem in the same bucket (tuning_db.hpp), if its winner is
+//   2. an entry of the same layer (everything but M equal) whose M lies in the same M class
+//      (config/candidates.hpp), the nearest M first: the class shares its choice, and with it
+//      a kernel set (an exact-M winner is taken as its dynamic twin);
+//   3. with autotuning on (PlanOptions::autotune, FUSEJIT_AUTOTUNE=1) and neither: tune now,
+//      record, use the winner;
+//   4. the nearest tuned problem in the same bucket (tuning_db.hpp), if its winner is
 //      valid_for this problem on this device;
-//   4. the built-in heuristic: default_config, or the cuBLASLt reference op where
+//   5. the built-in heuristic: default_config, or the cuBLASLt reference op where
 //      heuristic_prefers_reference says it is faster.
 // A winner that cannot run the problem (KernelConfig::why_invalid) is skipped, never used.
 #pragma once
@@ -21,7 +24,7 @@
 namespace fusejit {
 
 struct KernelChoice {
-  enum class Source { exact, bucket, autotuned, heuristic };
+  enum class Source { exact, m_class, bucket, autotuned, heuristic };
   Source source = Source::heuristic;
   // The cuBLASLt reference op won the tuning: run it. `config` is then the fastest fused
   // config that passed verification (or the heuristic's), which the Plan still reports.
@@ -29,7 +32,7 @@ struct KernelChoice {
   KernelConfig config;
   std::string detail;  // for the log: which entry was used, why another was not
 };
-// "tuned", "bucket", "autotuned", "heuristic"
+// "tuned", "m-class", "bucket", "autotuned", "heuristic"
 std::string_view name(KernelChoice::Source);
 
 // Step 4's choice between the fused kernels and the reference op (ReferenceOp): the reference
@@ -37,7 +40,7 @@ std::string_view name(KernelChoice::Source);
 // BatchNorm passes beat the fused SIMT kernel (measured on H100).
 bool heuristic_prefers_reference(const Problem& p);
 
-// Steps 1, 3 and 4 on a table already loaded (no GPU, no tuning).
+// Steps 1, 2, 4 and 5 on a table already loaded (no GPU, no tuning).
 KernelChoice choose_from_table(const TuningTable& table, const Problem& p, const Device& d);
 
 // All four steps on the database of `d` under `cache_dir`. Tuning runs on `d` (its ordinal's

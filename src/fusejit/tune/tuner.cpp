@@ -52,6 +52,7 @@ struct Contender {
   std::optional<KernelConfig> config;  // nullopt: the cuBLASLt reference op
   // A fused candidate: its kernels (shared with any Plan of the same config) and a workspace.
   std::shared_ptr<const PlanCore> core;
+  RunShape shape;
   DeviceBuffer workspace;
   std::unique_ptr<ReferenceOp> reference;
   CandidateOutcome out;
@@ -59,7 +60,7 @@ struct Contender {
   bool built() const { return core || reference; }
   void run(CUstream s, const Tensors& t) const {
     if (core)
-      launch(*core, s, t, workspace.get());
+      launch(*core, shape, s, t, workspace.get());
     else
       reference->run(s, t);
   }
@@ -301,7 +302,9 @@ TuneResult tune(const Problem& p, const TunerOptions& o) {
       if (c.config) {
         // candidate_configs only lists configs valid for p on this device.
         c.core = plan_core(p, *c.config, context_for(o.device), o.cache_dir);
-        c.workspace = DeviceBuffer(c.core->workspace.total);
+        const WorkspaceLayout layout = workspace_layout(p, *c.config);
+        c.shape = run_shape(*c.core, p.M, layout);
+        c.workspace = DeviceBuffer(layout.total);
       } else {
         ReferenceOpOptions ro;
         ro.device = o.device;

@@ -477,6 +477,22 @@ std::optional<BucketMatch> nearest_bucket(const TuningTable& table, const Proble
   return best;
 }
 
+const TuningEntry* same_m_class(const TuningTable& table, const Problem& p) {
+  const MClass cls = m_class(p.M);
+  const std::string key = p.key();
+  const std::string_view layer = std::string_view(key).substr(key.find('x'));
+  const TuningEntry* best = nullptr;
+  double best_dist = 0;
+  for (const auto& [k, e] : table.entries) {
+    const std::int64_t m = e.problem.M;
+    if (m < cls.lo || m > cls.hi || std::string_view(k).substr(k.find('x')) != layer) continue;
+    const double dist = std::abs(std::log2(static_cast<double>(m) / static_cast<double>(p.M)));
+    if (!best || dist < best_dist - 1e-12 || (dist < best_dist + 1e-12 && m < best->problem.M))
+      best = &e, best_dist = dist;
+  }
+  return best;
+}
+
 std::string tuning_table_json(const TuningTable& t) {
   json entries = json::object();
   for (const auto& [key, e] : t.entries) entries[key] = entry_json(e);

@@ -87,6 +87,9 @@ struct BucketMatch {
   double distance = 0;
 };
 std::optional<BucketMatch> nearest_bucket(const TuningTable& table, const Problem& p);
+// The entry of p's layer (every field but M equal) whose M lies in p's M class (m_class), the
+// nearest M by |log2 ratio| first (ties: the smaller M); null when there is none.
+const TuningEntry* same_m_class(const TuningTable& table, const Problem& p);
 
 // The file's JSON text (entries in key order) and its strict inverse: parse_tuning_table
 // throws Error naming what is wrong (not JSON, schema, version, a field, an entry whose key is

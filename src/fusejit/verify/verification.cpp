@@ -368,6 +368,19 @@ void DeviceCase::upload_x(const HostTensor& x) {
   upload(x_, x);
 }
 
+void DeviceCase::upload_x_rows(const HostTensor& x, std::int64_t rows) {
+  const Problem& p = c_.problem;
+  const std::size_t need =
+      static_cast<std::size_t>(rows * p.lda_x()) * storage_bytes(p.dtype);
+  if (rows < 1 || rows > p.M || x.bytes() != need)
+    throw InvalidArgument("x", fmt::format("expected {} rows ({} bytes) of at most {}; got {} bytes",
+                                           rows, need, p.M, x.bytes()));
+  x_.upload(x.data(), x.bytes());
+  y_.fill_words(nan_word(p.dtype));
+  save_mean_.fill_words(nan_word(DType::fp32));
+  save_invstd_.fill_words(nan_word(DType::fp32));
+}
+
 Tensors DeviceCase::tensors() const {
   Tensors t;
   t.x = x_.get();
@@ -385,8 +398,9 @@ Tensors DeviceCase::tensors() const {
   return t;
 }
 
-CaseOutputs DeviceCase::download() const {
-  const Problem& p = c_.problem;
+CaseOutputs DeviceCase::download(std::int64_t rows) const {
+  Problem p = c_.problem;
+  p.M = rows;
   CaseOutputs out;
   HostTensor y(p.dtype, static_cast<std::size_t>(p.M * p.lda_y()));
   y_.download(y.data(), y.bytes());

@@ -102,8 +102,13 @@ class DeviceCase {
   // Uploads every input and running stat again and re-poisons the outputs.
   void reset(const CaseInputs& in);
   void upload_x(const HostTensor& x);
+  // Variable batches: x of `rows` rows (same row stride) into the first rows of this case's
+  // x, with y and the saved stats poisoned again; download(rows) reads the first rows of y.
+  // The running stats and the counter stay as the last run left them.
+  void upload_x_rows(const HostTensor& x, std::int64_t rows);
   Tensors tensors() const;
-  CaseOutputs download() const;
+  CaseOutputs download() const { return download(c_.problem.M); }
+  CaseOutputs download(std::int64_t rows) const;
 
  private:
   SweepCase c_;
