@@ -2,7 +2,9 @@
 # One call on the GPU machine (device tool): build, run the GPU tests, check, benchmark, and
 # print a short table last. Carry: .deps (scripts/fetch-deps.sh), cache (kernels compiled here
 # with `fusejit compile --arch sm_90a`), .anchors (copy of ../shared/spec/*.py).
-#   scripts/device.sh [tests|check|bench|soak|ab|all] [extra ctest -R regex]
+#   scripts/device.sh [tests|check|bench|soak|ab|host|all] [extra ctest -R regex]
+# host: bench/host_cost.cpp (planning, hot plan, host time per run, dynamic vs exact M, bounded
+#     cache soak); HOST_ARGS=--quick for its short form.
 # soak: scripts/cache_soak.py (2,000 random cases while the cache directory is corrupted).
 # ab: the same benchmark table for the tree carried in .baseline (e.g. `git archive REF | tar -x
 #     -C .baseline`) and this tree, built side by side, run twice interleaved in this one call.
@@ -43,6 +45,11 @@ fi
 if [ "$what" = soak ]; then
   python3 "$here/scripts/cache_soak.py" "$fj" --cases "${SOAK_CASES:-2000}" --pool "${SOAK_POOL:-300}" \
     --out "$out" 2>&1 | tee "$out/soak.log" || status=1
+fi
+if [ "$what" = host ]; then
+  "$BUILD_DIR/bench/fusejit_host_bench" ${HOST_ARGS:-} --out "$out/host_cost.json" 2>&1 |
+    tee "$out/host_cost.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 if [ "$what" = ab ]; then
   base_build=/tmp/fj-base

@@ -44,6 +44,10 @@ struct PlanOptions {
   // first). Both caches are shared, so the last plan to set a bound sets it for all.
   std::uint64_t cache_max_bytes = 0;
   std::size_t max_kernel_sets = 0;
+  // False: the plan allocates no workspace of its own; every run() must then be given one
+  // (workspace_size() bytes). Planning then allocates nothing, which is what makes a plan whose
+  // kernels are loaded cost microseconds (cuMemAlloc costs tens).
+  bool allocate_workspace = true;
 };
 
 struct PlanCore;  // compiled + loaded kernels, shared by every plan of the same kernel set
@@ -66,8 +70,9 @@ class Plan {
   std::size_t workspace_size() const;
 
   // Enqueues the op on `stream`. No allocation, host sync, compile or file I/O. Uses the
-  // plan's own workspace (allocated when the plan was made), so one Plan must not run on two
-  // streams at once; give each stream its own Plan or its own workspace.
+  // plan's own workspace (allocated when the plan was made, unless allocate_workspace was
+  // false), so one Plan must not run on two streams at once; give each stream its own Plan or
+  // its own workspace.
   void run(CUstream stream, const Tensors& t) const;
   // Same with a caller workspace of at least workspace_size() bytes, 256-byte aligned.
   void run(CUstream stream, const Tensors& t, void* workspace, std::size_t workspace_bytes) const;

@@ -2,7 +2,7 @@
 // with Chan's formula, update the running stats once per column, write the saved stats and the
 // folded (A, B) that bn_apply uses. Block = 32 columns x FIN_GROUPS row-tile groups: the groups
 // merge disjoint sets of tiles in parallel, then one warp merges the groups.
-// When there are few row tiles, bn_apply does this merge itself (FOLD_FINALIZE) and this kernel
+// When a run has few row tiles, bn_apply<Spec, true> does this merge itself and this kernel
 // is not launched: see finalize_column.
 #pragma once
 #include "common/grid_dependency.cuh"

@@ -215,3 +215,21 @@ TEST_CASE("honest exit codes: nothing stored, a missing cache, an unbounded inpu
   CHECK(lines(sweep.out) == 1);
   fs::remove_all(dir);
 }
+
+TEST_CASE("compile --every-m warms one kernel set per M class; a second run hits them all") {
+  const std::string dir = temp_dir("compile-every-m");
+  const std::string cmd =
+      "compile --arch sm_90a --shape 1000x256x64 --dtype bf16 --mode eval --every-m "
+      "--cache-dir " +
+      dir;
+  const Result first = run(cmd);
+  REQUIRE_MESSAGE(first.code == 0, first.out);
+  // Every kernel set is named for the layer, not for an M.
+  CHECK(first.out.find("fj.bf16.eval.Mx256x64.") != std::string::npos);
+  CHECK(first.out.find("fj.bf16.eval.1000x") == std::string::npos);
+  const Result second = run(cmd);
+  REQUIRE_MESSAGE(second.code == 0, second.out);
+  CHECK(second.out.find(" 0 compiled") != std::string::npos);
+  // --every-m names problems, so it does not go with --from-db.
+  CHECK(run("compile --arch sm_90a --from-db --every-m --cache-dir " + dir).code == 2);
+}

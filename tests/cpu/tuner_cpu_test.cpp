@@ -96,9 +96,11 @@ TEST_CASE("candidates: both variants on sm_90a, only tiled on sm_80, plus the re
   CHECK(hopper.front() == default_config(p, h100).key());
   CHECK(hopper[1] == kReferenceCandidate);
   CHECK(std::set<std::string>(hopper.begin(), hopper.end()).size() == hopper.size());
-  // Exactly candidate_configs (every one valid for the device) plus the reference.
+  // Exactly candidate_configs (every one valid for the device), the reference, and last the
+  // heuristic's config compiled for this exact M.
   const auto configs = candidate_configs(p, h100);
-  CHECK(hopper.size() == configs.size() + 1);
+  CHECK(hopper.size() == configs.size() + 2);
+  CHECK(hopper.back() == default_config(p, h100).key() + ".xm");
   for (const auto& c : configs) {
     CHECK(std::count(hopper.begin(), hopper.end(), c.key()) == 1);
     CHECK(c.valid_for(p, h100));
@@ -119,7 +121,7 @@ TEST_CASE("candidates: both variants on sm_90a, only tiled on sm_80, plus the re
   // Without the contender.
   const auto fused_only = tuning_candidates(p, h100, false);
   CHECK(std::count(fused_only.begin(), fused_only.end(), std::string(kReferenceCandidate)) == 0);
-  CHECK(fused_only.size() == configs.size());
+  CHECK(fused_only.size() == configs.size() + 1);
 }
 
 TEST_CASE("verification checks every column of small problems, a budgeted subset of large ones") {

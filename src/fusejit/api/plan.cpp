@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
+#include <chrono>
 #include <cstdlib>
 
 #include "fusejit/cache/disk_cache.hpp"
@@ -16,6 +18,7 @@
 #include "fusejit/runtime/module.hpp"
 #include "fusejit/tune/dispatch.hpp"
 #include "fusejit/util/log.hpp"
+#include "fusejit/util/single_flight.hpp"
 
 namespace fusejit {
 
@@ -35,18 +38,70 @@ struct Plan::RunState {
   std::vector<std::string> kernel_names;
   bool cache_hit = false;
   double compile_seconds = 0;
-  TensorMapCache maps;
+  RunCache cache;
 };
 
-Plan::Plan(const Problem& problem, const PlanOptions& options) {
-  problem.validate();
-  if (options.cache_max_bytes) DiskCache::set_default_max_bytes(options.cache_max_bytes);
-  if (options.max_kernel_sets) Module::set_max_loaded(options.max_kernel_sets);
-  const CUcontext ctx = context_for(options.device);
+namespace {
+
+// What every Plan of one (problem, options, context) shares: the dispatch's choice, the loaded
+// kernel set and the run geometry. Made once and kept (bounded like the kernel sets), so a
+// Plan whose kernels are already loaded costs a validation, a lookup and its own workspace.
+struct PlanRecipe {
+  std::shared_ptr<const PlanCore> core;
+  std::shared_ptr<const ReferenceOp> reference;
+  std::string dispatch;
+  WorkspaceLayout workspace;
+  RunShape shape;
+  std::vector<std::string> kernel_names;
+  bool built_core = false;  // making this recipe built the core (compile or disk load)
+};
+
+template <class T>
+void append_bytes(std::string& key, const T& v) {
+  key.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+// Every field of the problem and the options that can change the recipe, as bytes (no
+// formatting: this is the hot path of planning). The tuning database may change under a
+// running process (another process tunes): a dispatch that reads it is redone when the
+// second changes, so a new tuning is seen within a second.
+std::string recipe_key(const Problem& p, const PlanOptions& o, CUcontext ctx) {
+  std::string key;
+  key.reserve(160 + o.cache_dir.size());
+  for (const std::int64_t v : {p.M, p.N, p.K, p.lda_x(), p.lda_w(), p.lda_y()})
+    append_bytes(key, v);
+  for (const int v : {static_cast<int>(p.dtype), static_cast<int>(p.param_dtype),
+                      static_cast<int>(p.mode), p.effective_alignment(), int(p.has_bias),
+                      int(p.has_scale), int(p.has_affine), int(p.momentum.has_value())})
+    append_bytes(key, v);
+  append_bytes(key, p.eps);
+  append_bytes(key, p.momentum.value_or(0.0));
+  append_bytes(key, ctx);
+  const bool reads_db = !o.config && !o.variant && o.use_tuning_db;
+  const std::int64_t epoch = reads_db ? std::chrono::duration_cast<std::chrono::seconds>(
+                                            std::chrono::steady_clock::now().time_since_epoch())
+                                            .count()
+                                      : 0;
+  append_bytes(key, epoch);
+  for (const int v : {o.variant ? static_cast<int>(*o.variant) : -1, int(o.autotune),
+                      int(o.use_tuning_db), int(o.config.has_value())})
+    append_bytes(key, v);
+  if (o.config) {
+    const KernelConfig& c = *o.config;
+    for (const int v : {static_cast<int>(c.variant), c.bm, c.bn, c.bk, c.warps_m, c.warps_n,
+                        c.stages, c.group_m, c.cluster_m, int(c.persistent), int(c.pingpong),
+                        int(c.tma_store), c.split_k, int(c.exact_m)})
+      append_bytes(key, v);
+  }
+  key += o.cache_dir;
+  return key;
+}
+
+std::shared_ptr<const PlanRecipe> make_recipe(const Problem& problem, const PlanOptions& options,
+                                              CUcontext ctx) {
+  auto r = std::make_shared<PlanRecipe>();
   // context_for made ctx current; the device is read once (its attributes are driver calls).
   const Device device = Device::current();
-  // The choice is made before the core cache is consulted and becomes part of its key, so a
-  // tuning recorded since an earlier plan of the same problem takes effect.
   KernelConfig config;
   bool reference = false;
   if (options.config) {
@@ -54,10 +109,10 @@ Plan::Plan(const Problem& problem, const PlanOptions& options) {
     if (auto why = options.config->why_invalid(problem, device); !why.empty())
       throw InvalidArgument("config", options.config->key() + ": " + why);
     config = *options.config;
-    dispatch_ = "config";
+    r->dispatch = "config";
   } else if (options.variant || !options.use_tuning_db) {
     config = default_config(problem, device, options.variant);
-    dispatch_ = options.variant ? "variant" : "heuristic";
+    r->dispatch = options.variant ? "variant" : "heuristic";
     // Without the database the dispatch's last step decides, the same rule as with it.
     reference = !options.variant && heuristic_prefers_reference(problem);
   } else {
@@ -65,31 +120,61 @@ Plan::Plan(const Problem& problem, const PlanOptions& options) {
     FJ_CU(cuCtxSetCurrent(ctx));  // tuning may have worked in another context
     config = choice.config;
     reference = choice.reference;
-    dispatch_ = name(choice.source);
+    r->dispatch = std::string(name(choice.source));
   }
-  bool built = false;
-  core_ = plan_core(problem, config, ctx, options.cache_dir, &built);
-  state_ = std::make_unique<RunState>();
-  state_->problem = problem;
-  state_->workspace = workspace_layout(problem, config);
-  state_->shape = run_shape(*core_, problem.M, state_->workspace);
-  state_->kernel_names = schedule(problem, config).kernels;
-  // This plan's own story: a core another plan built (any M of its kernel set) cost nothing.
-  state_->cache_hit = !built || core_->cache_hit;
-  state_->compile_seconds = built ? core_->compile_seconds : 0.0;
+  r->core = plan_core(problem, config, ctx, options.cache_dir, &r->built_core);
   if (reference) {
     try {
       ReferenceOpOptions ro;
       ro.device = options.device;
       ro.cache_dir = options.cache_dir;
       ro.own_workspace = false;  // run() passes the plan's (or the caller's)
-      reference_ = std::make_shared<const ReferenceOp>(problem, ro);
+      r->reference = std::make_shared<const ReferenceOp>(problem, ro);
     } catch (const std::exception& e) {
       log()->warn("plan {}: the tuned cuBLASLt reference path is unavailable ({}); running {}",
-                  problem.key(), e.what(), core_->config.key());
+                  problem.key(), e.what(), r->core->config.key());
     }
   }
-  if (const std::size_t bytes = workspace_size()) {
+  r->workspace = workspace_layout(problem, config);
+  r->shape = run_shape(*r->core, problem.M, r->workspace);
+  r->kernel_names = r->reference ? r->reference->kernel_names() : schedule(problem, config).kernels;
+  return r;
+}
+
+}  // namespace
+
+Plan::Plan(const Problem& problem, const PlanOptions& options) {
+  problem.validate();
+  if (options.cache_max_bytes) DiskCache::set_default_max_bytes(options.cache_max_bytes);
+  if (options.max_kernel_sets) Module::set_max_loaded(options.max_kernel_sets);
+  const CUcontext ctx = context_for(options.device);
+  // The choice is made before the core cache is consulted and becomes part of its key, so a
+  // tuning recorded since an earlier plan of the same problem takes effect (within a second,
+  // see recipe_key).
+  static SingleFlight<std::shared_ptr<const PlanRecipe>> recipes(
+      SingleFlight<std::shared_ptr<const PlanRecipe>>::Keep::values);
+  static std::atomic<std::size_t> capacity{0};
+  // Recipes hold kernel sets: bounded like them (a few per set: epochs, options).
+  if (const std::size_t want = 4 * Module::max_loaded(); capacity.exchange(want) != want)
+    recipes.set_capacity(want);
+  bool made = false;
+  const auto recipe = recipes.get(recipe_key(problem, options, ctx), [&] {
+    made = true;
+    return make_recipe(problem, options, ctx);
+  });
+  core_ = recipe->core;
+  reference_ = recipe->reference;
+  dispatch_ = recipe->dispatch;
+  state_ = std::make_unique<RunState>();
+  state_->problem = problem;
+  state_->workspace = recipe->workspace;
+  state_->shape = recipe->shape;
+  state_->kernel_names = recipe->kernel_names;
+  // This plan's own story: kernels another plan loaded (any M of the kernel set) cost nothing.
+  const bool built = made && recipe->built_core;
+  state_->cache_hit = !built || core_->cache_hit;
+  state_->compile_seconds = built ? core_->compile_seconds : 0.0;
+  if (const std::size_t bytes = workspace_size(); bytes && options.allocate_workspace) {
     FJ_CU(cuCtxSetCurrent(core_->context));
     FJ_CU(cuMemAlloc(&own_workspace_, bytes));
   }
@@ -131,7 +216,7 @@ std::size_t Plan::workspace_size() const {
   return reference_ ? reference_->workspace_size() : state_->workspace.total;
 }
 std::vector<std::string> Plan::kernel_names() const {
-  return reference_ ? reference_->kernel_names() : state_->kernel_names;
+  return state_->kernel_names;
 }
 const std::string& Plan::dispatch() const {
   return dispatch_;
@@ -161,7 +246,7 @@ void Plan::run(CUstream stream, const Tensors& t, void* workspace, std::size_t b
   }
   validate_tensors(state_->problem, t);
   validate_workspace(workspace, bytes, state_->workspace.total);
-  launch(*core_, state_->shape, stream, t, workspace, &state_->maps);
+  launch(*core_, state_->shape, stream, t, workspace, &state_->cache);
 }
 
 void Plan::run(CUstream stream, const Tensors& t, std::int64_t rows) const {
@@ -177,12 +262,11 @@ void Plan::run(CUstream stream, const Tensors& t, std::int64_t rows, void* works
   }
   const std::int64_t least = p.mode == Mode::train ? 2 : 1;
   if (rows < least || rows > p.M)
-    throw InvalidArgument("rows", fmt::format("expected {} <= rows <= M = {} (the plan's M{}); got {}",
-                                              least, p.M,
-                                              p.mode == Mode::train
-                                                  ? "; train mode needs two rows for a variance"
-                                                  : "",
-                                              rows));
+    throw InvalidArgument(
+        "rows",
+        fmt::format("expected {} <= rows <= M = {} (the plan's M{}); got {}", least, p.M,
+                    p.mode == Mode::train ? "; train mode needs two rows for a variance" : "",
+                    rows));
   if (reference_)
     throw InvalidArgument("rows",
                           fmt::format("this plan runs the cuBLASLt reference op, planned for M = "
@@ -194,7 +278,7 @@ void Plan::run(CUstream stream, const Tensors& t, std::int64_t rows, void* works
                                               p.M, core_->config.key(), rows));
   validate_tensors(p, t);
   validate_workspace(workspace, bytes, state_->workspace.total);
-  launch(*core_, run_shape(*core_, rows, state_->workspace), stream, t, workspace, &state_->maps);
+  launch(*core_, run_shape(*core_, rows, state_->workspace), stream, t, workspace, &state_->cache);
 }
 
 }  // namespace fusejit

@@ -23,9 +23,8 @@ void require_pointer(const void* p, const char* arg, std::size_t align, What&& w
     return;
   if (!p)
     throw InvalidArgument(arg, fmt::format("expected a device pointer ({}); got null", what()));
-  throw InvalidArgument(arg,
-                        fmt::format("expected a {}-byte aligned pointer ({}); got {}", align, what(),
-                                    p));
+  throw InvalidArgument(
+      arg, fmt::format("expected a {}-byte aligned pointer ({}); got {}", align, what(), p));
 }
 
 void require_pointer(const void* p, const char* arg, std::size_t align, const char* what) {
@@ -63,7 +62,8 @@ RunShape run_shape(const PlanCore& c, std::int64_t rows, const WorkspaceLayout& 
   if (!c.single_pass) {
     r.finalize = !fold;
     r.apply = fold ? c.apply_fold : c.apply;
-    const auto slabs = static_cast<unsigned>((rows + fj::kApplyBlockRows - 1) / fj::kApplyBlockRows);
+    const auto slabs =
+        static_cast<unsigned>((rows + fj::kApplyBlockRows - 1) / fj::kApplyBlockRows);
     r.apply_grid = c.apply_shape.grid_x * slabs;
   }
   // momentum=None: every reader of num_batches_tracked must finish before it is bumped, which
@@ -145,12 +145,15 @@ void validate_stream(CUcontext context, CUstream stream) {
 }
 
 void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Tensors& t,
-            void* workspace, TensorMapCache* maps) {
+            void* workspace, RunCache* cache) {
   const Driver& d = driver();
   CUcontext current = nullptr;
   check(d.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
   if (current != c.context) check(d.cuCtxSetCurrent(c.context), "cuCtxSetCurrent");
-  validate_stream(c.context, stream);
+  if (!cache || cache->checked_stream.load(std::memory_order_relaxed) != stream) {
+    validate_stream(c.context, stream);
+    if (cache) cache->checked_stream.store(stream, std::memory_order_relaxed);
+  }
   fj::Params prm{};
   prm.x = t.x;
   prm.w = t.w;
@@ -169,7 +172,7 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   if (fault::fire(Fault::kernel_launch))
     check(CUDA_ERROR_LAUNCH_FAILED, "cuLaunchKernel(fj_gemm) [injected fault kernel_launch]");
   if (c.config.variant == Variant::warpspec) {
-    launch_warpspec(c, shape, stream, prm, t, maps);
+    launch_warpspec(c, shape, stream, prm, t, cache);
   } else {
     check(d.cuLaunchKernel(c.gemm, shape.gemm_grid, shape.gemm_splits, 1, threads, 1, 1,
                            static_cast<unsigned>(c.smem_bytes), stream, args, nullptr),

@@ -43,11 +43,15 @@ struct RunShape {
 // `rows` must lie within what `workspace` was laid out for (Plan::run checks).
 RunShape run_shape(const PlanCore&, std::int64_t rows, const WorkspaceLayout& workspace);
 
-// The warpspec kernel's tensor maps for the last (x, W, y, rows) a plan ran with: encoding
-// them is a pure host call but costs about as much as a launch, and a loop runs with the same
-// tensors again and again. One run at a time uses it (`busy`); a concurrent run of the same
-// plan encodes its own instead of waiting.
-struct TensorMapCache {
+// What a plan's runs remember between calls, because a loop runs with the same stream and
+// tensors again and again:
+//  - the last stream found to belong to the plan's context (asking the driver, cuStreamGetCtx,
+//    is a call per run otherwise);
+//  - the warpspec kernel's tensor maps for the last (x, W, y, rows): encoding them is a pure
+//    host call but costs about as much as a launch. One run at a time uses them (`busy`); a
+//    concurrent run of the same plan encodes its own instead of waiting.
+struct RunCache {
+  std::atomic<CUstream> checked_stream{nullptr};
   std::atomic_flag busy;
   bool valid = false;
   const void* x = nullptr;
@@ -69,12 +73,12 @@ void validate_workspace(const void* workspace, std::size_t bytes, std::size_t ne
 // made `context`, so they pass.
 void validate_stream(CUcontext context, CUstream stream);
 // Enqueues a run of shape.rows rows on `stream`. `workspace` was checked by the caller, and
-// sized for at least shape.rows rows. `maps`: the plan's tensor-map cache, or null.
+// sized for at least shape.rows rows. `cache`: the plan's, or null.
 void launch(const PlanCore&, const RunShape& shape, CUstream stream, const Tensors&,
-            void* workspace, TensorMapCache* maps = nullptr);
+            void* workspace, RunCache* cache = nullptr);
 // The warpspec GEMM's launch: its TMA descriptors name the run's x, W and y and its rows, so
 // they are encoded on the host (a pure host call: no sync, no allocation) when those change.
 void launch_warpspec(const PlanCore&, const RunShape& shape, CUstream stream,
-                     const fj::Params& params, const Tensors&, TensorMapCache* maps);
+                     const fj::Params& params, const Tensors&, RunCache* cache);
 
 }  // namespace fusejit

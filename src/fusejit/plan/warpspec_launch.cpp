@@ -5,7 +5,7 @@
 namespace fusejit {
 
 void launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
-                     const fj::Params& params, const Tensors& t, TensorMapCache* cache) {
+                     const fj::Params& params, const Tensors& t, RunCache* cache) {
   WarpspecTensorMaps fresh;
   const WarpspecTensorMaps* maps = &fresh;
   // The cache is taken only when free: a concurrent run of the same plan encodes its own.
@@ -30,9 +30,9 @@ void launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
   const auto smem = static_cast<unsigned>(c.smem_bytes);
   const Driver& d = driver();
   if (c.config.cluster_m == 1) {
-    check(d.cuLaunchKernel(c.gemm, shape.gemm_grid, 1, 1, threads, 1, 1, smem, stream, args,
-                           nullptr),
-          "cuLaunchKernel(fj_gemm)");
+    check(
+        d.cuLaunchKernel(c.gemm, shape.gemm_grid, 1, 1, threads, 1, 1, smem, stream, args, nullptr),
+        "cuLaunchKernel(fj_gemm)");
     return;
   }
   CUlaunchAttribute cluster{};

@@ -75,11 +75,22 @@ std::vector<Contender> contenders(const Problem& p, const Device& d, bool includ
     k.config = std::move(c);
     out.push_back(std::move(k));
   };
-  // The heuristic's pick first and the reference next: early exit needs a good "best so far"
-  // early, and these two are the likeliest.
-  if (!cs.empty()) add(cs.front());
+  // The heuristic's pick (ranked at its M class, see default_config) first and the reference
+  // next: early exit needs a good "best so far" early, and these two are the likeliest.
+  std::optional<KernelConfig> heuristic;
+  if (!cs.empty()) heuristic = default_config(p, d);
+  if (heuristic) add(heuristic);
   if (include_reference) add(std::nullopt);
-  for (std::size_t i = 1; i < cs.size(); ++i) add(cs[i]);
+  for (const KernelConfig& c : cs)
+    if (c.key() != heuristic->key()) add(c);
+  // The heuristic's config compiled for this exact M (KernelConfig::exact_m): a constant M
+  // saves a few instructions, which the tuner may find worth a kernel set of its own. Dynamic
+  // and exact kernels measured within 1.5% of each other on H100 (docs/performance.md), so one
+  // twin, not one per candidate.
+  if (heuristic) {
+    heuristic->exact_m = true;
+    add(heuristic);
+  }
   return out;
 }
 

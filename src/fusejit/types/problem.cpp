@@ -19,8 +19,17 @@ static_assert(kMaxDim == fj::kMaxDim);
 // Row strides are int fields of the kernels' Spec; every offset computed from one is 64-bit.
 constexpr std::int64_t kMaxStride = std::numeric_limits<std::int32_t>::max();
 
-void require(bool ok, const char* arg, const std::string& what) {
-  if (!ok) throw InvalidArgument(arg, what);
+void require(bool ok, const char* arg, const char* what) {
+  if (!ok) [[unlikely]]
+    throw InvalidArgument(arg, what);
+}
+
+// The message is formatted only when the check fails: a hot Plan validates its problem every
+// time, and a dozen formatted strings cost more than the rest of a cached plan lookup.
+template <class... A>
+void require(bool ok, const char* arg, fmt::format_string<A...> f, A&&... a) {
+  if (!ok) [[unlikely]]
+    throw InvalidArgument(arg, fmt::format(f, std::forward<A>(a)...));
 }
 
 }  // namespace
@@ -58,48 +67,42 @@ void Problem::validate() const {
   // Above kMaxDim the kernels' 32-bit tile counts, (D + tile - 1) / tile, would overflow.
   for (const auto& [arg, v] : {std::pair{"M", M}, std::pair{"N", N}, std::pair{"K", K}})
     require(v >= 1 && v <= kMaxDim, arg,
-            fmt::format("expected 1 <= {} <= {} (2^31 - 257: the kernels count tiles in 32-bit "
-                        "int), got {}",
-                        arg, kMaxDim, v));
+            "expected 1 <= {} <= {} (2^31 - 257: the kernels count tiles in 32-bit "
+            "int), got {}",
+            arg, kMaxDim, v);
   require(mode == Mode::eval || M >= 2, "M",
           "train mode needs at least 2 rows per feature (batch statistics of 1 row are "
           "undefined, as in PyTorch); got M=1");
   require(param_dtype == DType::fp32 || param_dtype == storage_type(dtype), "param_dtype",
-          fmt::format("expected fp32 or {} (the storage type of x), got {}",
-                      name(storage_type(dtype)), name(param_dtype)));
-  require(ldx == 0 || ldx >= K, "ldx",
-          fmt::format("expected 0 (packed) or >= K={}, got {}", K, ldx));
-  require(ldw == 0 || ldw >= K, "ldw",
-          fmt::format("expected 0 (packed) or >= K={}, got {}", K, ldw));
-  require(ldy == 0 || ldy >= N, "ldy",
-          fmt::format("expected 0 (packed) or >= N={}, got {}", N, ldy));
+          "expected fp32 or {} (the storage type of x), got {}", name(storage_type(dtype)),
+          name(param_dtype));
+  require(ldx == 0 || ldx >= K, "ldx", "expected 0 (packed) or >= K={}, got {}", K, ldx);
+  require(ldw == 0 || ldw >= K, "ldw", "expected 0 (packed) or >= K={}, got {}", K, ldw);
+  require(ldy == 0 || ldy >= N, "ldy", "expected 0 (packed) or >= N={}, got {}", N, ldy);
   for (const auto& [arg, v] :
        {std::pair{"ldx", lda_x()}, std::pair{"ldw", lda_w()}, std::pair{"ldy", lda_y()}})
     require(v <= kMaxStride, arg,
-            fmt::format("expected a row stride <= {} (a 32-bit int in the kernels), got {}",
-                        kMaxStride, v));
+            "expected a row stride <= {} (a 32-bit int in the kernels), got {}", kMaxStride, v);
   const auto eb = static_cast<int>(storage_bytes(dtype));
   require(alignment == 0 || alignment == 16 || alignment == 8 || alignment == 4 || alignment == 2 ||
               alignment == 1,
-          "alignment",
-          fmt::format("expected 0 (automatic), 16, 8, 4, 2 or 1 bytes, got {}", alignment));
+          "alignment", "expected 0 (automatic), 16, 8, 4, 2 or 1 bytes, got {}", alignment);
   const int align = effective_alignment();
   require(align >= eb, "alignment",
-          fmt::format("{} elements are {} bytes, so pointers are at least {}-byte aligned; got {}",
-                      name(dtype), eb, eb, align));
+          "{} elements are {} bytes, so pointers are at least {}-byte aligned; got {}", name(dtype),
+          eb, eb, align);
   require(lda_x() * eb % align == 0, "ldx",
-          fmt::format("row stride of x ({} bytes) is not a multiple of the promised alignment {}",
-                      lda_x() * eb, align));
+          "row stride of x ({} bytes) is not a multiple of the promised alignment {}", lda_x() * eb,
+          align);
   require(lda_w() * eb % align == 0, "ldw",
-          fmt::format("row stride of W ({} bytes) is not a multiple of the promised alignment {}",
-                      lda_w() * eb, align));
+          "row stride of W ({} bytes) is not a multiple of the promised alignment {}", lda_w() * eb,
+          align);
   require(lda_y() * eb % align == 0, "ldy",
-          fmt::format("row stride of y ({} bytes) is not a multiple of the promised alignment {}",
-                      lda_y() * eb, align));
-  require(std::isfinite(eps) && eps > 0, "eps",
-          fmt::format("expected a finite eps > 0, got {}", eps));
+          "row stride of y ({} bytes) is not a multiple of the promised alignment {}", lda_y() * eb,
+          align);
+  require(std::isfinite(eps) && eps > 0, "eps", "expected a finite eps > 0, got {}", eps);
   require(!momentum || (std::isfinite(*momentum) && *momentum >= 0 && *momentum <= 1), "momentum",
-          fmt::format("expected momentum in [0, 1] or None, got {}", momentum.value_or(0)));
+          "expected momentum in [0, 1] or None, got {}", momentum.value_or(0));
 }
 
 int Problem::effective_alignment() const {
