@@ -513,6 +513,22 @@ void section_small_layer(Context& c) {
   c.report.headline_text("4 small layer: verdict", verdict);
 }
 
+// The heuristic's plan for `p` and its config forced twice: M at run time, M compiled in.
+struct DynamicAndExact {
+  Plan heuristic, dynamic, exact;
+};
+DynamicAndExact dynamic_and_exact(const Problem& p, const PlanOptions& o) {
+  Plan heuristic(p, o);
+  KernelConfig k = heuristic.config();
+  PlanOptions f = o;
+  k.exact_m = false;
+  f.config = k;
+  Plan d(p, f);
+  k.exact_m = true;
+  f.config = k;
+  return {std::move(heuristic), std::move(d), Plan(p, f)};
+}
+
 // 5. Dynamic-M kernels against the same config compiled for the exact M.
 void section_dynamic_vs_exact(Context& c) {
   constexpr int kWarmupEach = 5, kRunsEach = 20;
@@ -539,14 +555,7 @@ void section_dynamic_vs_exact(Context& c) {
     for (const Problem& p : problems)
       builds.push_back(std::async(std::launch::async, [p, o]() -> std::string {
         try {
-          KernelConfig k = Plan(p, o).config();
-          PlanOptions f = o;
-          k.exact_m = false;
-          f.config = k;
-          const Plan d(p, f);
-          k.exact_m = true;
-          f.config = k;
-          const Plan x(p, f);
+          (void)dynamic_and_exact(p, o);
           return {};
         } catch (const std::exception& e) {
           return e.what();
@@ -564,15 +573,7 @@ void section_dynamic_vs_exact(Context& c) {
   for (const Problem& p : problems) {
     const std::string tag = "5 dyn/exact " + label(p);
     try {
-      const Plan heuristic(p, o);
-      KernelConfig k = heuristic.config();
-      PlanOptions f = o;
-      k.exact_m = false;
-      f.config = k;
-      const Plan d(p, f);
-      k.exact_m = true;
-      f.config = k;
-      const Plan x(p, f);
+      const auto [heuristic, d, x] = dynamic_and_exact(p, o);
       const double set_bytes = static_cast<double>(storage_bytes(p.dtype)) *
                                static_cast<double>(p.M * p.K + p.N * p.K + p.M * p.N);
       const int sets = timing_input_sets(set_bytes, c.device, 2, 3);
