@@ -154,8 +154,8 @@ Plan::Plan(const Problem& problem, const PlanOptions& options) {
   static SingleFlight<std::shared_ptr<const PlanRecipe>> recipes(
       SingleFlight<std::shared_ptr<const PlanRecipe>>::Keep::values);
   static std::atomic<std::size_t> capacity{0};
-  // Recipes hold kernel sets: bounded like them (a few per set: epochs, options).
-  if (const std::size_t want = 4 * Module::max_loaded(); capacity.exchange(want) != want)
+  // Recipes hold kernel sets (through their cores): bounded like them.
+  if (const std::size_t want = Module::max_loaded(); capacity.exchange(want) != want)
     recipes.set_capacity(want);
   bool made = false;
   const auto recipe = recipes.get(recipe_key(problem, options, ctx), [&] {

@@ -18,6 +18,13 @@
 
 namespace fusejit {
 
+namespace {
+std::atomic<std::size_t>& live_modules() {
+  static std::atomic<std::size_t> n{0};
+  return n;
+}
+}  // namespace
+
 Module::Module(const CompiledKernel& compiled, const std::vector<std::string>& kernels) {
   std::vector<char> image = compiled.binary;
   if (compiled.is_ptx && (image.empty() || image.back() != '\0')) image.push_back('\0');
@@ -25,6 +32,7 @@ Module::Module(const CompiledKernel& compiled, const std::vector<std::string>& k
   if (fault::fire(Fault::module_load))
     check(CUDA_ERROR_INVALID_IMAGE, "cuModuleLoadData [injected fault module_load]");
   FJ_CU(cuModuleLoadData(&module_, image.data()));
+  live_modules().fetch_add(1, std::memory_order_relaxed);
   try {
     for (const auto& k : kernels) {
       CUfunction f = nullptr;
@@ -41,6 +49,7 @@ Module::~Module() {
   // Runs when the cache has dropped a module and the last plan using it went; the cache's own
   // modules are leaked at exit, since unloading then can race driver teardown.
   if (module_ && driver_available()) driver().cuModuleUnload(module_);
+  if (module_) live_modules().fetch_sub(1, std::memory_order_relaxed);
 }
 
 CUfunction Module::function(const std::string& name) const {
@@ -168,6 +177,10 @@ std::size_t Module::max_loaded() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   return r.max_loaded;
+}
+
+std::size_t Module::live_count() {
+  return live_modules().load(std::memory_order_relaxed);
 }
 
 std::size_t Module::loaded_count() {

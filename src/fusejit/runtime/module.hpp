@@ -43,6 +43,9 @@ class Module {
   static std::size_t max_loaded();
   // How many modules the cache holds now (for tests and diagnostics).
   static std::size_t loaded_count();
+  // How many modules are loaded in this process now: the cache's and those only plans (and
+  // the cores and plan recipes that serve them) still hold.
+  static std::size_t live_count();
 
  private:
   CUmodule module_ = nullptr;
