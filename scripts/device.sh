@@ -2,7 +2,9 @@
 # One call on the GPU machine (device tool): build, run the GPU tests, check, benchmark, and
 # print a short table last. Carry: .deps (scripts/fetch-deps.sh), cache (kernels compiled here
 # with `fusejit compile --arch sm_90a`), .anchors (copy of ../shared/spec/*.py).
-#   scripts/device.sh [tests|check|bench|soak|ab|host|all] [extra ctest -R regex]
+#   scripts/device.sh [tests|check|bench|soak|ab|host|python|all] [extra ctest -R regex]
+# python: pip install . from this tree (carry .whl: scikit-build-core, nanobind, pytest and
+#     their wheels) and pytest python/tests against the PyTorch there.
 # host: bench/host_cost.cpp (planning, hot plan, host time per run, dynamic vs exact M, bounded
 #     cache soak); HOST_ARGS=--quick for its short form.
 # soak: scripts/cache_soak.py (2,000 random cases while the cache directory is corrupted).
@@ -17,12 +19,29 @@ export PATH=/usr/local/cuda/bin:$PATH
 export BUILD_DIR=/tmp/fj-build
 export FUSEJIT_CACHE_DIR=$here/cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
+status=0
+if [ "$what" = python ]; then
+  # The package as a user gets it: pip builds it from this tree (build backend and test wheels
+  # carried in .whl/, see README), then its tests run against the PyTorch installed here.
+  prefix=$("$here/scripts/deps.sh")
+  site=/tmp/fj-site
+  python3 -m pip install -q --no-index --no-deps --target "$site" "$here"/.whl/*.whl
+  export PYTHONPATH=$site
+  t0=$(date +%s)
+  CMAKE_ARGS="${prefix:+-DCMAKE_PREFIX_PATH=$prefix -DCMAKE_INCLUDE_PATH=$prefix/include}" \
+    python3 -m pip install -v --no-build-isolation --no-deps --no-index --target "$site" "$here" \
+    >"$out/pip.log" 2>&1 || { tail -60 "$out/pip.log"; exit 1; }
+  echo "pip install .: $(( $(date +%s) - t0 )) s"
+  [ -n "$prefix" ] && export LD_LIBRARY_PATH=$prefix/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+  (cd /tmp && python3 -m pytest -q -rs "$here/python/tests" ${2:+-k "$2"} 2>&1) | tee "$out/pytest.log" | tail -60
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  exit $status
+fi
 t0=$(date +%s)
 "$here/scripts/build.sh" >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 fj=$BUILD_DIR/fusejit
 "$fj" info
-status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
   (cd "$BUILD_DIR" && ctest -L gpu --output-on-failure ${2:+-R "$2"} 2>&1) | tee "$out/gpu-tests.log" | tail -60
   [ "${PIPESTATUS[0]}" = 0 ] || status=1

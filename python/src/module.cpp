@@ -1,0 +1,143 @@
+// fusejit._C: the Python face of the installed C++ API (include/fusejit), for fusejit.torch.
+// It takes raw device pointers, row strides and a stream handle as integers and never sees a
+// framework tensor, so one build works with any PyTorch (or none): fusejit.torch turns tensors
+// into these arguments.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fusejit/fusejit.hpp"
+
+namespace nb = nanobind;
+using namespace fusejit;
+
+namespace {
+
+template <class T>
+T* ptr(std::uintptr_t v) {
+  return reinterpret_cast<T*>(v);
+}
+
+// One layer's plan: made for M rows (kernels shared with every other M of the layer's M class),
+// without a workspace of its own; Python passes one from its allocator to every run.
+class PyPlan {
+ public:
+  PyPlan(std::int64_t M, std::int64_t N, std::int64_t K, const std::string& dtype,
+         const std::string& mode, const std::string& param_dtype, double eps,
+         std::optional<double> momentum, bool has_bias, bool has_scale, bool has_affine,
+         std::int64_t ldx, std::int64_t ldw, std::int64_t ldy, int device)
+      : plan_(problem(M, N, K, dtype, mode, param_dtype, eps, momentum, has_bias, has_scale,
+                      has_affine, ldx, ldw, ldy),
+              options(device)) {}
+
+  void run(std::uintptr_t stream, std::uintptr_t x, std::uintptr_t w, std::uintptr_t y,
+           std::uintptr_t bias, std::uintptr_t scale, std::uintptr_t gamma, std::uintptr_t beta,
+           std::uintptr_t running_mean, std::uintptr_t running_var,
+           std::uintptr_t num_batches_tracked, std::uintptr_t save_mean, std::uintptr_t save_invstd,
+           std::uintptr_t workspace, std::size_t workspace_bytes) {
+    Tensors t;
+    t.x = ptr<const void>(x);
+    t.w = ptr<const void>(w);
+    t.y = ptr<void>(y);
+    t.bias = ptr<const void>(bias);
+    t.scale = ptr<const void>(scale);
+    t.gamma = ptr<const void>(gamma);
+    t.beta = ptr<const void>(beta);
+    t.running_mean = ptr<void>(running_mean);
+    t.running_var = ptr<void>(running_var);
+    t.num_batches_tracked = ptr<std::int64_t>(num_batches_tracked);
+    t.save_mean = ptr<float>(save_mean);
+    t.save_invstd = ptr<float>(save_invstd);
+    // The launch is host work only (microseconds); no reason to hold other Python threads.
+    nb::gil_scoped_release release;
+    plan_.run(reinterpret_cast<CUstream>(stream), t, ptr<void>(workspace), workspace_bytes);
+  }
+
+  std::size_t workspace_size() const { return plan_.workspace_size(); }
+  std::string config() const { return plan_.config().key(); }
+  std::vector<std::string> kernel_names() const { return plan_.kernel_names(); }
+  std::string dispatch() const { return plan_.dispatch(); }
+
+ private:
+  static Problem problem(std::int64_t M, std::int64_t N, std::int64_t K, const std::string& dtype,
+                         const std::string& mode, const std::string& param_dtype, double eps,
+                         std::optional<double> momentum, bool has_bias, bool has_scale,
+                         bool has_affine, std::int64_t ldx, std::int64_t ldw, std::int64_t ldy) {
+    Problem p;
+    p.M = M, p.N = N, p.K = K;
+    p.dtype = parse_dtype(dtype);
+    p.param_dtype = parse_dtype(param_dtype);
+    p.mode = parse_mode(mode);
+    p.eps = eps;
+    p.momentum = momentum;
+    p.has_bias = has_bias, p.has_scale = has_scale, p.has_affine = has_affine;
+    p.ldx = ldx, p.ldw = ldw, p.ldy = ldy;
+    return p;
+  }
+  static PlanOptions options(int device) {
+    PlanOptions o;
+    o.device = device;
+    o.allocate_workspace = false;
+    return o;
+  }
+
+  Plan plan_;
+};
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "fusejit's C++ API for fusejit.torch: plans made from sizes, runs given pointers";
+  // InvalidArgument names the argument: a ValueError to Python; every other fusejit error
+  // (CUDA, NVRTC, unsupported device) a RuntimeError with fusejit's message.
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const InvalidArgument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  });
+  m.def("version", [] { return std::string(version()); });
+  m.def(
+      "device_supported",
+      [](int device) -> std::pair<bool, std::string> {
+        std::string why;
+        if (!driver_available(&why)) return {false, why};
+        try {
+          const Device d = Device::get(device);
+          if (d.cc() < 80)
+            return {false, d.name + " is sm_" + std::to_string(d.cc()) + "; fusejit needs 8.0+"};
+          return {true, ""};
+        } catch (const std::exception& e) {
+          return {false, e.what()};
+        }
+      },
+      nb::arg("device"));
+  nb::class_<PyPlan>(m, "Plan")
+      .def(nb::init<std::int64_t, std::int64_t, std::int64_t, const std::string&,
+                    const std::string&, const std::string&, double, std::optional<double>, bool,
+                    bool, bool, std::int64_t, std::int64_t, std::int64_t, int>(),
+           nb::arg("M"), nb::arg("N"), nb::arg("K"), nb::arg("dtype"), nb::arg("mode"),
+           nb::arg("param_dtype"), nb::arg("eps"), nb::arg("momentum").none(), nb::arg("has_bias"),
+           nb::arg("has_scale"), nb::arg("has_affine"), nb::arg("ldx"), nb::arg("ldw"),
+           nb::arg("ldy"), nb::arg("device"))
+      .def("run", &PyPlan::run, nb::arg("stream"), nb::arg("x"), nb::arg("w"), nb::arg("y"),
+           nb::arg("bias"), nb::arg("scale"), nb::arg("gamma"), nb::arg("beta"),
+           nb::arg("running_mean"), nb::arg("running_var"), nb::arg("num_batches_tracked"),
+           nb::arg("save_mean"), nb::arg("save_invstd"), nb::arg("workspace"),
+           nb::arg("workspace_bytes"))
+      .def_prop_ro("workspace_size", &PyPlan::workspace_size)
+      .def_prop_ro("config", &PyPlan::config)
+      .def_prop_ro("kernel_names", &PyPlan::kernel_names)
+      .def_prop_ro("dispatch", &PyPlan::dispatch);
+}
