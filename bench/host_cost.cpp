@@ -573,7 +573,9 @@ void section_dynamic_vs_exact(Context& c) {
   for (const Problem& p : problems) {
     const std::string tag = "5 dyn/exact " + label(p);
     try {
-      const auto [heuristic, d, x] = dynamic_and_exact(p, o);
+      // Named, not structured bindings: clang 14 (the sanitizer builds) cannot capture those.
+      const DynamicAndExact plans = dynamic_and_exact(p, o);
+      const Plan &heuristic = plans.heuristic, &d = plans.dynamic, &x = plans.exact;
       const double set_bytes = static_cast<double>(storage_bytes(p.dtype)) *
                                static_cast<double>(p.M * p.K + p.N * p.K + p.M * p.N);
       const int sets = timing_input_sets(set_bytes, c.device, 2, 3);
