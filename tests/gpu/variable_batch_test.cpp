@@ -33,8 +33,8 @@ constexpr Mode kModes[] = {Mode::train, Mode::eval};
 
 // The row counts that change what a run does for tiles of `bm` rows, up to `max_m`.
 std::vector<std::int64_t> interesting_rows(std::int64_t bm, std::int64_t max_m, Mode mode) {
-  std::set<std::int64_t> r{mode == Mode::train ? 2 : 1, 3,          bm - 1,    bm,     bm + 1,
-                           8 * bm,                     8 * bm + 1, max_m - 1, max_m};
+  std::set<std::int64_t> r{
+      mode == Mode::train ? 2 : 1, 3, bm - 1, bm, bm + 1, 8 * bm, 8 * bm + 1, max_m - 1, max_m};
   std::vector<std::int64_t> out;
   for (const std::int64_t v : r)
     if (v >= (mode == Mode::train ? 2 : 1) && v <= max_m) out.push_back(v);
@@ -55,8 +55,8 @@ void check_rows(const Plan& plan, const SweepCase& layer, std::int64_t rows, con
   DeviceCase dev(in);
   plan.run(s, dev.tensors(), rows);
   s.synchronize();
-  const ReferenceOutputs ref =
-      reference_forward(reference_inputs(in), reference_settings(c.problem, in.num_batches_tracked));
+  const ReferenceOutputs ref = reference_forward(
+      reference_inputs(in), reference_settings(c.problem, in.num_batches_tracked));
   const CaseErrors e = compare(in, dev.download(), ref);
   std::string why;
   CHECK_MESSAGE(passes(e, sweep_threshold(c.problem.dtype), &why),
@@ -73,8 +73,8 @@ TEST_CASE("one plan for the largest M runs every smaller M: every dtype x mode")
       // Two families: one in the two-pass class (1500 rows: > 8 row tiles, so both apply paths
       // and the finalize run) and one in the single-pass class (M <= any tile height).
       for (const std::int64_t max_m : {std::int64_t{1500}, std::int64_t{60}}) {
-        const SweepCase layer = parse_sweep_line(
-            fmt::format("{}x200x136 {} {} momentum=0.3", max_m, name(d), name(m)));
+        const SweepCase layer =
+            parse_sweep_line(fmt::format("{}x200x136 {} {} momentum=0.3", max_m, name(d), name(m)));
         CAPTURE(layer.text());
         const Plan plan(layer.problem);
         for (const std::int64_t rows : interesting_rows(plan.config().bm, max_m, m))
@@ -94,15 +94,19 @@ TEST_CASE("warpspec and split-K families run every smaller M too") {
     cases.push_back({"1500x264x136 bf16 train", "warpspec.128x128x64.c2.s5.g8.cl1.p1.pp"});
     cases.push_back({"1500x264x136 tf32 train", "warpspec.64x128x32.c1.s6.g8.cl1.p1"});
   }
-  for (const auto& [line, key] : cases) {
+  for (const auto& c : cases) {
+    // Named, not structured bindings: doctest's CAPTURE is a lambda, which clang 14 (the
+    // sanitizer builds) cannot give a structured binding.
+    const std::string& line = c.first;
+    const std::string& key = c.second;
     CAPTURE(line);
     CAPTURE(key);
     const SweepCase layer = parse_sweep_line(line);
     PlanOptions o;
     o.config = KernelConfig::parse(key);
     const Plan plan(layer.problem, o);
-    for (const std::int64_t rows : interesting_rows(plan.config().bm, layer.problem.M,
-                                                    layer.problem.mode))
+    for (const std::int64_t rows :
+         interesting_rows(plan.config().bm, layer.problem.M, layer.problem.mode))
       check_rows(plan, layer, rows, s);
   }
 }
@@ -144,8 +148,8 @@ TEST_CASE("run(rows) rejects rows outside 1..M (train: 2..M) by name, writing no
   const CaseInputs in = make_case_inputs(layer);
   DeviceCase dev(in);
   const Stream s;
-  for (const std::int64_t bad : {std::int64_t{0}, std::int64_t{1}, std::int64_t{-5},
-                                 std::int64_t{301}}) {
+  for (const std::int64_t bad :
+       {std::int64_t{0}, std::int64_t{1}, std::int64_t{-5}, std::int64_t{301}}) {
     CAPTURE(bad);
     CHECK_THROWS_WITH_AS(plan.run(s, dev.tensors(), bad), doctest::Contains("rows"),
                          InvalidArgument);
@@ -219,8 +223,8 @@ TEST_CASE("a CUDA graph captured from run(rows) replays with the captured row co
   FJ_CU(cuGraphInstantiate(&exec, graph, 0));
   FJ_CU(cuGraphLaunch(exec, s));
   s.synchronize();
-  const ReferenceOutputs ref =
-      reference_forward(reference_inputs(in), reference_settings(c.problem, in.num_batches_tracked));
+  const ReferenceOutputs ref = reference_forward(
+      reference_inputs(in), reference_settings(c.problem, in.num_batches_tracked));
   const CaseErrors e = compare(in, dev.download(rows), ref);
   std::string why;
   CHECK_MESSAGE(passes(e, sweep_threshold(DType::bf16), &why), why);
@@ -304,8 +308,8 @@ TEST_CASE("one plan for M x N past 2^31 runs M = 2^21 + 5 and M = 2^20 + 3 (64-b
   for (std::size_t n = 0; n < N; ++n)
     bias[n] = uni(rng), scale[n] = 1 + normal(rng) * 0.25f, rm[n] = normal(rng) * 0.1f,
     rv[n] = 1 + uni(rng);
-  DeviceBuffer xd(x.bytes()), wd(w.bytes()), yd(static_cast<std::size_t>(p.M) * N * 2),
-      bd(N * 4), sd(N * 4), rmd(N * 4), rvd(N * 4);
+  DeviceBuffer xd(x.bytes()), wd(w.bytes()), yd(static_cast<std::size_t>(p.M) * N * 2), bd(N * 4),
+      sd(N * 4), rmd(N * 4), rvd(N * 4);
   xd.upload(x.data(), x.bytes());
   wd.upload(w.data(), w.bytes());
   bd.upload(bias), sd.upload(scale);
