@@ -1,0 +1,135 @@
+"""fusejit.torch against the seeds' Model, as a PyTorch user sees it (issue 19's benchmark).
+
+One process, CUDA-event medians: the fused module vs Model eager vs torch.compile(Model) for the
+forward in train and eval mode and for forward + backward (train), bf16; then the host time per
+call of the module's forward beside the extension's plan.run alone (the binding's overhead).
+    python3 bench/torch_layer.py [--shapes 1024x8192x8192,...] [--runs 20]
+"""
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+
+import fusejit.torch as fjt
+
+
+class Model(nn.Module):  # the seeds' Model: Linear -> * scale -> BatchNorm1d
+    def __init__(self, k, n):
+        super().__init__()
+        self.gemm = nn.Linear(k, n)
+        self.scale = nn.Parameter(torch.randn(n) * 0.02 + 1.0)
+        self.bn = nn.BatchNorm1d(n)
+
+    def forward(self, x):
+        return self.bn(self.gemm(x) * self.scale)
+
+
+def median_ms(fn, runs, warmup=5, per_sample=10):
+    """Median over `runs` samples of the mean time of `per_sample` back-to-back calls: the
+    queue stays full, so a call's host time hides behind the previous call's kernels, as in a
+    training loop (one call between events would time the host's launch latency too)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(per_sample):
+            fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / per_sample)
+    return statistics.median(times)
+
+
+def host_us(fn, calls=2000):
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.thread_time()
+    for _ in range(calls):
+        fn()
+    t = (time.thread_time() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    return t
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="1024x8192x8192,16384x4096x4096,4096x4096x4096,128x512x1024")
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--profile", action="store_true", help="cProfile the module's eval forward")
+    a = ap.parse_args()
+    dt = torch.bfloat16
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16; per row: median of "
+          f"{a.runs} samples, each the mean of 10 back-to-back calls between CUDA events, after "
+          "5 warm-ups; inputs fixed (L2 warm for the small shape)")
+    print(f"{'shape':<18}{'what':<14}{'fusejit ms':>12}{'eager ms':>10}{'compile ms':>12}"
+          f"{'vs eager':>10}{'vs compile':>11}")
+    for shape in a.shapes.split(","):
+        M, N, K = (int(v) for v in shape.split("x"))
+        torch.manual_seed(0)
+        model = Model(K, N).cuda().to(dt)
+        ours = fjt.LinearScaleBatchNorm1d.from_module(model)
+        compiled = torch.compile(copy.deepcopy(model))
+        x = torch.rand(M, K, device="cuda", dtype=dt)
+        xg = x.clone().requires_grad_()
+        dy = torch.randn(M, N, device="cuda", dtype=dt)
+        for what in ("train fwd", "eval fwd", "train fwd+bwd"):
+            train = what.startswith("train")
+            for m in (model, ours, compiled):
+                m.train(train)
+
+            def step(m):
+                if what.endswith("bwd"):
+                    return lambda: m(xg).backward(dy)
+                return lambda: m(x)
+
+            with torch.set_grad_enabled(what.endswith("bwd")):
+                t = [median_ms(step(m), a.runs) for m in (ours, model, compiled)]
+            print(f"{shape:<18}{what:<14}{t[0]:>12.4f}{t[1]:>10.4f}{t[2]:>12.4f}"
+                  f"{t[1] / t[0]:>9.2f}x{t[2] / t[0]:>10.2f}x")
+    # Host time per call: the module's forward (Python, autograd off, the op, the binding) and
+    # the extension's plan.run alone on the same tensors.
+    M, N, K = 128, 512, 1024
+    torch.manual_seed(0)
+    ours = fjt.LinearScaleBatchNorm1d.from_module(Model(K, N).cuda().to(dt))
+    x = torch.rand(M, K, device="cuda", dtype=dt)
+    plan = fjt._C.Plan(M, N, K, "bf16", "eval", "fp32", 1e-5, 0.1, True, True, True, 0, 0, 0, 0)
+    y = torch.empty(M, N, device="cuda", dtype=dt)
+    p = {k: v.float().contiguous() for k, v in
+         dict(b=ours.gemm.bias, s=ours.scale, g=ours.bn.weight, bt=ours.bn.bias,
+              rm=ours.bn.running_mean, rv=ours.bn.running_var).items()}
+    w = ours.gemm.weight.detach()
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def raw():
+        plan.run(stream, x.data_ptr(), w.data_ptr(), y.data_ptr(), p["b"].data_ptr(),
+                 p["s"].data_ptr(), p["g"].data_ptr(), p["bt"].data_ptr(), p["rm"].data_ptr(),
+                 p["rv"].data_ptr(), 0, 0, 0, 0, 0)
+
+    print("\nhost time per call, 128x512x1024 bf16 (thread CPU, 2,000 calls):")
+    with torch.no_grad():
+        for mode in ("eval", "train"):
+            ours.train(mode == "train")
+            print(f"  module forward, {mode}: {host_us(lambda: ours(x)):.1f} us")
+    print(f"  _C.Plan.run alone (eval, the op's own host time): {host_us(raw):.1f} us")
+    if a.profile:
+        import cProfile
+        import pstats
+
+        ours.eval()
+        with torch.no_grad():
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(2000):
+                ours(x)
+            prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,822 @@
+"""PyTorch face of fusejit: y = BatchNorm1d(scale * (x W^T + b)) as one fused op.
+
+Public API
+----------
+LinearScaleBatchNorm1d(in_features, out_features, ...)
+    Drop-in for the seeds' `Model` (nn.Linear -> * scale -> nn.BatchNorm1d): same state_dict
+    keys, same train/eval semantics. `LinearScaleBatchNorm1d.from_module(model)` converts one.
+linear_scale_batch_norm(x, weight, bias, scale, gamma, beta, running_mean, running_var,
+                        num_batches_tracked, training, momentum, eps)
+    The differentiable functional form (like F.batch_norm, but it also bumps
+    num_batches_tracked when given in training, as nn.BatchNorm1d does before calling it).
+torch.ops.fusejit.linear_scale_bn_train / linear_scale_bn_eval
+    The custom ops (torch.compile and CUDA graphs see them as single opaque calls).
+set_backward("pytorch" | "fused"), kernel_available(device), clear_plan_cache()
+
+Where no kernel can run (CPU tensors, float64, no fusejit._C, a GPU older than sm_80) the same
+math runs as PyTorch ops and a warning says why, once per reason.
+"""
+import collections
+import copy
+import threading
+import warnings
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fusejit as _fusejit
+
+_C = _fusejit._C
+
+__all__ = [
+    "LinearScaleBatchNorm1d",
+    "linear_scale_batch_norm",
+    "set_backward",
+    "get_backward",
+    "kernel_available",
+    "clear_plan_cache",
+    "plan_cache_size",
+]
+
+# The device type the kernels run on; a module variable so a harness can point it elsewhere.
+_KERNEL_DEVICE_TYPE = "cuda"
+_STORAGE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+# ---------------------------------------------------------------------------------------------
+# One-time warnings
+# ---------------------------------------------------------------------------------------------
+_warned = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(key, message, category=RuntimeWarning):
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(message, category, stacklevel=3)
+
+
+def _reset_warnings():
+    """Forget which warnings were given (tests)."""
+    with _warned_lock:
+        _warned.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans: one per argument tuple, LRU-bounded. A plan for a layer already seen costs microseconds;
+# the first plan of a layer compiles (or loads from fusejit's disk cache) its kernels.
+# ---------------------------------------------------------------------------------------------
+_PLAN_CACHE_MAX = 256
+_plan_cache = collections.OrderedDict()
+_plan_lock = threading.Lock()
+
+
+def _get_plan(key):
+    with _plan_lock:
+        plan = _plan_cache.get(key)
+        if plan is not None:
+            _plan_cache.move_to_end(key)
+            return plan
+    plan = _C.Plan(*key)  # outside the lock: a first compile takes seconds
+    with _plan_lock:
+        _plan_cache[key] = plan
+        _plan_cache.move_to_end(key)
+        while len(_plan_cache) > _PLAN_CACHE_MAX:
+            _plan_cache.popitem(last=False)
+    return plan
+
+
+def clear_plan_cache():
+    """Drop every cached plan (kernels stay loaded in fusejit's own bounded cache)."""
+    with _plan_lock:
+        _plan_cache.clear()
+
+
+def plan_cache_size():
+    with _plan_lock:
+        return len(_plan_cache)
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the kernels can run
+# ---------------------------------------------------------------------------------------------
+_device_support = {}
+
+
+def _device_index(device):
+    if device.index is not None:
+        return device.index
+    return torch.cuda.current_device() if device.type == "cuda" else 0
+
+
+def kernel_available(device=None):
+    """(True, "") if fusejit's kernels can run on `device` (default: the current CUDA device),
+    else (False, why)."""
+    if _C is None:
+        return False, f"fusejit._C could not be imported ({_fusejit._C_import_error})"
+    if device is None:
+        device = torch.device(_KERNEL_DEVICE_TYPE)
+    device = torch.device(device)
+    if device.type != _KERNEL_DEVICE_TYPE:
+        return False, f"tensors on {device.type}; fusejit's kernels run on CUDA devices"
+    index = _device_index(device)
+    got = _device_support.get(index)
+    if got is None:
+        ok, why = _C.device_supported(index)
+        got = _device_support[index] = (bool(ok), str(why))
+    return got
+
+
+def _static_fallback_reason(x):
+    """Why the kernels cannot run, from facts fixed at trace time (device type, dtype, shape);
+    None if they may. Whether the GPU itself qualifies is asked at run time, in the op."""
+    if _C is None:
+        return f"fusejit._C could not be imported ({_fusejit._C_import_error})"
+    if x.device.type != _KERNEL_DEVICE_TYPE:
+        return f"tensors on {x.device.type}; fusejit's kernels run on CUDA devices"
+    if x.dtype not in _STORAGE:
+        return f"dtype {x.dtype}; fusejit's kernels take float32, float16 and bfloat16"
+    return None
+
+
+def _tf32_enabled():
+    # PyTorch >= 2.9 has fp32_precision ("tf32", "ieee" or "none" = inherit); reading the legacy
+    # allow_tf32 raises there once the new API has been used, so ask the new one first.
+    matmul = torch.backends.cuda.matmul
+    try:
+        precision = getattr(matmul, "fp32_precision", None)
+    except RuntimeError:
+        precision = None
+    if precision == "tf32":
+        return True
+    if precision == "ieee":
+        return False
+    try:
+        return bool(matmul.allow_tf32)
+    except RuntimeError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks shared by the real and fake implementations
+# ---------------------------------------------------------------------------------------------
+_VECTOR_NAMES = ("bias", "scale", "gamma", "beta", "running_mean", "running_var")
+
+
+def _check_args(x, weight, params, running):
+    # params / running: (bias, scale, gamma, beta) and (running_mean, running_var), None where
+    # absent. Plain tuples and one pass: this runs on every call of a training loop.
+    if x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D [M, K] tensor, got shape {tuple(x.shape)}")
+    xs, device = x.shape, x.device
+    ws = weight.shape
+    if len(ws) != 2 or ws[1] != xs[1]:
+        raise ValueError(f"weight: expected [N, {xs[1]}] (nn.Linear layout), got {tuple(ws)}")
+    if weight.dtype != x.dtype:
+        raise ValueError(f"weight: dtype {weight.dtype} differs from x's {x.dtype}")
+    if weight.device != device:
+        raise ValueError(f"weight: on {weight.device}, x on {device}")
+    N = ws[0]
+    for name, t in zip(_VECTOR_NAMES, params + running):
+        if t is None:
+            continue
+        if t.shape != (N,):
+            raise ValueError(f"{name}: expected shape [{N}], got {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+        if t.device != device:
+            raise ValueError(f"{name}: on {t.device}, x on {device}")
+
+
+def _check_nbt(nbt, x):
+    if nbt is None:
+        return
+    if nbt.dtype != torch.int64 or nbt.numel() != 1:
+        raise ValueError(
+            f"num_batches_tracked: expected one int64, got {nbt.dtype} of shape {tuple(nbt.shape)}"
+        )
+    if nbt.device != x.device:
+        raise ValueError(f"num_batches_tracked: on {nbt.device}, x on {x.device}")
+
+
+def _check_train_rows(M):
+    if M == 1:
+        # nn.BatchNorm1d's own check and message.
+        raise ValueError(
+            "Expected more than 1 value per channel when training, got input size [1, N]"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel path
+# ---------------------------------------------------------------------------------------------
+def _natural_alignment(address, row_stride_bytes):
+    for a in (16, 8, 4, 2):
+        if address % a == 0 and row_stride_bytes % a == 0:
+            return a
+    return 1
+
+
+def _rows(t, name):
+    """(tensor, row stride in elements or 0 for packed) with unit column stride."""
+    rows, cols = t.shape
+    if (t.stride(1) == 1 or cols == 1) and (rows == 1 or t.stride(0) >= cols):
+        ld = 0 if rows == 1 or t.stride(0) == cols else t.stride(0)
+        if ld == 0:
+            return t, 0
+        if t.data_ptr() % 16 == 0 and (ld * t.element_size()) % 16 == 0:
+            return t, ld
+        _warn_once(
+            ("strided-copy", name),
+            f"fusejit: {name} has rows {ld} elements apart that are not 16-byte aligned; it is "
+            "copied to packed rows on every call (pass a contiguous or 16-byte aligned tensor)",
+            UserWarning,
+        )
+    else:
+        _warn_once(
+            ("copy", name),
+            f"fusejit: {name} with strides {tuple(t.stride())} is not row-major; it is copied to "
+            "packed rows on every call",
+            UserWarning,
+        )
+    return t.clone(memory_format=torch.contiguous_format), 0
+
+
+def _vector(t, dtype):
+    """A [N] parameter as a unit-stride tensor of `dtype` (the same tensor where it already is)."""
+    if t is None:
+        return None
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    if t.shape[0] > 1 and t.stride(0) != 1:
+        t = t.contiguous()
+    return t
+
+
+def _ptr(t):
+    return 0 if t is None else t.data_ptr()
+
+
+# The raw handle of the current stream: torch.cuda.current_stream() builds a Python Stream
+# object per call (~8 us); the C hook behind it returns the handle alone.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream(device):
+    if device.type != "cuda":
+        return 0
+    if _raw_stream is not None:
+        return _raw_stream(_device_index(device))
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+_WORKSPACE_ALIGN = 256
+
+
+def _run_kernel(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum):
+    M, K = x.shape
+    N = weight.shape[0]
+    storage = _STORAGE[x.dtype]
+    dtype = "tf32" if storage == "fp32" and _tf32_enabled() else storage
+
+    # Parameters: all in fp32 or all in the storage dtype; any other mix runs them in fp32.
+    present = [t for t in (bias, scale, gamma, beta, rm, rv) if t is not None]
+    pdtypes = {t.dtype for t in present}
+    if pdtypes and pdtypes == {x.dtype}:
+        pdt = x.dtype
+    else:
+        pdt = torch.float32
+    if (gamma is None) != (beta is None):
+        ref = gamma if gamma is not None else beta
+        gamma = gamma if gamma is not None else torch.ones_like(ref)
+        beta = beta if beta is not None else torch.zeros_like(ref)
+    bias_, scale_, gamma_, beta_ = (_vector(t, pdt) for t in (bias, scale, gamma, beta))
+    # Running stats are updated in place: where they cannot be handed over as they are, the
+    # kernel updates a copy that is written back after it (stream-ordered).
+    rm_, rv_ = _vector(rm, pdt), _vector(rv, pdt)
+    nbt_ = None
+    if nbt is not None:
+        nbt_ = nbt if nbt.is_contiguous() else nbt.contiguous()
+
+    x_, ldx = _rows(x, "x")
+    w_, ldw = _rows(weight, "weight")
+    eb = x.element_size()
+    for _ in range(2):
+        # The kernels assume every row pointer is as aligned as the widest width the row strides
+        # allow (fusejit::Problem::effective_alignment); copy an operand that is not.
+        align = min(
+            _natural_alignment(0, (ldx or K) * eb),
+            _natural_alignment(0, (ldw or K) * eb),
+            _natural_alignment(0, N * eb),
+        )
+        if x_.data_ptr() % align == 0 and w_.data_ptr() % align == 0:
+            break
+        if x_.data_ptr() % align:
+            x_, ldx = x_.clone(memory_format=torch.contiguous_format), 0
+        if w_.data_ptr() % align:
+            w_, ldw = w_.clone(memory_format=torch.contiguous_format), 0
+
+    device = x.device
+    key = (
+        M, N, K, dtype, mode, _STORAGE[pdt] if pdt != torch.float32 else "fp32", float(eps),
+        None if momentum is None else float(momentum), bias is not None, scale is not None,
+        gamma is not None, ldx, ldw, 0, _device_index(device),
+    )
+    plan = _get_plan(key)
+    y = torch.empty((M, N), dtype=x.dtype, device=device)
+    if mode == "train":
+        save_mean = torch.empty((N,), dtype=torch.float32, device=device)
+        save_invstd = torch.empty((N,), dtype=torch.float32, device=device)
+    else:
+        save_mean = save_invstd = None
+    ws_bytes = plan.workspace_size
+    ws, ws_ptr = None, 0
+    if ws_bytes:
+        # CUDA's caching allocator hands out 512-byte aligned blocks; the slack covers others.
+        ws = torch.empty((ws_bytes + _WORKSPACE_ALIGN,), dtype=torch.uint8, device=device)
+        ws_ptr = -(-ws.data_ptr() // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
+    plan.run(
+        _stream(device), x_.data_ptr(), w_.data_ptr(), y.data_ptr(), _ptr(bias_), _ptr(scale_),
+        _ptr(gamma_), _ptr(beta_), _ptr(rm_), _ptr(rv_), _ptr(nbt_), _ptr(save_mean),
+        _ptr(save_invstd), ws_ptr, ws_bytes,
+    )
+    if mode == "train":
+        for dst, src in ((rm, rm_), (rv, rv_), (nbt, nbt_)):
+            if dst is not None and src is not dst:
+                dst.copy_(src)
+    return y, save_mean, save_invstd
+
+
+# ---------------------------------------------------------------------------------------------
+# The same math as PyTorch ops: fallback inside the ops (CPU tensors, float64, unsupported GPU)
+# ---------------------------------------------------------------------------------------------
+def _reference_op(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum):
+    ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+    with torch.autocast(x.device.type, enabled=False):
+        z = F.linear(x.to(ct), weight.to(ct), None if bias is None else bias.to(ct))
+    if scale is not None:
+        z = z * scale.to(ct)
+    M = z.shape[0]
+    if mode == "train":
+        mean = z.mean(0)
+        var = z.var(0, unbiased=False)
+        if nbt is not None:
+            nbt.add_(1)
+        if rm is not None:
+            if momentum is None:
+                m = 1.0 / float(nbt.item()) if nbt is not None else 0.0
+            else:
+                m = float(momentum)
+            rm.copy_((1 - m) * rm.to(ct) + m * mean)
+            rv.copy_((1 - m) * rv.to(ct) + m * var * (M / max(M - 1, 1)))
+    else:
+        mean, var = rm.to(ct), rv.to(ct)
+    invstd = torch.rsqrt(var + eps)
+    y = (z - mean) * invstd
+    if gamma is not None:
+        y = y * gamma.to(ct)
+    if beta is not None:
+        y = y + beta.to(ct)
+    return y.to(x.dtype), mean.float(), invstd.float()
+
+
+def _impl(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum):
+    _check_args(x, weight, (bias, scale, gamma, beta), (rm, rv))
+    _check_nbt(nbt, x)
+    M, K = x.shape
+    N = weight.shape[0]
+    if mode == "train":
+        _check_train_rows(M)
+        if (rm is None) != (rv is None):
+            raise ValueError("running_mean and running_var go together (both or neither)")
+    elif rm is None or rv is None:
+        raise ValueError("eval normalizes with running_mean and running_var; both are required")
+    reason = _static_fallback_reason(x)
+    if reason is None:
+        ok, why = kernel_available(x.device)
+        reason = None if ok else why
+    if reason is None and (M == 0 or N == 0 or K == 0):
+        reason = "empty"  # PyTorch's semantics for empty shapes, silently
+    if reason is not None:
+        if reason != "empty":
+            _warn_once(("fallback", reason), f"fusejit: running PyTorch ops instead ({reason})")
+        return _reference_op(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum)
+    if mode == "train" and momentum is None and nbt is None:
+        momentum = 0.0  # nn.BatchNorm1d's factor when it counts no batches
+    return _run_kernel(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum)
+
+
+# ---------------------------------------------------------------------------------------------
+# Custom ops
+# ---------------------------------------------------------------------------------------------
+@torch.library.custom_op(
+    "fusejit::linear_scale_bn_train",
+    mutates_args=("running_mean", "running_var", "num_batches_tracked"),
+)
+def linear_scale_bn_train(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    scale: Optional[torch.Tensor],
+    gamma: Optional[torch.Tensor],
+    beta: Optional[torch.Tensor],
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    num_batches_tracked: Optional[torch.Tensor],
+    eps: float,
+    momentum: Optional[float],
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Batch statistics: returns (y, save_mean, save_invstd) with the stats fp32 [N]; updates
+    running_mean/var (when given) and bumps num_batches_tracked (when given) in place.
+    momentum=None: cumulative average, which reads num_batches_tracked.
+    Not differentiable itself (PyTorch registers no autograd formula for an op that mutates
+    its inputs): use linear_scale_batch_norm() or LinearScaleBatchNorm1d for gradients."""
+    return _impl(
+        "train", x, weight, bias, scale, gamma, beta, running_mean, running_var,
+        num_batches_tracked, eps, momentum,
+    )
+
+
+@linear_scale_bn_train.register_fake
+def _(x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked, eps,
+      momentum):
+    _check_args(x, weight, (bias, scale, gamma, beta), (running_mean, running_var))
+    N = weight.shape[0]
+    y = x.new_empty((x.shape[0], N))
+    return (
+        y,
+        x.new_empty((N,), dtype=torch.float32),
+        x.new_empty((N,), dtype=torch.float32),
+    )
+
+
+@torch.library.custom_op("fusejit::linear_scale_bn_eval", mutates_args=())
+def linear_scale_bn_eval(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    scale: Optional[torch.Tensor],
+    gamma: Optional[torch.Tensor],
+    beta: Optional[torch.Tensor],
+    running_mean: torch.Tensor,
+    running_var: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """Running statistics: y = gamma * (z - running_mean) / sqrt(running_var + eps) + beta."""
+    return _impl(
+        "eval", x, weight, bias, scale, gamma, beta, running_mean, running_var, None, eps, None,
+    )[0]
+
+
+@linear_scale_bn_eval.register_fake
+def _(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps):
+    _check_args(x, weight, (bias, scale, gamma, beta), (running_mean, running_var))
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward (PyTorch ops, fp32 statistics; gradients in the inputs' dtypes)
+# ---------------------------------------------------------------------------------------------
+_BACKWARDS = ("pytorch", "fused")
+_backward = "pytorch"
+_HAS_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")
+
+
+def set_backward(kind):
+    """"pytorch": the backward is PyTorch ops recomputing x W^T + b (the default).
+    "fused": fusejit's fused backward kernels (not there yet: backward raises
+    NotImplementedError)."""
+    global _backward
+    if kind not in _BACKWARDS:
+        raise ValueError(f"backward: expected one of {_BACKWARDS}, got {kind!r}")
+    _backward = kind
+
+
+def get_backward():
+    return _backward
+
+
+def _linear_fp32(x, weight, bias):
+    # The GEMM again, with an fp32 result: z-hat is (z - mean) * invstd, so an error in z of a
+    # column whose mean is large against its spread (uniform inputs) would be amplified if z
+    # were rounded to bf16 first.
+    if x.dtype == torch.float32:
+        u = x @ weight.t()
+    elif _HAS_MM_OUT_DTYPE and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
+        u = torch.mm(x, weight.t(), out_dtype=torch.float32)
+    else:
+        u = x.float() @ weight.float().t()
+    if bias is not None:
+        u = u + bias.float()
+    return u
+
+
+
+def _backward_math(dy, x, weight, bias, scale, gamma, beta_dtype, mean, invstd, batch_stats,
+                   needs):
+    """Gradients (x, weight, bias, scale, gamma, beta) of
+    y = gamma * (s * (x W^T + b) - mean) * invstd + beta.
+    batch_stats: mean and invstd are the batch's own (train), so they depend on z as well.
+    z-hat comes from recomputing x W^T + b, never from y: a gamma = 0 column keeps its dgamma."""
+    if _backward == "fused":
+        raise NotImplementedError(
+            "fusejit: the fused backward has not landed yet; use set_backward('pytorch')"
+        )
+    nx, nw, nb, ns, ng, nbeta = needs
+    with torch.autocast(dy.device.type, enabled=False):
+        dyf = dy.float()
+        u = _linear_fp32(x, weight, bias)
+        z = u * scale.float() if scale is not None else u
+        zhat = (z - mean) * invstd
+        dbeta = dyf.sum(0)
+        dgamma = (dyf * zhat).sum(0)
+        g_invstd = invstd * gamma.float() if gamma is not None else invstd
+        if batch_stats:
+            M = x.shape[0]
+            dz = g_invstd * (dyf - dbeta / M - zhat * (dgamma / M))
+        else:
+            dz = dyf * g_invstd
+        dscale = (dz * u).sum(0) if (scale is not None and ns) else None
+        du = dz * scale.float() if scale is not None else dz
+        dbias = du.sum(0) if (bias is not None and nb) else None
+        # The GEMMs of the backward in the storage dtype, as nn.Linear's own backward does.
+        gemm_dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else torch.float32
+        dug = du.to(gemm_dtype)
+        dx = (dug @ weight.to(gemm_dtype)).to(x.dtype) if nx else None
+        dw = (dug.t() @ x.to(gemm_dtype)).to(weight.dtype) if nw else None
+    return (
+        dx,
+        dw,
+        dbias.to(bias.dtype) if dbias is not None else None,
+        dscale.to(scale.dtype) if dscale is not None else None,
+        dgamma.to(gamma.dtype) if (gamma is not None and ng) else None,
+        dbeta.to(beta_dtype) if (beta_dtype is not None and nbeta) else None,
+    )
+
+
+def _eval_setup_context(ctx, inputs, output):
+    x, weight, bias, scale, gamma, beta, running_mean, running_var, eps = inputs
+    ctx.save_for_backward(x, weight, bias, scale, gamma, running_mean, running_var)
+    ctx.eps = eps
+    ctx.beta_dtype = None if beta is None else beta.dtype
+
+
+def _eval_backward(ctx, dy):
+    x, weight, bias, scale, gamma, rm, rv = ctx.saved_tensors
+    needs = tuple(ctx.needs_input_grad[:6])
+    mean = rm.float()
+    invstd = torch.rsqrt(rv.float() + ctx.eps)
+    grads = _backward_math(
+        dy, x, weight, bias, scale, gamma, ctx.beta_dtype, mean, invstd, False, needs
+    )
+    return grads + (None, None, None)
+
+
+torch.library.register_autograd(
+    "fusejit::linear_scale_bn_eval", _eval_backward, setup_context=_eval_setup_context
+)
+
+
+def _eager_call(tensors):
+    # Outside torch.compile and with real tensors, the op's implementation is called directly:
+    # the dispatcher round trip costs more than the launch for small layers.
+    if torch.compiler.is_compiling():
+        return False
+    for t in tensors:
+        if t is not None and type(t) not in (torch.Tensor, nn.Parameter):
+            return False
+    return True
+
+
+class _TrainFunction(torch.autograd.Function):
+    # The train op mutates the running stats, and PyTorch registers autograd formulas only for
+    # functional ops, so its gradient lives in this Function (torch.compile traces both).
+    @staticmethod
+    def forward(ctx, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum):
+        args = (x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum)
+        if _eager_call((x, weight, bias, scale, gamma, beta, rm, rv, nbt)):
+            y, save_mean, save_invstd = _impl("train", *args)
+        else:
+            y, save_mean, save_invstd = torch.ops.fusejit.linear_scale_bn_train(*args)
+        ctx.save_for_backward(x, weight, bias, scale, gamma, save_mean, save_invstd)
+        ctx.beta_dtype = None if beta is None else beta.dtype
+        ctx.mark_non_differentiable(save_mean, save_invstd)
+        return y, save_mean, save_invstd
+
+    @staticmethod
+    def backward(ctx, dy, _dmean, _dinvstd):
+        x, weight, bias, scale, gamma, mean, invstd = ctx.saved_tensors
+        needs = tuple(ctx.needs_input_grad[:6])
+        grads = _backward_math(
+            dy, x, weight, bias, scale, gamma, ctx.beta_dtype, mean, invstd, True, needs
+        )
+        return grads + (None, None, None, None, None)
+
+
+def _needs_grad(tensors):
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            return True
+    return False
+
+
+def _reference_functional(x, weight, bias, scale, gamma, beta, rm, rv, nbt, training, momentum,
+                          eps):
+    # The seeds' Model math (nn.Linear, * scale, F.batch_norm as nn.BatchNorm1d calls it).
+    z = F.linear(x, weight, bias)
+    if scale is not None:
+        z = z * scale
+    factor = 0.0 if momentum is None else momentum
+    if training and nbt is not None:
+        nbt.add_(1)
+        factor = 1.0 / float(nbt) if momentum is None else momentum
+    return F.batch_norm(z, rm, rv, gamma, beta, training, factor, eps)
+
+
+def linear_scale_batch_norm(
+    x,
+    weight,
+    bias=None,
+    scale=None,
+    gamma=None,
+    beta=None,
+    running_mean=None,
+    running_var=None,
+    num_batches_tracked=None,
+    training=False,
+    momentum=0.1,
+    eps=1e-5,
+):
+    """y = batch_norm(scale * (x @ weight.T + bias)), differentiable, fused where it can be.
+
+    training=True normalizes with the batch's statistics and updates running_mean/var (when
+    given) with `momentum` (None: cumulative average over num_batches_tracked, which is then
+    required); num_batches_tracked, when given, is bumped by one. training=False normalizes with
+    running_mean/var (required). x [M, K], weight [N, K], the rest [N] or None."""
+    tensors = (x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked)
+    reason = _static_fallback_reason(x)
+    if reason is not None:
+        if not torch.compiler.is_compiling():
+            _warn_once(("fallback", reason), f"fusejit: running PyTorch ops instead ({reason})")
+        return _reference_functional(
+            x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
+            training, momentum, eps,
+        )
+    if training:
+        if momentum is None and num_batches_tracked is None:
+            momentum = 0.0  # nn.BatchNorm1d's factor when it counts no batches
+        if _needs_grad(tensors) or torch.compiler.is_compiling():
+            return _TrainFunction.apply(
+                x, weight, bias, scale, gamma, beta, running_mean, running_var,
+                num_batches_tracked, eps, momentum,
+            )[0]
+        if _eager_call(tensors):
+            return _impl(
+                "train", x, weight, bias, scale, gamma, beta, running_mean, running_var,
+                num_batches_tracked, eps, momentum,
+            )[0]
+        return torch.ops.fusejit.linear_scale_bn_train(
+            x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
+            eps, momentum,
+        )[0]
+    if running_mean is None or running_var is None:
+        raise ValueError("training=False normalizes with running_mean and running_var")
+    if not _needs_grad(tensors) and _eager_call(tensors):
+        return _impl(
+            "eval", x, weight, bias, scale, gamma, beta, running_mean, running_var, None, eps,
+            None,
+        )[0]
+    return torch.ops.fusejit.linear_scale_bn_eval(
+        x, weight, bias, scale, gamma, beta, running_mean, running_var, eps
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The module
+# ---------------------------------------------------------------------------------------------
+class LinearScaleBatchNorm1d(nn.Module):
+    """y = BatchNorm1d(scale * Linear(x)) in one fused kernel: the seeds' `Model`, same
+    parameters, buffers and state_dict keys (gemm.weight, gemm.bias, scale, bn.weight, bn.bias,
+    bn.running_mean, bn.running_var, bn.num_batches_tracked) and the same train/eval semantics
+    as nn.BatchNorm1d. x: [M, in_features]."""
+
+    def __init__(
+        self,
+        in_features,
+        out_features,
+        eps=1e-5,
+        momentum=0.1,
+        bias=True,
+        affine=True,
+        track_running_stats=True,
+        device=None,
+        dtype=None,
+        scale_shape=None,
+    ):
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        # Created in the seeds' order, so one seed gives both modules the same initial values.
+        self.gemm = nn.Linear(in_features, out_features, bias=bias, **factory)
+        self.scale = nn.Parameter(torch.randn(scale_shape or (out_features,), **factory))
+        self.bn = nn.BatchNorm1d(
+            out_features, eps=eps, momentum=momentum, affine=affine,
+            track_running_stats=track_running_stats, **factory,
+        )
+
+    @property
+    def in_features(self):
+        return self.gemm.in_features
+
+    @property
+    def out_features(self):
+        return self.gemm.out_features
+
+    @classmethod
+    def from_module(cls, model, share=False):
+        """A LinearScaleBatchNorm1d computing what `model` (anything with .gemm: nn.Linear,
+        .scale and .bn: nn.BatchNorm1d, like the seeds' Model) computes, on the same devices
+        with the same dtypes. share=False copies the parameters and buffers; share=True uses
+        `model`'s own (training either one then trains both)."""
+        gemm, bn = model.gemm, model.bn
+        m = cls(
+            gemm.in_features, gemm.out_features, eps=bn.eps, momentum=bn.momentum,
+            bias=gemm.bias is not None, affine=bn.affine,
+            track_running_stats=bn.track_running_stats, device="meta",
+            scale_shape=tuple(model.scale.shape),
+        )
+        if share:
+            m.gemm, m.bn, m.scale = gemm, bn, model.scale
+        else:
+            m.gemm = copy.deepcopy(gemm)
+            m.bn = copy.deepcopy(bn)
+            m.scale = nn.Parameter(
+                model.scale.detach().clone(), requires_grad=model.scale.requires_grad
+            )
+        m.train(model.training)
+        return m
+
+    def _scale_vector(self):
+        s, N = self.scale, self.out_features
+        if s.dim() == 1 and s.shape[0] == N:
+            return s
+        if s.numel() == N and s.shape[-1] == N:
+            return s.reshape(N)
+        if s.numel() == 1:
+            return s.reshape(1).expand(N)
+        return None
+
+    def forward(self, x):
+        if x.dim() != 2:
+            raise ValueError(
+                f"LinearScaleBatchNorm1d expects a 2-D [M, in_features] input (BatchNorm1d over "
+                f"features), got shape {tuple(x.shape)}"
+            )
+        bn, gemm = self.bn, self.gemm
+        scale = self._scale_vector()
+        reason = _static_fallback_reason(x)
+        if reason is None and scale is None:
+            reason = f"scale of shape {tuple(self.scale.shape)} is not one value per feature"
+        if reason is not None:
+            if not torch.compiler.is_compiling():
+                _warn_once(("fallback", reason), f"fusejit: running PyTorch ops instead ({reason})")
+            return bn(gemm(x) * self.scale)
+
+        weight = gemm.weight
+        if torch.is_autocast_enabled(x.device.type):
+            # Autocast runs nn.Linear in the low-precision dtype; so does the fused op, with the
+            # per-feature parameters and running stats left as they are (fp32).
+            low = torch.get_autocast_dtype(x.device.type)
+            if low in (torch.float16, torch.bfloat16):
+                x = x.to(low)
+                weight = weight.to(low)
+        if weight.dtype != x.dtype:
+            raise ValueError(
+                f"x: dtype {x.dtype} differs from the layer's {weight.dtype} (cast the input, "
+                "the module, or use torch.autocast)"
+            )
+
+        # nn.BatchNorm1d.forward, decision for decision.
+        momentum = bn.momentum
+        nbt = None
+        if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
+            nbt = bn.num_batches_tracked
+        elif momentum is None:
+            momentum = 0.0
+        batch_stats = bn.training or (bn.running_mean is None and bn.running_var is None)
+        use_running = not bn.training or bn.track_running_stats
+        rm = bn.running_mean if use_running else None
+        rv = bn.running_var if use_running else None
+        if batch_stats and x.shape[0] == 1:
+            _check_train_rows(1)
+        return linear_scale_batch_norm(
+            x, weight, gemm.bias, scale, bn.weight, bn.bias, rm, rv, nbt, batch_stats, momentum,
+            bn.eps,
+        )
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}"
