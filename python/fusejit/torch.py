@@ -93,6 +93,48 @@ def clear_plan_cache():
     """Drop every cached plan (kernels stay loaded in fusejit's own bounded cache)."""
     with _plan_lock:
         _plan_cache.clear()
+        _prepared.clear()
+
+
+# Prepared calls: the checks and decisions of a call (argument checks, dtypes, strides,
+# alignment, the plan) depend only on the arguments' metadata, so a call whose metadata was seen
+# before, and that needed no copy or conversion, goes straight to the plan with the new
+# pointers. A training loop pays the checks once per layer and batch shape.
+_PREPARED_MAX = 1024
+_prepared = {}
+
+
+def _signature(mode, x, weight, vectors, nbt, eps, momentum):
+    """Everything _impl and _run_kernel decide from, as a hashable tuple."""
+    sig = [mode, float(eps), momentum, x.dtype == torch.float32 and _tf32_enabled(), x.shape,
+           x.stride(), x.dtype, x.device, x.data_ptr() & 15, weight.shape, weight.stride(),
+           weight.dtype, weight.device, weight.data_ptr() & 15]
+    for t in vectors:
+        sig.append(None if t is None else (t.shape, t.stride(), t.dtype, t.device))
+    sig.append(None if nbt is None else (nbt.shape, nbt.stride(), nbt.dtype, nbt.device))
+    return tuple(sig)
+
+
+def _launch_prepared(plan, train, x, weight, vectors, nbt):
+    M, N = x.shape[0], weight.shape[0]
+    device = x.device
+    y = torch.empty((M, N), dtype=x.dtype, device=device)
+    save_mean = save_invstd = None
+    if train:
+        save_mean = torch.empty((N,), dtype=torch.float32, device=device)
+        save_invstd = torch.empty((N,), dtype=torch.float32, device=device)
+    ws_bytes = plan.workspace_size
+    ws, ws_ptr = None, 0
+    if ws_bytes:
+        ws = torch.empty((ws_bytes + _WORKSPACE_ALIGN,), dtype=torch.uint8, device=device)
+        ws_ptr = -(-ws.data_ptr() // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
+    bias, scale, gamma, beta, rm, rv = vectors
+    plan.run(
+        _stream(device), x.data_ptr(), weight.data_ptr(), y.data_ptr(), _ptr(bias), _ptr(scale),
+        _ptr(gamma), _ptr(beta), _ptr(rm), _ptr(rv), _ptr(nbt), _ptr(save_mean),
+        _ptr(save_invstd), ws_ptr, ws_bytes,
+    )
+    return y, save_mean, save_invstd
 
 
 def plan_cache_size():
@@ -347,7 +389,11 @@ def _run_kernel(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, mom
         for dst, src in ((rm, rm_), (rv, rv_), (nbt, nbt_)):
             if dst is not None and src is not dst:
                 dst.copy_(src)
-    return y, save_mean, save_invstd
+    # Every tensor went to the kernel as it was (no copy, conversion or stand-in): a call with
+    # the same metadata may skip straight to this plan (_prepared).
+    direct = (x_ is x and w_ is weight and bias_ is bias and scale_ is scale and gamma_ is gamma
+              and beta_ is beta and rm_ is rm and rv_ is rv and nbt_ is nbt)
+    return (y, save_mean, save_invstd), plan if direct else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,6 +430,23 @@ def _reference_op(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, m
 
 
 def _impl(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum):
+    vectors = (bias, scale, gamma, beta, rm, rv)
+    sig = _signature(mode, x, weight, vectors, nbt, eps, momentum)
+    plan = _prepared.get(sig)
+    if plan is not None:
+        return _launch_prepared(plan, mode == "train", x, weight, vectors, nbt)
+    out, direct = _impl_checked(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps,
+                                momentum)
+    if direct is not None:
+        with _plan_lock:
+            if len(_prepared) >= _PREPARED_MAX:
+                _prepared.clear()
+            _prepared[sig] = direct
+    return out
+
+
+def _impl_checked(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum):
+    """(result, the plan when every tensor went to it unchanged, else None)."""
     _check_args(x, weight, (bias, scale, gamma, beta), (rm, rv))
     _check_nbt(nbt, x)
     M, K = x.shape
@@ -403,7 +466,10 @@ def _impl(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum)
     if reason is not None:
         if reason != "empty":
             _warn_once(("fallback", reason), f"fusejit: running PyTorch ops instead ({reason})")
-        return _reference_op(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum)
+        return (
+            _reference_op(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum),
+            None,
+        )
     if mode == "train" and momentum is None and nbt is None:
         momentum = 0.0  # nn.BatchNorm1d's factor when it counts no batches
     return _run_kernel(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum)

@@ -591,3 +591,24 @@ def test_cuda_graph_captures_forward_and_backward():
     assert rel_err(ours.gemm.weight.grad, eager.gemm.weight.grad) < tol
     assert rel_err(ours.scale.grad, eager.scale.grad) < tol
     assert rel_err(ours.bn.weight.grad, eager.bn.weight.grad) < tol
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_prepared_calls_reuse_checks_not_results(train):
+    # A call whose metadata was seen goes straight to its plan (fjt._prepared); new pointers,
+    # a new batch size or a strided x must still give the reference's results.
+    fjt.clear_plan_cache()
+    ours, ref64 = pair(96, 80, torch.float32)
+    ours.train(train)
+    ref64.train(train)
+    for step, (M, strided) in enumerate([(200, False), (200, False), (200, True), (64, False)]):
+        if strided:
+            x = make_x(M, 96 + 32, "randn")[:, :96]
+        else:
+            x = make_x(M, 96, "randn")
+        y = ours(x)
+        with torch.no_grad():
+            assert rel_err(y, ref64(x.double())) < TOL[torch.float32], step
+        assert_stats_match(ours, ref64, TOL[torch.float32])
+    if DEVICE == "cuda":
+        assert len(fjt._prepared) >= 1
