@@ -219,9 +219,10 @@ struct WarpspecGemm {
   }
   // grid.x for the launch (see the header comment).
   __host__ __device__ static constexpr int grid_size(int m, int sm_count) {
-    return CLUSTER * (Spec::PERSISTENT ? (cluster_tiles(m) < sm_count / CLUSTER ? cluster_tiles(m)
-                                                                                : sm_count / CLUSTER)
-                                       : cluster_tiles(m));
+    return CLUSTER *
+           (Spec::PERSISTENT
+                ? (cluster_tiles(m) < sm_count / CLUSTER ? cluster_tiles(m) : sm_count / CLUSTER)
+                : cluster_tiles(m));
   }
 
   __device__ static void run(const Params& p, const TmaDescriptor& tx, const TmaDescriptor& tw,

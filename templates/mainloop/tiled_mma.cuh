@@ -45,10 +45,11 @@ __device__ __forceinline__ int clamp_bytes(int v, int hi) {
 
 // Copies ROWS x BK slices of a K-contiguous matrix [NROWS][LD] (first row `row0`) into one
 // swizzled stage. NROWS is the row count when it is a compile-time constant, 0 when it is the
-// run's (x's M, common/rows.cuh): init() is given it either way. Thread t owns chunk column t % CPR of rows t / CPR + i * kRowStep, so a warp
-// reads whole contiguous row segments (coalesced) and writes whole 128-byte lines of shared
-// memory (conflict-free). Rows >= NROWS and k >= K are zero-filled: zero rows keep garbage out
-// of the accumulators and zero k columns (in both operands) add nothing to the dot products.
+// run's (x's M, common/rows.cuh): init() is given it either way. Thread t owns chunk column t % CPR
+// of rows t / CPR + i * kRowStep, so a warp reads whole contiguous row segments (coalesced) and
+// writes whole 128-byte lines of shared memory (conflict-free). Rows >= NROWS and k >= K are
+// zero-filled: zero rows keep garbage out of the accumulators and zero k columns (in both operands)
+// add nothing to the dot products.
 template <class T, int ROWS, int BK, int NROWS, int K, int LD, int VEC, int THREADS>
 struct OperandLoader {
   static constexpr int kEpc = 16 / int(sizeof(T));  // elements per 16-byte chunk
@@ -61,7 +62,7 @@ struct OperandLoader {
   static constexpr bool kLinearRows = kRowStep % Layout::kPeriod == 0;
   // Some tile has rows past the matrix (always possible when the row count is the run's).
   static constexpr bool kRowTail = NROWS == 0 || NROWS % ROWS != 0;
-  static constexpr bool kKTail = K % BK != 0;          // the last k-tile is partial
+  static constexpr bool kKTail = K % BK != 0;  // the last k-tile is partial
   static_assert(THREADS % CPR == 0, "OperandLoader: THREADS must be a multiple of BK*sizeof(T)/16");
   static_assert(VEC == 16 || VEC == 8 || VEC == 4 || (VEC == 2 && sizeof(T) == 2),
                 "VEC_BYTES must be 16, 8, 4, or 2 for 16-bit types (and at least sizeof(T))");

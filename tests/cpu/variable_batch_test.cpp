@@ -30,7 +30,7 @@ TEST_CASE("M = 1..8192 of one layer maps onto at most one kernel set per M class
         CAPTURE(arch);
         CAPTURE(p.key());
         std::map<std::string, std::set<std::int64_t>> sets;  // cache key -> M classes using it
-        std::map<std::int64_t, std::string> class_key;        // class lo -> its one cache key
+        std::map<std::int64_t, std::string> class_key;       // class lo -> its one cache key
         for (std::int64_t m = mode == Mode::train ? 2 : 1; m <= 8192; ++m) {
           p.M = m;
           const KernelConfig c = default_config(p, d);
@@ -41,8 +41,8 @@ TEST_CASE("M = 1..8192 of one layer maps onto at most one kernel set per M class
           auto [it, fresh] = class_key.emplace(cls, key);
           if (!fresh && it->second != key) FAIL_CHECK(fmt::format("M = {} of class {}", m, cls));
         }
-        MESSAGE(fmt::format("{} {} {}x{} {}: {} kernel sets for M = 1..8192", arch, name(mode),
-                            l.N, l.K, name(l.dtype), sets.size()));
+        MESSAGE(fmt::format("{} {} {}x{} {}: {} kernel sets for M = 1..8192", arch, name(mode), l.N,
+                            l.K, name(l.dtype), sets.size()));
         CHECK(sets.size() <= kMaxMClassesUpTo8192);
       }
 }

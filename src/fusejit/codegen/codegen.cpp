@@ -82,8 +82,7 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   KernelSource src;
   const std::string rows = c.exact_m ? std::to_string(p.M) : std::string("M");
   src.name = fmt::format("fj.{}.{}.{}x{}x{}.{}{}", name(p.dtype), name(p.mode), rows, p.N, p.K,
-                         c.key(),
-                         p.mode != Mode::train ? "" : (single_pass ? ".1pass" : ".2pass"));
+                         c.key(), p.mode != Mode::train ? "" : (single_pass ? ".1pass" : ".2pass"));
   std::string& t = src.text;
   t += fmt::format("// fusejit generated kernel: {}\n// problem: {}\n", src.name,
                    kernel_set_problem_key(p, c));
@@ -115,8 +114,8 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   t += fmt::format(
       "  static constexpr bool TRAIN = {}, SINGLE_PASS = {}, CUMULATIVE = {};\n"
       "  static constexpr bool HAS_BIAS = {}, HAS_SCALE = {}, HAS_AFFINE = {};\n",
-      b(p.mode == Mode::train), b(single_pass), b(!p.momentum),
-      b(p.has_bias), b(p.has_scale), b(p.has_affine));
+      b(p.mode == Mode::train), b(single_pass), b(!p.momentum), b(p.has_bias), b(p.has_scale),
+      b(p.has_affine));
   t += "};\n";
   const char* gemm = ws ? "fj::WarpspecGemm<Spec>" : "fj::TiledGemm<Spec>";
   t += ws ? "#include \"kernels/warpspec_gemm.cuh\"\n" : "#include \"kernels/tiled_gemm.cuh\"\n";
@@ -125,7 +124,8 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   };
   if (has("fj_splitk_reduce")) t += "#include \"kernels/splitk_reduce.cuh\"\n";
   // The BatchNorm passes (fj_finalize, fj_apply, fj_bump) live in bn_apply.cuh.
-  const bool bn_passes = has("fj_finalize") || has("fj_apply") || has("fj_apply_fold") || has("fj_bump");
+  const bool bn_passes =
+      has("fj_finalize") || has("fj_apply") || has("fj_apply_fold") || has("fj_bump");
   if (bn_passes) t += "#include \"kernels/bn_apply.cuh\"\n";
   // The host reads the exact dynamic shared memory size and the launch shapes of the BatchNorm
   // passes from the module: the templates are their one source of truth. Grids that grow with

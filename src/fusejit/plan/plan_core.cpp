@@ -111,10 +111,9 @@ std::shared_ptr<const PlanCore> plan_core(const Problem& problem, const KernelCo
   static SingleFlight<std::shared_ptr<const PlanCore>> cores(
       SingleFlight<std::shared_ptr<const PlanCore>>::Keep::values);
   // Every M of a kernel set maps to one core (kernel_set_problem_key and the class).
-  const std::string key =
-      fmt::format("{}|{}|{}|{}|{}", kernel_set_problem_key(problem, config),
-                  int(single_pass_class(problem, config)), static_cast<const void*>(context),
-                  config.key(), cache_dir);
+  const std::string key = fmt::format("{}|{}|{}|{}|{}", kernel_set_problem_key(problem, config),
+                                      int(single_pass_class(problem, config)),
+                                      static_cast<const void*>(context), config.key(), cache_dir);
   // The cores hold their modules: they are bounded like the module registry.
   static std::atomic<std::size_t> capacity{0};
   if (const std::size_t want = Module::max_loaded(); capacity.exchange(want) != want)

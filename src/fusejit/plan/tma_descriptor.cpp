@@ -71,8 +71,8 @@ WarpspecTensorMaps warpspec_tensor_maps(const Problem& problem, const KernelConf
     throw InvalidArgument("config", "bn must split evenly over the cluster");
   const int atom = static_cast<int>(128 / storage_bytes(problem.dtype));
   WarpspecTensorMaps maps;
-  maps.x = encode_tma_tile_map(problem.dtype, x, rows, problem.K, problem.lda_x(), config.bm,
-                               atom, "x");
+  maps.x =
+      encode_tma_tile_map(problem.dtype, x, rows, problem.K, problem.lda_x(), config.bm, atom, "x");
   maps.w = encode_tma_tile_map(problem.dtype, w, problem.N, problem.K, problem.lda_w(),
                                config.bn / config.cluster_m, atom, "w");
   std::memset(&maps.y, 0, sizeof(maps.y));

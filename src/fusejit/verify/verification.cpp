@@ -370,11 +370,11 @@ void DeviceCase::upload_x(const HostTensor& x) {
 
 void DeviceCase::upload_x_rows(const HostTensor& x, std::int64_t rows) {
   const Problem& p = c_.problem;
-  const std::size_t need =
-      static_cast<std::size_t>(rows * p.lda_x()) * storage_bytes(p.dtype);
+  const std::size_t need = static_cast<std::size_t>(rows * p.lda_x()) * storage_bytes(p.dtype);
   if (rows < 1 || rows > p.M || x.bytes() != need)
-    throw InvalidArgument("x", fmt::format("expected {} rows ({} bytes) of at most {}; got {} bytes",
-                                           rows, need, p.M, x.bytes()));
+    throw InvalidArgument(
+        "x", fmt::format("expected {} rows ({} bytes) of at most {}; got {} bytes", rows, need, p.M,
+                         x.bytes()));
   x_.upload(x.data(), x.bytes());
   y_.fill_words(nan_word(p.dtype));
   save_mean_.fill_words(nan_word(DType::fp32));
