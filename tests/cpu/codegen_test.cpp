@@ -216,3 +216,28 @@ TEST_CASE("exact_m round-trips through the config key") {
   CHECK(!KernelConfig::parse("tiled.128x128x32.w2x4.s4.g8.k4").exact_m);
   CHECK(KernelConfig::parse("tiled.128x128x32.w2x4.s4.g8.k4.xm").split_k == 4);
 }
+
+TEST_CASE("schedule_flags makes schedule's decisions without the names") {
+  for (const Mode mode : {Mode::train, Mode::eval})
+    for (const std::optional<double> momentum :
+         {std::optional<double>(0.1), std::optional<double>()})
+      for (const char* key : {"tiled.128x128x32.w2x4.s4.g8", "tiled.128x128x32.w2x4.s4.g8.k4"})
+        for (const std::int64_t M : {64, 1000, 4000}) {
+          Problem p = problem();
+          p.M = M, p.K = 1000, p.mode = mode, p.momentum = momentum;
+          const KernelConfig c = KernelConfig::parse(key);
+          for (const std::int64_t rows : {std::int64_t{2}, M / 2 + 1, M}) {
+            const KernelSchedule named = schedule(p, c, rows), flags = schedule_flags(p, c, rows);
+            CHECK(flags.kernels.empty());
+            auto has = [&](const char* k) {
+              return std::find(named.kernels.begin(), named.kernels.end(), k) !=
+                     named.kernels.end();
+            };
+            CHECK(flags.finalize == has("fj_finalize"));
+            CHECK(flags.apply == (has("fj_apply") || has("fj_apply_fold")));
+            CHECK(flags.bump == has("fj_bump"));
+            CHECK(flags.split_k == has("fj_splitk_reduce"));
+            CHECK(flags.fold_finalize == has("fj_apply_fold"));
+          }
+        }
+}

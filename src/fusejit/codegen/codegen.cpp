@@ -36,18 +36,27 @@ bool single_pass_class(const Problem& p, const KernelConfig& c) {
   return p.mode == Mode::train && p.M <= c.bm;
 }
 
-KernelSchedule schedule(const Problem& p, const KernelConfig& c, std::int64_t rows) {
+KernelSchedule schedule_flags(const Problem& p, const KernelConfig& c, std::int64_t rows) {
   KernelSchedule s;
-  s.kernels.push_back("fj_gemm");
   s.split_k = c.variant == Variant::tiled && c.split_k > 1;
-  if (s.split_k) s.kernels.push_back("fj_splitk_reduce");
   if (p.mode != Mode::train) return s;
   s.single_pass = single_pass_class(p, c);
   s.fold_finalize = !s.single_pass && (rows + c.bm - 1) / c.bm <= kFoldMaxRowTiles;
-  if (!s.single_pass && !s.fold_finalize) s.kernels.push_back("fj_finalize");
-  if (!s.single_pass) s.kernels.push_back(s.fold_finalize ? "fj_apply_fold" : "fj_apply");
-  // momentum=None: every reader of num_batches_tracked must finish before it is bumped.
-  if ((s.single_pass || s.fold_finalize) && !p.momentum) s.kernels.push_back("fj_bump");
+  s.finalize = !s.single_pass && !s.fold_finalize;
+  s.apply = !s.single_pass;
+  // momentum=None: every reader of num_batches_tracked must finish before it is bumped, which
+  // the GEMM's (single-pass) or fj_apply_fold's own increment cannot promise.
+  s.bump = (s.single_pass || s.fold_finalize) && !p.momentum;
+  return s;
+}
+
+KernelSchedule schedule(const Problem& p, const KernelConfig& c, std::int64_t rows) {
+  KernelSchedule s = schedule_flags(p, c, rows);
+  s.kernels.push_back("fj_gemm");
+  if (s.split_k) s.kernels.push_back("fj_splitk_reduce");
+  if (s.finalize) s.kernels.push_back("fj_finalize");
+  if (s.apply) s.kernels.push_back(s.fold_finalize ? "fj_apply_fold" : "fj_apply");
+  if (s.bump) s.kernels.push_back("fj_bump");
   return s;
 }
 

@@ -29,9 +29,15 @@ struct KernelSchedule {
   // Split-K (tiled, split_k > 1): fj_gemm leaves fp32 slices, fj_splitk_reduce adds them and runs
   // the epilogue; the kernels after it are the unsplit schedule's.
   bool split_k = false;
+  // What goes out after the GEMM (and the split-K reduce): fj_finalize; fj_apply or, with
+  // fold_finalize, fj_apply_fold; fj_bump.
+  bool finalize = false, apply = false, bump = false;
   std::vector<std::string> kernels;  // e.g. {"fj_gemm", "fj_splitk_reduce", "fj_finalize", ...}
 };
 KernelSchedule schedule(const Problem&, const KernelConfig&, std::int64_t rows);
+// The same decisions without the kernel names (allocates nothing): Plan::run(rows) sizes its
+// launches with it on every call.
+KernelSchedule schedule_flags(const Problem&, const KernelConfig&, std::int64_t rows);
 inline KernelSchedule schedule(const Problem& p, const KernelConfig& c) {
   return schedule(p, c, p.M);
 }

@@ -57,18 +57,16 @@ RunShape run_shape(const PlanCore& c, std::int64_t rows, const WorkspaceLayout& 
     r.gemm_splits = static_cast<unsigned>(k.split_k);
   }
   if (c.splitk_reduce) r.splitk_grid = c.splitk_reduce_shape.grid_x * tiles;
-  if (c.problem.mode != Mode::train) return r;
-  const bool fold = row_tiles <= kFoldMaxRowTiles;
-  if (!c.single_pass) {
-    r.finalize = !fold;
-    r.apply = fold ? c.apply_fold : c.apply;
+  // Which kernels go out: codegen's schedule, the one rule for it.
+  const KernelSchedule s = schedule_flags(c.problem, c.config, rows);
+  r.finalize = s.finalize;
+  r.bump = s.bump;
+  if (s.apply) {
+    r.apply = s.fold_finalize ? c.apply_fold : c.apply;
     const auto slabs =
         static_cast<unsigned>((rows + fj::kApplyBlockRows - 1) / fj::kApplyBlockRows);
     r.apply_grid = c.apply_shape.grid_x * slabs;
   }
-  // momentum=None: every reader of num_batches_tracked must finish before it is bumped, which
-  // the GEMM's (single-pass) or fj_apply's (folded) own increment cannot promise.
-  r.bump = (c.single_pass || fold) && !c.problem.momentum;
   return r;
 }
 

@@ -24,7 +24,6 @@ std::shared_ptr<const PlanCore> build_plan_core(const Problem& problem, const Ke
   FJ_CU(cuCtxSetCurrent(core->context));
   core->device = Device::current();
   core->config = config;
-  core->single_pass = single_pass_class(problem, config);
   const KernelSource src = generate(problem, core->config);
   const std::string arch = core->device.arch();
   const std::string key = cache_key(src, arch, nvrtc_version());

@@ -44,7 +44,6 @@ struct PlanCore {
   KernelConfig config;
   Device device;
   CUcontext context = nullptr;
-  bool single_pass = false;  // train: the single-pass class (codegen.hpp)
   std::shared_ptr<const Module> module;
   CUfunction gemm = nullptr, splitk_reduce = nullptr, finalize = nullptr, apply = nullptr,
              apply_fold = nullptr, bump = nullptr;
