@@ -116,6 +116,8 @@ def _signature(mode, x, weight, vectors, nbt, eps, momentum):
 
 
 def _launch_prepared(plan, train, x, weight, vectors, nbt):
+    """Allocates y, the saved stats (train) and the workspace, and runs `plan` on them: the one
+    launch of both the checked path (_run_kernel) and prepared calls."""
     M, N = x.shape[0], weight.shape[0]
     device = x.device
     y = torch.empty((M, N), dtype=x.dtype, device=device)
@@ -126,6 +128,7 @@ def _launch_prepared(plan, train, x, weight, vectors, nbt):
     ws_bytes = plan.workspace_size
     ws, ws_ptr = None, 0
     if ws_bytes:
+        # CUDA's caching allocator hands out 512-byte aligned blocks; the slack covers others.
         ws = torch.empty((ws_bytes + _WORKSPACE_ALIGN,), dtype=torch.uint8, device=device)
         ws_ptr = -(-ws.data_ptr() // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
     bias, scale, gamma, beta, rm, rv = vectors
@@ -368,22 +371,8 @@ def _run_kernel(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, mom
         gamma is not None, ldx, ldw, 0, _device_index(device),
     )
     plan = _get_plan(key)
-    y = torch.empty((M, N), dtype=x.dtype, device=device)
-    if mode == "train":
-        save_mean = torch.empty((N,), dtype=torch.float32, device=device)
-        save_invstd = torch.empty((N,), dtype=torch.float32, device=device)
-    else:
-        save_mean = save_invstd = None
-    ws_bytes = plan.workspace_size
-    ws, ws_ptr = None, 0
-    if ws_bytes:
-        # CUDA's caching allocator hands out 512-byte aligned blocks; the slack covers others.
-        ws = torch.empty((ws_bytes + _WORKSPACE_ALIGN,), dtype=torch.uint8, device=device)
-        ws_ptr = -(-ws.data_ptr() // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
-    plan.run(
-        _stream(device), x_.data_ptr(), w_.data_ptr(), y.data_ptr(), _ptr(bias_), _ptr(scale_),
-        _ptr(gamma_), _ptr(beta_), _ptr(rm_), _ptr(rv_), _ptr(nbt_), _ptr(save_mean),
-        _ptr(save_invstd), ws_ptr, ws_bytes,
+    y, save_mean, save_invstd = _launch_prepared(
+        plan, mode == "train", x_, w_, (bias_, scale_, gamma_, beta_, rm_, rv_), nbt_
     )
     if mode == "train":
         for dst, src in ((rm, rm_), (rv, rv_), (nbt, nbt_)):
