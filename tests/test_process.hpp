@@ -13,6 +13,16 @@
 
 namespace fusejit::test {
 
+// nobody: the unprivileged user a test run as root drops to (or hands files to).
+inline constexpr uid_t kNobody = 65534;
+
+// Sets FUSEJIT_LOG_LEVEL=warn so the cache's warnings reach the logger (log_warning_count()),
+// whatever the caller's environment says. Call it from a namespace-scope initializer, so it
+// runs before main and before the logger is first made.
+inline bool log_warnings_for_tests() {
+  return ::setenv("FUSEJIT_LOG_LEVEL", "warn", 1) == 0;
+}
+
 struct CommandResult {
   int code = -1;    // exit status, -1 when killed by a signal
   std::string out;  // stdout and stderr together

@@ -41,10 +41,9 @@ using fusejit::test::TempDir;
 
 namespace {
 
-// Warnings must reach the logger for log_warning_count() to see them. Runs before main.
-const bool kLogLevelSet = [] { return ::setenv("FUSEJIT_LOG_LEVEL", "warn", 1) == 0; }();
+const bool kLogLevelSet = fusejit::test::log_warnings_for_tests();
 
-constexpr uid_t kNobody = 65534;
+using fusejit::test::kNobody;
 
 using Flights = SingleFlight<int>;
 

@@ -39,13 +39,11 @@ using fusejit::test::TempDir;
 
 namespace {
 
-// Warnings must reach the logger for log_warning_count() to see them.
-const bool kLogLevelSet = [] { return ::setenv("FUSEJIT_LOG_LEVEL", "warn", 1) == 0; }();
+const bool kLogLevelSet = fusejit::test::log_warnings_for_tests();
 
 // A uid no account here uses, standing for "another user".
 constexpr uid_t kOtherUser = 12345;
-// nobody: the unprivileged user a root test run drops to.
-constexpr uid_t kNobody = 65534;
+using fusejit::test::kNobody;
 
 fs::path entry_path(const fs::path& dir, const std::string& key) {
   return dir / (key + ".fjc");
