@@ -2,7 +2,9 @@
 # One call on the GPU machine (device tool): build, run the GPU tests, check, benchmark, and
 # print a short table last. Carry: .deps (scripts/fetch-deps.sh), cache (kernels compiled here
 # with `fusejit compile --arch sm_90a`), .anchors (copy of ../shared/spec/*.py).
-#   scripts/device.sh [tests|check|bench|soak|ab|host|python|all] [extra ctest -R regex]
+#   scripts/device.sh [tests|check|bench|backward|soak|ab|host|python|all] [extra ctest -R regex]
+# backward: `fusejit check --backward --sweep full` and `fusejit bench --backward` on the seed
+#     shapes (BWD_SHAPES, BWD_DTYPES override them).
 # python: pip install . from this tree (carry .whl: scikit-build-core, nanobind, pytest and
 #     their wheels) and pytest python/tests against the PyTorch there.
 # host: bench/host_cost.cpp (planning, hot plan, host time per run, dynamic vs exact M, bounded
@@ -60,6 +62,17 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   done
   [ -f "$here/.anchors/anchors.py" ] && python3 "$here/.anchors/anchors.py" --dtypes bf16,fp32 \
     --compile 2>&1 | tee "$out/anchors.log" | tail -30
+fi
+if [ "$what" = backward ]; then
+  # The backward pass: its regression sweep, then a training step's layer against its 3 GEMMs.
+  "$fj" check --backward --sweep full -v 2>&1 | tee "$out/check-backward.log" | tail -12 || status=1
+  : >"$out/bench-backward.log"
+  for shape in ${BWD_SHAPES:-1024x8192x8192 16384x4096x4096 4096x4096x4096 128x512x1024}; do
+    for dtype in ${BWD_DTYPES:-bf16 fp16}; do
+      "$fj" bench --backward --shape $shape --dtype $dtype --mode train 2>&1 |
+        tee -a "$out/bench-backward.log" | tail -7
+    done
+  done
 fi
 if [ "$what" = soak ]; then
   python3 "$here/scripts/cache_soak.py" "$fj" --cases "${SOAK_CASES:-2000}" --pool "${SOAK_POOL:-300}" \

@@ -10,5 +10,7 @@ arch=()
 "$fj" info | grep -q '^gpu [0-9]' || arch=(--arch sm_90a)
 "$fj" compile "${arch[@]}" --shapes 1024x8192x8192,16384x4096x4096,128x512x1024 \
   --dtypes bf16,fp16,fp32 --modes train,eval
-example="${BUILD_DIR:-$here/build}/examples/train_eval/train_eval"
-if [ -x "$example" ]; then "$example"; fi
+for example in train_eval train_sgd; do
+  bin="${BUILD_DIR:-$here/build}/examples/$example/$example"
+  if [ -x "$bin" ]; then "$bin"; fi
+done

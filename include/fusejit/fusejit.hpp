@@ -7,6 +7,7 @@
 //                     .running_mean = rm, .running_var = rv});
 #pragma once
 
+#include "fusejit/backward.hpp"
 #include "fusejit/device.hpp"
 #include "fusejit/driver.hpp"
 #include "fusejit/dtype.hpp"

@@ -24,6 +24,12 @@ struct Tensors {
   // train, optional: batch mean and 1/sqrt(var + eps) of z per feature (what backward needs).
   float* save_mean = nullptr;    // [N]
   float* save_invstd = nullptr;  // [N]
+  // Optional (null: not written): what the backward pass needs of the forward, laid out exactly
+  // like y ([M][ldy], storage type of dtype, the same alignment) and not overlapping it. With
+  // a = x W^T: train c = a - mean_a (the batch mean of each column of a, the same the batch
+  // statistics use); eval u = a + bias (a without bias). Only the fused kernels write it: a plan
+  // that runs the cuBLASLt reference op refuses it (InvalidArgument "saved").
+  void* saved = nullptr;  // [M][ldy]
 };
 
 }  // namespace fusejit

@@ -13,6 +13,7 @@
 
 #include "cli/problem_options.hpp"
 #include "cli/verbs.hpp"
+#include "fusejit/backward.hpp"
 #include "fusejit/config/candidates.hpp"
 #include "fusejit/device.hpp"
 #include "fusejit/device/context.hpp"
@@ -37,6 +38,7 @@ struct BenchArgs {
   int device = 0;
   std::string cache_dir;
   bool json = false;
+  bool backward = false;
 };
 
 struct SystemTiming {
@@ -188,6 +190,142 @@ nlohmann::json bench_problem(const BenchArgs& a, const Problem& p, const Device&
   return j;
 }
 
+// --backward: a training step's layer (forward saving what backward needs, then every gradient)
+// against the floor of its three GEMMs, each timed alone as cuBLASLt runs it: y = x W^T (M x N,
+// reduction K), dx = dy W (M x K, reduction N) and dW = dy^T x (N x K, reduction M). The two
+// backward GEMMs are timed as TN GEMMs of their shapes (cuBLASLt's other layouts run within a few
+// percent of TN at these sizes), on one input set each.
+nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device& dev) {
+  const Stream stream;
+  SweepCase c;
+  c.problem = p;
+  c.distribution = Distribution::non_centred;
+  const CaseInputs in = make_case_inputs(c);
+  const int sets = input_set_count(p, dev);
+  const DType st = storage_type(p.dtype), pd = storage_type(p.param_dtype);
+  const auto es = storage_bytes(st);
+  const auto ps = storage_bytes(pd);
+  struct Set {
+    DeviceCase data;
+    DeviceBuffer saved, dy, dx, dw, dbias, dscale, dgamma, dbeta;
+    Tensors t;
+    BackwardTensors b;
+  };
+  std::vector<std::unique_ptr<Set>> data;
+  HostTensor dy(st, static_cast<std::size_t>(p.M * p.lda_y()));
+  fill_normal(dy, 0.0, 1.0);
+  for (int i = 0; i < sets; ++i) {
+    auto s = std::make_unique<Set>(Set{DeviceCase(in),
+                                       DeviceBuffer(p.M * p.lda_y() * es),
+                                       DeviceBuffer(dy.bytes()),
+                                       DeviceBuffer(p.M * p.lda_x() * es),
+                                       DeviceBuffer(p.N * p.lda_w() * es),
+                                       DeviceBuffer(p.N * ps),
+                                       DeviceBuffer(p.N * ps),
+                                       DeviceBuffer(p.N * ps),
+                                       DeviceBuffer(p.N * ps),
+                                       {},
+                                       {}});
+    s->dy.upload(dy.data(), dy.bytes());
+    s->t = s->data.tensors();
+    s->t.saved = s->saved.get();
+    BackwardTensors& b = s->b;
+    b.dy = s->dy.get();
+    b.x = s->t.x;
+    b.w = s->t.w;
+    b.saved = s->saved.get();
+    b.scale = s->t.scale;
+    b.gamma = s->t.gamma;
+    if (p.mode == Mode::eval) {
+      b.running_mean = s->t.running_mean;
+      b.running_var = s->t.running_var;
+    } else {
+      b.save_mean = s->t.save_mean;
+      b.save_invstd = s->t.save_invstd;
+    }
+    b.dx = s->dx.get();
+    b.dw = s->dw.get();
+    if (p.has_bias) b.dbias = s->dbias.get();
+    if (p.has_scale) b.dscale = s->dscale.get();
+    if (p.has_affine) {
+      b.dgamma = s->dgamma.get();
+      b.dbeta = s->dbeta.get();
+    }
+    data.push_back(std::move(s));
+  }
+  PlanOptions po;
+  po.device = a.device;
+  po.cache_dir = a.cache_dir;
+  const Plan forward(p, po);
+  BackwardOptions bo;
+  bo.device = a.device;
+  bo.cache_dir = a.cache_dir;
+  const auto t0 = std::chrono::steady_clock::now();
+  const BackwardPlan backward(p, bo);
+  const double plan_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  // The floor's GEMMs, each on its own buffers: (rows, cols, reduction).
+  auto gemm_ms = [&](std::int64_t m, std::int64_t n, std::int64_t k) {
+    Problem g;
+    g.M = m;
+    g.N = n;
+    g.K = k;
+    g.dtype = p.dtype;
+    g.mode = Mode::eval;
+    const BareGemm gemm(g, a.device);
+    DeviceBuffer x(static_cast<std::size_t>(m * k) * es), w(static_cast<std::size_t>(n * k) * es),
+        y(static_cast<std::size_t>(m * n) * es);
+    x.fill_bytes(0x3c);
+    w.fill_bytes(0x3c);
+    return time_ms(stream, 1, a.warmup, a.runs,
+                   [&](int, CUstream s) { gemm.run(s, x.get(), w.get(), y.get()); })
+        .first;
+  };
+  const double g_fwd = gemm_ms(p.M, p.N, p.K);
+  const double g_dx = gemm_ms(p.M, p.K, p.N);
+  const double g_dw = gemm_ms(p.N, p.K, p.M);
+  const double fwd = time_ms(stream, sets, a.warmup, a.runs, [&](int i, CUstream s) {
+                       forward.run(s, data[i]->t);
+                     }).first;
+  const double bwd = time_ms(stream, sets, a.warmup, a.runs, [&](int i, CUstream s) {
+                       backward.run(s, data[i]->b);
+                     }).first;
+  const double step = time_ms(stream, sets, a.warmup, a.runs, [&](int i, CUstream s) {
+                        forward.run(s, data[i]->t);
+                        backward.run(s, data[i]->b);
+                      }).first;
+  stream.synchronize();
+  const double floor3 = g_fwd + g_dx + g_dw, floor2 = g_dx + g_dw;
+  nlohmann::json j;
+  j["problem"] = p.key();
+  j["shape"] = format_shape(p.shape());
+  j["backward_config"] = backward.config_key();
+  j["backward_kernels"] = backward.kernel_names();
+  j["forward_config"] = forward.config().key();
+  j["gemm_ms"] = {{"forward", g_fwd}, {"dx", g_dx}, {"dw", g_dw}};
+  j["forward_ms"] = fwd;
+  j["backward_ms"] = bwd;
+  j["step_ms"] = step;
+  j["step_vs_3gemm"] = step / floor3;
+  j["backward_vs_2gemm"] = bwd / floor2;
+  if (!a.json) {
+    fmt::print("\n{} {} {} backward: median of {} runs after {} warm-up, {} input set{}\n",
+               format_shape(p.shape()), name(p.dtype), name(p.mode), a.runs, a.warmup, sets,
+               sets == 1 ? "" : "s");
+    fmt::print("  forward {} [{}]\n  backward {} [{}] (plan {:.1f} ms, {})\n",
+               forward.config().key(), join(forward.kernel_names()), backward.config_key(),
+               join(backward.kernel_names()), plan_ms,
+               backward.cache_hit() ? "cache hit" : "compiled");
+    fmt::print("{:<26} {:>10} {:>10}\n", "system", "ms", "vs floor");
+    fmt::print("{:<26} {:>10.4f} {:>10.3f}\n", "fused forward + backward", step, step / floor3);
+    fmt::print("{:<26} {:>10.4f} {:>10.3f}\n", "fused backward", bwd, bwd / floor2);
+    fmt::print("{:<26} {:>10.4f} {:>10.3f}\n", "fused forward (saving)", fwd, fwd / g_fwd);
+    fmt::print("{:<26} {:>10.4f}  (GEMMs {:.4f} + {:.4f} + {:.4f})\n", "3-GEMM floor (cuBLASLt)",
+               floor3, g_fwd, g_dx, g_dw);
+  }
+  return j;
+}
+
 int run_bench(const BenchArgs& a) {
   if (a.variant != "auto") parse_variant(a.variant);
   const std::vector<Problem> problems = a.problem.problems();
@@ -205,6 +343,10 @@ int run_bench(const BenchArgs& a) {
   out["results"] = nlohmann::json::array();
   bool failed = false;
   for (const Problem& p : problems) {
+    if (a.backward) {
+      out["results"].push_back(bench_backward(a, p, dev));
+      continue;
+    }
     nlohmann::json r = bench_problem(a, p, dev);
     for (const auto& s : r["systems"]) failed |= s.contains("error");
     out["results"].push_back(std::move(r));
@@ -232,6 +374,8 @@ void add_bench(CLI::App& app, Action& action) {
       ->capture_default_str();
   cmd->add_option("--device", a->device, "GPU ordinal")->capture_default_str();
   cmd->add_option("--cache-dir", a->cache_dir, "Kernel cache directory (default: see README)");
+  cmd->add_flag("--backward", a->backward,
+                "Time a training step's layer (forward saving + backward) against its 3 GEMMs");
   cmd->add_flag("--json", a->json, "Print the results as JSON instead of a table");
   cmd->callback([&action, a] { action = [a] { return run_bench(*a); }; });
 }

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "fusejit/device/device_memory.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
+#include "tools/backward_check.hpp"
 #include "tools/sweep.hpp"
 
 namespace fusejit::cli {
@@ -35,6 +37,7 @@ struct CheckArgs {
   unsigned build_threads = 0;
   bool verbose = false;
   bool list = false;
+  bool backward = false;
 };
 
 std::uint64_t parse_seed(const std::string& s) {
@@ -55,6 +58,64 @@ std::string figure(double v) {
   return std::isinf(v) ? std::string("inf") : fmt::format("{:.2e}", v);
 }
 
+// --backward: each case's forward (saving) and backward against the float64 gradients.
+int run_backward_check(const CheckArgs& a, const std::vector<DType>& dtypes,
+                       const std::vector<Mode>& modes) {
+  if (a.op != "fused" || a.variant != "auto" || !a.config.empty())
+    throw InvalidArgument("backward",
+                          "--backward checks the fused backward; it takes no --op, "
+                          "--variant or --config");
+  std::vector<std::string> lines;
+  if (a.sweep == "quick" || a.sweep == "full") {
+    lines = builtin_backward_sweep(a.sweep == "full");
+  } else {
+    for (const auto& c : read_sweep_file(a.sweep)) lines.push_back(c.text());
+  }
+  std::vector<SweepCase> cases;
+  for (const auto& l : lines) {
+    const SweepCase c = parse_sweep_line(l);
+    const bool dt = std::find(dtypes.begin(), dtypes.end(), c.problem.dtype) != dtypes.end();
+    const bool md = std::find(modes.begin(), modes.end(), c.problem.mode) != modes.end();
+    if (dt && md) cases.push_back(c);
+  }
+  if (a.list) {
+    for (const auto& c : cases) fmt::print("{}\n", c.text());
+    fmt::print("# {} cases\n", cases.size());
+    return 0;
+  }
+  if (cases.empty()) throw InvalidArgument("sweep", "no case matches the dtypes and modes given");
+  fmt::print("check --backward: {} cases\n", cases.size());
+  std::size_t failed = 0;
+  double worst = 0;
+  for (const auto& c : cases) {
+    BackwardCheckOptions o;
+    o.device = a.device;
+    o.cache_dir = a.cache_dir;
+    std::string why;
+    bool ok = false;
+    BackwardCheckResult r;
+    try {
+      r = check_backward_case(c, o);
+      ok = passes(r, sweep_threshold(c.problem.dtype), &why);
+      worst = std::max(worst, r.worst());
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    failed += ok ? 0 : 1;
+    if (a.verbose || !ok)
+      fmt::print(
+          "{} {} [{}] saved {} dx {} dw {} dbias {} dscale {} dgamma {} dbeta {} seed "
+          "{:#x}{}{}\n",
+          ok ? "pass" : "FAIL", c.text(), r.config, figure(r.saved), figure(r.dx), figure(r.dw),
+          figure(r.dbias), figure(r.dscale), figure(r.dgamma), figure(r.dbeta), r.seed,
+          why.empty() ? "" : ": ", why);
+    std::fflush(stdout);
+  }
+  fmt::print("check --backward: {} cases, {} passed, {} failed; worst error {}\n", cases.size(),
+             cases.size() - failed, failed, figure(worst));
+  return failed ? 1 : 0;
+}
+
 int run_check(const CheckArgs& a) {
   std::vector<DType> dtypes;
   for (const auto& d : split_list(a.dtypes)) dtypes.push_back(parse_dtype(d));
@@ -62,6 +123,7 @@ int run_check(const CheckArgs& a) {
   for (const auto& m : split_list(a.modes)) modes.push_back(parse_mode(m));
   if (dtypes.empty()) throw InvalidArgument("dtypes", "no dtype given");
   if (modes.empty()) throw InvalidArgument("modes", "no mode given");
+  if (a.backward) return run_backward_check(a, dtypes, modes);
   SweepOptions o;
   if (a.op == "fused")
     o.implementation = Implementation::plan;
@@ -164,6 +226,8 @@ void add_check(CLI::App& app, Action& action) {
   cmd->add_option("--build-threads", a->build_threads,
                   "Kernels compiled ahead in parallel (default: one per core)");
   cmd->add_flag("--verbose,-v", a->verbose, "Print every case, not only failures");
+  cmd->add_flag("--backward", a->backward,
+                "Check the backward pass (every gradient; the sweep: quick, full or a file)");
   cmd->add_flag("--list", a->list, "Print the cases (sweep-file syntax) and exit; needs no GPU");
   cmd->callback([&action, a] { action = [a] { return run_check(*a); }; });
 }

@@ -20,6 +20,7 @@
 #include "fusejit/device.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
+#include "fusejit/plan/backward_core.hpp"
 #include "fusejit/reference/cublaslt_reference.hpp"
 #include "fusejit/tune/dispatch.hpp"
 #include "fusejit/tune/tuning_db.hpp"
@@ -40,6 +41,7 @@ struct CompileArgs {
   bool problem_given = false;  // --shapes, --dtypes, --modes, --variant or --config given
   std::string emit_dir;        // --emit-source: also write each generated translation unit here
   bool every_m = false;        // --every-m: each problem's layer for every M class
+  bool backward = false;       // --backward: each problem's backward kernel set too
 };
 
 // --every-m: the problem at one M per M class (config/candidates.hpp), the class's largest
@@ -205,6 +207,9 @@ int run_compile(const CompileArgs& a) {
         for (KernelSource& src : plan_sources(p, choose_from_table(TuningTable{}, p, dev)))
           add(std::move(src));
       }
+      // What a BackwardPlan of the problem loads.
+      if (a.backward && (p.mode == Mode::eval || p.M >= 2))
+        add(generate_backward(p, default_backward_config(p, dev)));
     }
     target = arch;
   }
@@ -270,11 +275,14 @@ void add_compile(CLI::App& app, Action& action) {
                 "Warm every batch size of each layer: one kernel set per M class (1-64, 65-128, "
                 "129-256, 257-1024, 1025-4096, 4097-16384, larger), so a Plan of any M compiles "
                 "nothing");
+  cmd->add_flag("--backward", a->backward,
+                "Also compile each problem's backward kernel set (what a BackwardPlan loads)");
   cmd->add_option("--emit-source", a->emit_dir,
                   "Also write the generated CUDA sources (and template headers) to DIR");
   cmd->callback([&action, a, cmd] {
     a->from_db = cmd->get_option("--from-db")->count() > 0;
-    for (const char* o : {"--shapes", "--dtypes", "--modes", "--variant", "--config", "--every-m"})
+    for (const char* o :
+         {"--shapes", "--dtypes", "--modes", "--variant", "--config", "--every-m", "--backward"})
       a->problem_given |= cmd->get_option(o)->count() > 0;
     action = [a] { return run_compile(*a); };
   });

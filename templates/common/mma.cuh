@@ -20,6 +20,21 @@ __device__ __forceinline__ void ldmatrix_x2(unsigned& r0, unsigned& r1, unsigned
                : "=r"(r0), "=r"(r1)
                : "r"(addr));
 }
+// The same with .trans: each 8x8 matrix is transposed on the way, so lane l receives the
+// 16-bit elements at (row 2 * (l % 4), col l / 4) and (row 2 * (l % 4) + 1, col l / 4) of the
+// matrix as stored (element (l / 4, 2 * (l % 4) + 0..1) of its transpose). That turns a tile
+// stored [k][mn] (the output index contiguous) into the same fragments ldmatrix gives from
+// [mn][k]. 16-bit elements only: 32-bit ones would be split in halves.
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(unsigned& r0, unsigned& r1, unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r0), "=r"(r1)
+               : "r"(addr));
+}
 
 // fp32 -> tf32, round to nearest with ties away from zero (what cvt.rna.tf32.f32 and cuBLAS's
 // conversion give), returned as the fp32 bit pattern the tf32 mma consumes. The tensor core

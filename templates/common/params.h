@@ -9,6 +9,10 @@ struct Params {
   const void* x;
   const void* w;
   void* y;
+  // Optional (null: not written), laid out like y and never overlapping it: what the backward
+  // pass needs of the forward. train: c = a - mean_a (a = x W^T, mean_a its batch column mean);
+  // eval: u = a + b. Rounded to Spec::T.
+  void* saved;
   // Per-feature parameters [N] in Spec::P; null when the problem says they are absent.
   const void* bias;
   const void* scale;
@@ -21,10 +25,10 @@ struct Params {
   float* save_mean;
   float* save_invstd;
   // Workspace (train, two-pass): per (row tile, column) partial statistics, and per column the
-  // folded coefficients the apply pass uses. Every region's place and size: workspace_layout()
-  // on the host.
+  // folded coefficients the apply pass uses with the batch mean of a (for `saved`). Every
+  // region's place and size: workspace_layout() on the host.
   float* ws_partials;  // [row_tiles][N] x {mean, M2} (float2)
-  float* ws_coef;      // [N] x {A, B} (float2)
+  float* ws_coef;      // [N] x {A, B, mean_a, unused} (float4)
   // Workspace (tiled, split-K): the GEMM's fp32 partial sums, [SPLIT_K][tiles][BM * BN], which
   // the reduce kernel adds up (see kernels/splitk_reduce.cuh).
   float* ws_splitk;

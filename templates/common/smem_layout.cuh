@@ -41,4 +41,18 @@ struct SwizzledTile {
   }
 };
 
+// Rows of ROW_BYTES (a multiple of 16) with no swizzle: the strict-fp32 mainloop's padded [k][row]
+// stages, whose padding already spreads its accesses over the banks. Same interface as
+// SwizzledTile, so the chunk loader fills either.
+template <int ROWS, int ROW_BYTES>
+struct PaddedTile {
+  static_assert(ROW_BYTES % 16 == 0, "PaddedTile: rows must be whole 16-byte chunks");
+  static constexpr int kRowBytes = ROW_BYTES;
+  static constexpr int kBytes = ROWS * kRowBytes;
+  static constexpr int kPeriod = 1;
+  __device__ __forceinline__ static int offset(int row, int chunk) {
+    return row * kRowBytes + chunk * 16;
+  }
+};
+
 }  // namespace fj

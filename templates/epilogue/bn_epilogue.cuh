@@ -8,6 +8,8 @@
 //                     results are deterministic); y = a - tile_mean, rounded to T. Storing the
 //                     deviation rather than a keeps its digits when a column's mean is large
 //                     against its spread; bn_apply adds the mean back after the finalize.
+// p.saved (optional, laid out like y): eval u = a + b, single-pass train c = a - mean_a, written
+// here from the same tile; two-pass train leaves it to bn_apply, which knows mean_a.
 #pragma once
 #include "common/limits.h"
 #include "common/params.h"
@@ -39,6 +41,9 @@ struct BnEpilogue {
     float* coef_a = scratch;
     float* coef_b = scratch + BN;
     float* red = scratch + 2 * BN;
+    // saved = a + saved_b[c]: the bias (eval) or -mean_a (single-pass train). It borrows the
+    // reduction buffer, free once the statistics are taken (eval never reduces).
+    float* saved_b = red;
     const int rows = min(BM, rows_of<Spec>(p) - m0);
     const int cols = min(BN, Spec::N - n0);
     if constexpr (!Spec::TRAIN) {
@@ -46,6 +51,8 @@ struct BnEpilogue {
         const Affine f = eval_affine<Spec>(p, n0 + c);
         coef_a[c] = f.a;
         coef_b[c] = f.b;
+        if (p.saved)
+          saved_b[c] = Spec::HAS_BIAS ? load_param<typename Spec::P>(p.bias, n0 + c, 0.f) : 0.f;
       }
     } else {
       // Two-pass statistics inside the tile: mean first, then the sum of squared deviations.
@@ -62,6 +69,7 @@ struct BnEpilogue {
         for (int c = tid; c < cols; c += NT) {
           const float var_a = coef_b[c] / static_cast<float>(rows_of<Spec>(p));
           const Affine f = train_column<Spec>(p, n0 + c, coef_a[c], var_a, factor, true);
+          if (p.saved) saved_b[c] = -coef_a[c];
           coef_a[c] = f.a;
           coef_b[c] = f.b;
         }
@@ -76,7 +84,11 @@ struct BnEpilogue {
       }
     }
     bar();
-    store_affine_tile<Spec, NT>(p, tile, coef_a, coef_b, m0, n0, rows, cols, tid);
+    store_affine_tile<Spec, NT>(p.y, tile, coef_a, coef_b, m0, n0, rows, cols, tid);
+    if constexpr (!Spec::TRAIN || Spec::SINGLE_PASS) {
+      if (p.saved)
+        store_affine_tile<Spec, NT, true>(p.saved, tile, nullptr, saved_b, m0, n0, rows, cols, tid);
+    }
   }
 
  private:

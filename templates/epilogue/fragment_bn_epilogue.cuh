@@ -15,6 +15,11 @@
 // faster at 4096^3 and left eval unchanged: eval's remaining epilogue cost is its arithmetic
 // with idle tensor cores, not the stores (docs/performance.md, sixth session).
 //
+// p.saved (optional, laid out like y): eval u = a + b and single-pass train c = a - mean_a leave
+// by the same path as y without TMA_STORE; with TMA_STORE through the same boxes, copied out by
+// the warp's own 16-byte stores (y's tensor map names y only). Two-pass train leaves it to
+// bn_apply, which knows mean_a.
+//
 // Fragment layout (wgmma m64nNk*, fp32 D): consumer warpgroup `wg` owns rows
 // [wg * WG_M, (wg + 1) * WG_M) of the tile, M_ATOMS atoms of 64 rows each; in atom `ma`, warp w
 // of the group owns 16 rows and lane (g = lane / 4, q = lane % 4) holds, for every 8-column
@@ -66,6 +71,16 @@ struct FragmentBnEpilogue {
 
   using Acc = float[M_ATOMS][kRegs];
 
+  // saved = a + offs[c] in eval: offs = the bias (0 without one), zero past N; `count` threads
+  // from `tid`.
+  __device__ __forceinline__ static void eval_saved_offsets(const Params& p, int n0, float* offs,
+                                                            int tid, int count) {
+    const int cols = min(BN, Spec::N - n0);
+    for (int c = tid; c < BN; c += count)
+      offs[c] =
+          Spec::HAS_BIAS && c < cols ? load_param<typename Spec::P>(p.bias, n0 + c, 0.f) : 0.f;
+  }
+
   // Eval coefficients of columns [n0, n0 + BN) into coef_a / coef_b (zero past N), computed by
   // `count` threads starting at `tid`. Eval needs nothing from the accumulators, so a kernel can
   // run this ahead of time on otherwise idle threads and pass the result to run().
@@ -85,7 +100,8 @@ struct FragmentBnEpilogue {
   // (TMA_STORE: and by the stores it leaves in flight, until the next call or drain()). Eval
   // only: `eval_coef` (non-null) holds eval_coefficients() of this tile, [0, BN) = A,
   // [BN, 2 BN) = B, and the call then synchronizes only within each warpgroup (TMA_STORE: each
-  // warp). TMA_STORE: `ty` maps y in boxes of [16 rows][kBoxCols columns], 64-byte swizzle.
+  // warp, unless p.saved). TMA_STORE: `ty` maps y in boxes of [16 rows][kBoxCols columns],
+  // 64-byte swizzle.
   __device__ static void run(const Params& p, Acc& acc, char* scratch, int m0, int n0, int row_tile,
                              int tid, const float* eval_coef = nullptr,
                              const TmaDescriptor* ty = nullptr) {
@@ -93,9 +109,22 @@ struct FragmentBnEpilogue {
     float* red = reinterpret_cast<float*>(scratch + kStagingBytes);
     float* coef_a = red + kRedFloats;
     float* coef_b = coef_a + BN;
+    // saved = a + saved_b[c] (see eval_saved_offsets and the single pass below). It borrows the
+    // reduction buffer, which eval never uses and train is done with by then.
+    float* saved_b = red;
     if constexpr (!Spec::TRAIN) {
       if (eval_coef) {
-        store(p, acc, eval_coef, eval_coef + BN, staging, m0, n0, tid, ty);
+        store<false>(p, acc, eval_coef, eval_coef + BN, staging, m0, n0, tid, ty);
+        if (p.saved) {
+          // This path synchronizes within warpgroups only: each takes its own 4 x BN floats of
+          // the buffer, after its own reads of the previous tile's.
+          const int wg = tid / 128;
+          saved_b = red + wg * 4 * BN;
+          group_sync(wg);
+          eval_saved_offsets(p, n0, saved_b, tid % 128, 128);
+          group_sync(wg);
+          store<true>(p, acc, nullptr, saved_b, staging, m0, n0, tid, ty);
+        }
         return;
       }
     }
@@ -103,6 +132,7 @@ struct FragmentBnEpilogue {
     all_sync();
     if constexpr (!Spec::TRAIN) {
       eval_coefficients(p, n0, coef_a, coef_b, tid, NT);
+      if (p.saved) eval_saved_offsets(p, n0, saved_b, tid, NT);
     } else {
       const int rows = min(BM, rows_of<Spec>(p) - m0);
       const int cols = min(BN, Spec::N - n0);
@@ -122,6 +152,8 @@ struct FragmentBnEpilogue {
             const float var_a = column_total(red, c) / static_cast<float>(rows_of<Spec>(p));
             f = train_column<Spec>(p, n0 + c, coef_a[c], var_a, factor, true);
           }
+          // red[c] belongs to column c, whose sums only this thread reads (just above).
+          if (p.saved) saved_b[c] = -coef_a[c];
           coef_a[c] = f.a;
           coef_b[c] = f.b;
         }
@@ -138,7 +170,10 @@ struct FragmentBnEpilogue {
       }
     }
     all_sync();
-    store(p, acc, coef_a, coef_b, staging, m0, n0, tid, ty);
+    store<false>(p, acc, coef_a, coef_b, staging, m0, n0, tid, ty);
+    if constexpr (!Spec::TRAIN || Spec::SINGLE_PASS) {
+      if (p.saved) store<true>(p, acc, nullptr, saved_b, staging, m0, n0, tid, ty);
+    }
   }
 
   // TMA_STORE: before the CTA exits, its last stores must have read the staging boxes (which die
@@ -231,28 +266,39 @@ struct FragmentBnEpilogue {
   }
 
   // y = coef_a * acc + coef_b, rounded to T, through the staging buffer into 16-byte stores
-  // (TMA_STORE: into TMA stores).
+  // (TMA_STORE: into TMA stores). SAVED: p.saved = acc + coef_b instead (coef_a unused), through
+  // the same staging into the threads' own stores.
+  template <bool SAVED>
   __device__ __forceinline__ static void store(const Params& p, const Acc& acc, const float* coef_a,
                                                const float* coef_b, char* staging, int m0, int n0,
                                                int tid, const TmaDescriptor* ty) {
     const int q = tid % 4;
     // Columns 8 j + 2 q and 8 j + 2 q + 1 of the fragment's row (64 ma + 16 w + g + 8 h).
     auto value = [&](int ma, int j, int h) {
-      const float2 ca = *reinterpret_cast<const float2*>(coef_a + 8 * j + 2 * q);
       const float2 cb = *reinterpret_cast<const float2*>(coef_b + 8 * j + 2 * q);
-      const float lo = ca.x * acc[ma][4 * j + 2 * h] + cb.x;
-      const float hi = ca.y * acc[ma][4 * j + 2 * h + 1] + cb.y;
+      float lo = acc[ma][4 * j + 2 * h], hi = acc[ma][4 * j + 2 * h + 1];
+      if constexpr (SAVED) {
+        lo += cb.x;
+        hi += cb.y;
+      } else {
+        const float2 ca = *reinterpret_cast<const float2*>(coef_a + 8 * j + 2 * q);
+        lo = ca.x * lo + cb.x;
+        hi = ca.y * hi + cb.y;
+      }
       if constexpr (sizeof(T) == 4)
         return make_float2(lo, hi);
       else
         return pack2<T>(lo, hi);
     };
-    if constexpr (TMA_STORE) {
+    if constexpr (TMA_STORE && SAVED) {
+      store_boxes_by_threads(p, static_cast<T*>(p.saved), staging, m0, n0, tid, value);
+    } else if constexpr (TMA_STORE) {
       store_tma(staging, m0, n0, tid, ty, value);
     } else {
+      T* out = static_cast<T*>(SAVED ? p.saved : p.y);
 #pragma unroll
       for (int chunk = 0; chunk < kChunks; ++chunk)
-        store_chunk(p, staging, chunk, m0, n0, tid, [&](int ma, int jj, int h) {
+        store_chunk(p, out, staging, chunk, m0, n0, tid, [&](int ma, int jj, int h) {
           return value(ma, chunk * (kChunkCols / 8) + jj, h);
         });
     }
@@ -281,10 +327,6 @@ struct FragmentBnEpilogue {
     const int wg = tid / 128, wq = (tid % 128) / 32;
     const unsigned boxes = shared_addr(staging + warp * 2 * kBoxBytes);
     const int row0 = m0 + wg * WG_M + 16 * wq;
-    // This lane's stmatrix row: row `lane % 8` of matrix `lane / 8`, which is (8-column block
-    // 2 s + mi / 2, row half mi % 2) of the box in call s.
-    const int mi = lane / 8;
-    const int r = lane % 8 + 8 * (mi % 2);
     int parity = 0;
 #pragma unroll
     for (int ma = 0; ma < M_ATOMS; ++ma)
@@ -298,12 +340,7 @@ struct FragmentBnEpilogue {
         const unsigned box = boxes + parity * kBoxBytes;
         if (lane == 0) bulk_wait_read<1>();
         __syncwarp();
-#pragma unroll
-        for (int s = 0; s < kBoxCols / 16; ++s) {
-          const int u = 2 * s + mi / 2;
-          stmatrix_x4(box + r * kBoxRowBytes + 16 * (u ^ ((r / 2) % 4)), v[2 * s][0], v[2 * s][1],
-                      v[2 * s + 1][0], v[2 * s + 1][1]);
-        }
+        fill_box(box, lane, v);
         fence_async_shared();
         __syncwarp();
         if (lane == 0) {
@@ -313,17 +350,79 @@ struct FragmentBnEpilogue {
       }
   }
 
-  // Column chunk `chunk` of the tile at (m0, n0): pair(ma, jj, h) gives the fragment's value in
-  // 8-column block jj of the chunk (a float2, or two 16-bit values packed in an unsigned); they
-  // go through this warpgroup's staging buffer into 16-byte stores.
+  // One box of 16 rows x kBoxCols columns from this warp's fragment values v (8-column block jj,
+  // row half h), in the swizzled layout store_tma describes.
+  __device__ __forceinline__ static void fill_box(unsigned box, int lane,
+                                                  const unsigned (&v)[kBoxCols / 8][2]) {
+    // This lane's stmatrix row: row `lane % 8` of matrix `lane / 8`, which is (8-column block
+    // 2 s + mi / 2, row half mi % 2) of the box in call s.
+    const int mi = lane / 8;
+    const int r = lane % 8 + 8 * (mi % 2);
+#pragma unroll
+    for (int s = 0; s < kBoxCols / 16; ++s) {
+      const int u = 2 * s + mi / 2;
+      stmatrix_x4(box + r * kBoxRowBytes + 16 * (u ^ ((r / 2) % 4)), v[2 * s][0], v[2 * s][1],
+                  v[2 * s + 1][0], v[2 * s + 1][1]);
+    }
+  }
+
+  // TMA_STORE's layout without TMA (for `saved`, which has no tensor map): each box is filled as
+  // store_tma fills it, then the warp copies it to `out` in 16-byte stores, 4 lanes per
+  // 64-byte row. Synchronous, so one box serves; both may still be read by y's TMA stores.
+  template <class Value>
+  __device__ __forceinline__ static void store_boxes_by_threads(const Params& p, T* out,
+                                                                char* staging, int m0, int n0,
+                                                                int tid, Value value) {
+    const int warp = tid / 32, lane = tid % 32;
+    const int wg = tid / 128, wq = (tid % 128) / 32;
+    char* box_ptr = staging + warp * 2 * kBoxBytes;
+    const unsigned box = shared_addr(box_ptr);
+    const int row0 = m0 + wg * WG_M + 16 * wq;
+    const int m = rows_of<Spec>(p);
+    constexpr int kUnits = kBoxRowBytes / 16;  // 16-byte units per box row
+    if (lane == 0) bulk_wait_read<0>();
+    __syncwarp();
+#pragma unroll
+    for (int ma = 0; ma < M_ATOMS; ++ma)
+#pragma unroll
+      for (int cc = 0; cc < BN / kBoxCols; ++cc) {
+        unsigned v[kBoxCols / 8][2];
+#pragma unroll
+        for (int jj = 0; jj < kBoxCols / 8; ++jj)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) v[jj][h] = value(ma, cc * (kBoxCols / 8) + jj, h);
+        fill_box(box, lane, v);
+        __syncwarp();
+#pragma unroll
+        for (int i = lane; i < kBoxRows * kUnits; i += 32) {
+          const int r = i / kUnits, u = i % kUnits;
+          const int grow = row0 + 64 * ma + r;
+          const int gcol = n0 + cc * kBoxCols + u * kVec;
+          if (grow < m && gcol < Spec::N) {
+            const char* src = box_ptr + r * kBoxRowBytes + 16 * (u ^ ((r / 2) % 4));
+            T* dst = out + static_cast<long long>(grow) * Spec::LDY + gcol;
+            if (gcol + kVec <= Spec::N) {
+              *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+            } else {
+              for (int e = 0; e < Spec::N - gcol; ++e) dst[e] = reinterpret_cast<const T*>(src)[e];
+            }
+          }
+        }
+        __syncwarp();  // every lane's reads of the box before the next fill
+      }
+  }
+
+  // Column chunk `chunk` of the tile at (m0, n0) into `out` (y or saved): pair(ma, jj, h) gives
+  // the fragment's value in 8-column block jj of the chunk (a float2, or two 16-bit values packed
+  // in an unsigned); they go through this warpgroup's staging buffer into 16-byte stores.
   template <class Pair>
-  __device__ __forceinline__ static void store_chunk(const Params& p, char* staging, int chunk,
-                                                     int m0, int n0, int tid, Pair pair) {
+  __device__ __forceinline__ static void store_chunk(const Params& p, T* out, char* staging,
+                                                     int chunk, int m0, int n0, int tid,
+                                                     Pair pair) {
     const int wg = tid / 128, wtid = tid % 128;
     const int lane = tid % 32, wq = wtid / 32;
     const int g = lane / 4, q = lane % 4;
     char* stage = staging + wg * WG_M * kStageLd;
-    T* y = static_cast<T*>(p.y);
     const int row_base = m0 + wg * WG_M;
     // All of the chunk's values first, then all the shared stores: the compiler cannot tell
     // the staging buffer from the coefficients that pair() reads, so interleaving them makes
@@ -356,7 +455,7 @@ struct FragmentBnEpilogue {
       const int gcol = col_base + u * kVec;
       if (grow < rows_of<Spec>(p) && gcol < Spec::N) {
         const char* src = stage + r * kStageLd + u * 16;
-        T* dst = y + static_cast<long long>(grow) * Spec::LDY + gcol;
+        T* dst = out + static_cast<long long>(grow) * Spec::LDY + gcol;
         if (gcol + kVec <= Spec::N) {
           *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
         } else {

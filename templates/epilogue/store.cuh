@@ -1,6 +1,8 @@
-// Writes y = A[c] * tile(r, c) + B[c], rounded to T, with the widest stores the alignment allows.
+// Writes an output laid out like y ([M][LDY], T) from the fp32 accumulator tile: y = A[c] tile(r,
+// c)
+// + B[c], or the forward's `saved` (tile(r, c) + B[c]), rounded to T, with the widest stores the
+// alignment allows.
 #pragma once
-#include "common/params.h"
 #include "common/tile.cuh"
 #include "common/types.cuh"
 
@@ -35,8 +37,10 @@ __device__ __forceinline__ void store_vec(T* dst, const float (&v)[VEC]) {
   }
 }
 
-template <class Spec, int NT>
-__device__ __forceinline__ void store_affine_tile(const Params& p, AccTile<Spec::BM, Spec::BN> tile,
+// out[m0 + r][n0 + c] = coef_a[c] * tile(r, c) + coef_b[c] for r < rows, c < cols; UNIT_SCALE:
+// tile(r, c) + coef_b[c] (coef_a unused, may be null), so `saved` needs no array of ones.
+template <class Spec, int NT, bool UNIT_SCALE = false>
+__device__ __forceinline__ void store_affine_tile(void* out, AccTile<Spec::BM, Spec::BN> tile,
                                                   const float* coef_a, const float* coef_b, int m0,
                                                   int n0, int rows, int cols, int tid) {
   using T = typename Spec::T;
@@ -45,7 +49,7 @@ __device__ __forceinline__ void store_affine_tile(const Params& p, AccTile<Spec:
                           : 1;
   constexpr int kChunksPerRow = Spec::BN / VEC;
   static_assert(Spec::BN % VEC == 0, "BN must be a multiple of the store width");
-  T* y = static_cast<T*>(p.y);
+  T* y = static_cast<T*>(out);
   for (int i = tid; i < Spec::BM * kChunksPerRow; i += NT) {
     const int r = i / kChunksPerRow;
     const int c = (i % kChunksPerRow) * VEC;
@@ -53,7 +57,12 @@ __device__ __forceinline__ void store_affine_tile(const Params& p, AccTile<Spec:
     T* dst = y + static_cast<long long>(m0 + r) * Spec::LDY + n0 + c;
     float v[VEC];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = coef_a[c + j] * tile(r, c + j) + coef_b[c + j];
+    for (int j = 0; j < VEC; ++j) {
+      if constexpr (UNIT_SCALE)
+        v[j] = tile(r, c + j) + coef_b[c + j];
+      else
+        v[j] = coef_a[c + j] * tile(r, c + j) + coef_b[c + j];
+    }
     if (c + VEC <= cols) {
       store_vec<T, VEC>(dst, v);
     } else {

@@ -2,6 +2,9 @@
 // in place as y = A (d + tile_mean) + B. Runs after bn_finalize in stream order, or, with few
 // row tiles (bn_apply<Spec, true>), does the finalize's merge itself. Which one runs is the
 // host's choice per run (the run's M), so a two-pass kernel set holds both.
+// p.saved (optional): the forward's c = a - mean_a, written from the same d as
+// c = d + (tile_mean - mean_a). The offset is formed in fp32 from the two means, which are close
+// when a column's mean is large against its spread, so c keeps the digits d kept.
 #pragma once
 #include "common/grid_dependency.cuh"
 #include "common/limits.h"
@@ -85,6 +88,7 @@ __device__ void bn_apply(const Params& p) {
   // y = A (d + tile_mean) + B = A d + B', B' = A tile_mean + B per (row tile, column).
   __shared__ float s_a[S::kCols];
   __shared__ float s_b[S::kTileSlots][S::kCols];
+  __shared__ float s_c[S::kTileSlots][S::kCols];  // saved: c = d + s_c (tile_mean - mean_a)
   const int strip = static_cast<int>(blockIdx.x) % S::kStrips;
   const int slab = slabs - 1 - static_cast<int>(blockIdx.x) / S::kStrips;
   const int row0 = slab * kApplyBlockRows;
@@ -113,18 +117,22 @@ __device__ void bn_apply(const Params& p) {
   if (threadIdx.x < S::kCols && col0 + static_cast<int>(threadIdx.x) < Spec::N) {
     const int n = col0 + threadIdx.x;
     Affine f;
+    float mean_a;
     if constexpr (FOLD_FINALIZE) {
       // Every slab merges its columns' few partials itself (cheaper than a finalize launch);
       // the bottom slab, which runs first, is the one that records.
-      f = finalize_column<Spec>(p, n, slab == slabs - 1);
+      f = finalize_column<Spec>(p, n, slab == slabs - 1, mean_a);
     } else {
-      const float2 ab = reinterpret_cast<const float2*>(p.ws_coef)[n];
-      f = {ab.x, ab.y};
+      const float4 abm = reinterpret_cast<const float4*>(p.ws_coef)[n];
+      f = {abm.x, abm.y};
+      mean_a = abm.z;
     }
     s_a[threadIdx.x] = f.a;
-    for (int t = first_tile; t <= last_tile; ++t)
-      s_b[t - first_tile][threadIdx.x] =
-          f.a * tile_stats[static_cast<long long>(t) * Spec::N + n].x + f.b;
+    for (int t = first_tile; t <= last_tile; ++t) {
+      const float tile_mean = tile_stats[static_cast<long long>(t) * Spec::N + n].x;
+      s_b[t - first_tile][threadIdx.x] = f.a * tile_mean + f.b;
+      if (p.saved) s_c[t - first_tile][threadIdx.x] = tile_mean - mean_a;
+    }
   }
   // num_batches_tracked: after every reader. Unfolded, the readers were the finalize kernel,
   // which has completed; folded with momentum=None, every block here reads it, so bump_batches
@@ -135,11 +143,16 @@ __device__ void bn_apply(const Params& p) {
   __syncthreads();
   if (!active) return;
   const int slot = r0 / Spec::BM - first_tile;
+  // Same offset as y's: rows, columns and 64-bit row steps of saved follow y's.
+  T* saved =
+      p.saved ? static_cast<T*>(p.saved) + static_cast<long long>(r0) * Spec::LDY + c : nullptr;
   if (n_here < VEC) {
     for (int r = 0; r < rows; ++r)
       for (int j = 0; j < n_here; ++j) {
-        T* e = y + static_cast<long long>(r) * Spec::LDY + j;
-        *e = from_float<T>(s_a[tx * VEC + j] * to_float(*e) + s_b[slot][tx * VEC + j]);
+        const long long off = static_cast<long long>(r) * Spec::LDY + j;
+        const float d = to_float(y[off]);
+        if (saved) saved[off] = from_float<T>(d + s_c[slot][tx * VEC + j]);
+        y[off] = from_float<T>(s_a[tx * VEC + j] * d + s_b[slot][tx * VEC + j]);
       }
     return;
   }
@@ -156,6 +169,20 @@ __device__ void bn_apply(const Params& p) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) v[j] = a[j] * raw[r].get(j) + b[j];
     store_vec<T, VEC>(y + static_cast<long long>(r) * Spec::LDY, v);
+  }
+  // After y's loop, so that its a and b are dead and the offsets take their registers.
+  if (saved) {
+    float off[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) off[j] = s_c[slot][tx * VEC + j];
+#pragma unroll
+    for (int r = 0; r < kApplyRows; ++r) {
+      if (r >= rows) break;
+      float v[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[j] = raw[r].get(j) + off[j];
+      store_vec<T, VEC>(saved + static_cast<long long>(r) * Spec::LDY, v);
+    }
   }
 }
 

@@ -1,9 +1,10 @@
 // Train mode, second pass, part 1: combine the per-row-tile (mean, M2) partials of each column
 // with Chan's formula, update the running stats once per column, write the saved stats and the
-// folded (A, B) that bn_apply uses. Block = 32 columns x FIN_GROUPS row-tile groups: the groups
-// merge disjoint sets of tiles in parallel, then one warp merges the groups.
-// When a run has few row tiles, bn_apply<Spec, true> does this merge itself and this kernel
-// is not launched: see finalize_column.
+// folded (A, B) that bn_apply uses, with the column's batch mean of a (the forward's `saved`
+// output, train c = a - mean_a, needs it there). Block = 32 columns x FIN_GROUPS row-tile groups:
+// the groups merge disjoint sets of tiles in parallel, then one warp merges the groups. When a run
+// has few row tiles, bn_apply<Spec, true> does this merge itself and this kernel is not launched:
+// see finalize_column.
 #pragma once
 #include "common/grid_dependency.cuh"
 #include "common/params.h"
@@ -48,12 +49,15 @@ __device__ __forceinline__ void merge_row_tiles(const Params& p, int n, int firs
 }
 
 // One thread's whole finalize of column n (bn_apply's folded path). `record`: this call is
-// the one per column that updates the running stats and writes the saved stats.
+// the one per column that updates the running stats and writes the saved stats. `mean_a`
+// receives the column's batch mean of a.
 template <class Spec>
-__device__ __forceinline__ Affine finalize_column(const Params& p, int n, bool record) {
-  float cnt = 0.f, mean = 0.f, m2 = 0.f;
-  merge_row_tiles<Spec>(p, n, 0, 1, cnt, mean, m2);
-  return train_column<Spec>(p, n, mean, m2 / static_cast<float>(rows_of<Spec>(p)),
+__device__ __forceinline__ Affine finalize_column(const Params& p, int n, bool record,
+                                                  float& mean_a) {
+  float cnt = 0.f, m2 = 0.f;
+  mean_a = 0.f;
+  merge_row_tiles<Spec>(p, n, 0, 1, cnt, mean_a, m2);
+  return train_column<Spec>(p, n, mean_a, m2 / static_cast<float>(rows_of<Spec>(p)),
                             momentum_factor<Spec>(p), record);
 }
 
@@ -77,7 +81,7 @@ __device__ void bn_finalize(const Params& p) {
     if (s_n[k][cx] > 0.f) chan_merge(cnt, mean, m2, s_n[k][cx], s_mean[k][cx], s_m2[k][cx]);
   const Affine f = train_column<Spec>(p, n, mean, m2 / static_cast<float>(rows_of<Spec>(p)),
                                       momentum_factor<Spec>(p), true);
-  reinterpret_cast<float2*>(p.ws_coef)[n] = make_float2(f.a, f.b);
+  reinterpret_cast<float4*>(p.ws_coef)[n] = make_float4(f.a, f.b, mean, 0.f);
 }
 
 }  // namespace fj

@@ -17,6 +17,7 @@
 #include "common/tile.cuh"
 #include "epilogue/bn_epilogue.cuh"
 #include "kernels/tile_scheduler.cuh"
+#include "mainloop/operands.cuh"
 #include "mainloop/simt_fp32.cuh"
 #include "mainloop/tiled_mma.cuh"
 
@@ -24,8 +25,10 @@ namespace fj {
 
 template <class Spec>
 struct TiledGemm {
-  using Mainloop = typename Select<Spec::MATH == kMathSimtFp32, SimtFp32Mainloop<Spec>,
-                                   TiledMmaMainloop<Spec>>::type;
+  // x W^T: both operands K-major (mainloop/operands.cuh).
+  using Operands = LinearOperands<Spec>;
+  using Mainloop = typename Select<Spec::MATH == kMathSimtFp32, SimtFp32Mainloop<Operands>,
+                                   TiledMmaMainloop<Operands>>::type;
   using Epilogue = BnEpilogue<Spec, Spec::THREADS>;
   using Tile = AccTile<Spec::BM, Spec::BN>;
   // Tile counts are (D + T - 1) / T in int (Problem::validate, KernelConfig::why_invalid).
@@ -67,7 +70,8 @@ struct TiledGemm {
     // Without split-K the range is a compile-time constant, as the mainloop was tuned with.
     const KRange k =
         kSplits == 1 ? KRange{0, Mainloop::KT} : split_k_range(Mainloop::KT, kSplits, blockIdx.y);
-    Mainloop::run(p, smem, t.row * Spec::BM, t.col * Spec::BN, k, tile);
+    Mainloop::run(GemmOperands{p.x, p.w, rows_of<Spec>(p), Spec::K}, smem, t.row * Spec::BM,
+                  t.col * Spec::BN, k, tile);
     if constexpr (kSplits == 1) {
       finish<Spec::THREADS>(p, smem, linear);
     } else {

@@ -2,47 +2,47 @@
 // product and sum in IEEE fp32 (no tensor cores, no tf32). Each thread owns an 8x8 block of the
 // BM x BN tile, so one k step costs it 4 shared-memory vector loads for 64 FFMAs.
 //
-// Operands are staged transposed, [k][row], so that a thread's 4 consecutive rows (or columns)
-// at one k are one 16-byte load. The transpose happens in the copy itself: 4-byte cp.async per
-// element into the transposed slot, STAGES deep, which keeps the latency of global loads off the
-// FFMA stream without staging registers. Thread t copies element k = t % BK of row t / BK (+ a
-// multiple of THREADS / BK): a warp reads 32 / BK row segments of 4 * BK bytes (coalesced). With
-// rows padded by 4 floats its writes hit 32 distinct banks at BK = 8 and conflict 2- and 4-way
-// at BK = 16 and 32; a conflict-free mapping (8 k x 4 rows per warp, 4 lines per request) measured
-// 3% slower on H100, so the copy keeps whole row segments per warp.
-//
-// A thread's 8 rows are two groups of 4, half a warp tile apart (and likewise its columns):
-// then the 8 lanes of a 16-byte shared-memory phase read 8 distinct consecutive vectors or the
-// same one (broadcast), never two vectors in the same banks.
+// Operands are staged [k][row], so that a thread's 4 consecutive rows (or columns) at one k are
+// one 16-byte load. A K-major operand (mainloop/operands.cuh) is transposed by the copy itself:
+// 4-byte cp.async per element into the transposed slot (detail::ElementLoader), STAGES deep,
+// which keeps the latency of global loads off the FFMA stream without staging registers. Thread
+// t copies element k = t % BK of row t / BK (+ a multiple of THREADS / BK): a warp reads 32 / BK
+// row segments of 4 * BK bytes (coalesced). With rows padded by 4 floats its writes hit 32
+// distinct banks at BK = 8 and conflict 2- and 4-way at BK = 16 and 32; a conflict-free mapping
+// (8 k x 4 rows per warp, 4 lines per request) measured 3% slower on H100, so the copy keeps
+// whole row segments per warp. An MN-major operand is already [k][row] in memory: it is copied
+// in 16-byte chunks (detail::ChunkLoader into a PaddedTile), a warp writing one contiguous k row.
 #pragma once
 #include "common/cp_async.cuh"
 #include "common/math_kind.cuh"
-#include "common/params.h"
-#include "common/rows.cuh"
+#include "common/select.cuh"
+#include "common/smem_layout.cuh"
 #include "common/split_k.h"
 #include "common/tile.cuh"
 #include "common/types.cuh"
+#include "mainloop/operand_loader.cuh"
+#include "mainloop/operands.cuh"
 
 namespace fj {
 
-template <class Spec>
+template <class G>
 struct SimtFp32Mainloop {
-  static constexpr int BM = Spec::BM, BN = Spec::BN, BK = Spec::BK;
-  static constexpr int WARPS_M = Spec::WARPS_M, WARPS_N = Spec::WARPS_N;
-  static constexpr int STAGES = Spec::STAGES, THREADS = Spec::THREADS;
-  static constexpr int M = Spec::M, N = Spec::N, K = Spec::K;
+  static constexpr int BM = G::BM, BN = G::BN, BK = G::BK;
+  static constexpr int WARPS_M = G::WARPS_M, WARPS_N = G::WARPS_N;
+  static constexpr int STAGES = G::STAGES, THREADS = G::THREADS;
   static constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;  // warp tile
   static constexpr int LM = WTM / 8, LN = WTN / 8;              // lanes along m and n
-  static constexpr int LDA = BM + 4, LDB = BN + 4;              // padded [k][row] strides, floats
-  static constexpr int kStageFloats = BK * (LDA + LDB);
+  static constexpr int SLDA = BM + 4, SLDB = BN + 4;            // padded [k][row] strides, floats
+  static constexpr int kStageFloats = BK * (SLDA + SLDB);
   static constexpr int kStageBytes = kStageFloats * 4;
   static constexpr int kSmemBytes = STAGES * kStageBytes;
-  static constexpr int KT = (K + BK - 1) / BK;
+  // k-tiles when the reduction length is a constant (0 when it is the run's: see k_tiles()).
+  static constexpr int KT = G::RED > 0 ? (G::RED + BK - 1) / BK : 0;
 
-  static_assert(Spec::MATH == kMathSimtFp32, "SimtFp32Mainloop: MATH must be kMathSimtFp32");
-  static_assert(sizeof(typename Spec::T) == 4, "SimtFp32Mainloop: T must be float");
-  static_assert(M >= 0 && N >= 1 && K >= 1,
-                "N and K must be positive, M positive or 0 (the run's, common/rows.cuh)");
+  static_assert(G::MATH == kMathSimtFp32, "SimtFp32Mainloop: MATH must be kMathSimtFp32");
+  static_assert(sizeof(typename G::T) == 4, "SimtFp32Mainloop: T must be float");
+  static_assert(G::ROWS >= 0 && G::COLS >= 1 && G::RED >= 0,
+                "the column count must be positive, rows and reduction positive or 0 (the run's)");
   static_assert(THREADS == WARPS_M * WARPS_N * 32, "THREADS must be WARPS_M * WARPS_N * 32");
   static_assert(BM % WARPS_M == 0 && BN % WARPS_N == 0,
                 "BM and BN must divide evenly among WARPS_M and WARPS_N");
@@ -55,44 +55,44 @@ struct SimtFp32Mainloop {
   static_assert(kSmemBytes <= 227 * 1024,
                 "the cp.async ring needs more than 227 KB of shared memory: lower STAGES or BK");
 
-  // One operand's transposed copy: ROWS x BK elements of the K-contiguous [NROWS][LD] matrix
-  // into [BK][LDS] floats.
-  template <int ROWS, int NROWS, int LD, int LDS>
-  struct Loader {
-    static constexpr int kElems = ROWS * BK;
-    static constexpr int kIters = (kElems + THREADS - 1) / THREADS;
-    static constexpr int kRowStep = THREADS / BK;
-    static constexpr bool kRowTail = NROWS == 0 || NROWS % ROWS != 0;  // 0: the run's count
-    const float* base;
-    const float* g;  // this thread's element of k-tile 0
-    int k;           // this thread's k inside a tile
-    int row;         // this thread's first row inside the tile
-    int rows_left;
+  __device__ __forceinline__ static int k_tiles(const GemmOperands& op) {
+    if constexpr (KT > 0)
+      return KT;
+    else
+      return (gemm_red<G>(op) + BK - 1) / BK;
+  }
 
-    __device__ __forceinline__ void init(const void* ptr, int row0, int tid, int nrows) {
-      base = static_cast<const float*>(ptr);
-      k = tid % BK;
-      row = tid / BK;
-      rows_left = nrows - row0 - row;
-      g = base + static_cast<long long>(row0 + row) * LD + k;
-    }
-    __device__ __forceinline__ void issue(unsigned stage, int kt) const {
-      const bool k_ok = K % BK == 0 || kt * BK + k < K;
-#pragma unroll
-      for (int i = 0; i < kIters; ++i) {
-        if (kElems % THREADS != 0 && row + i * kRowStep >= ROWS) break;
-        const bool ok = k_ok && (!kRowTail || i * kRowStep < rows_left);
-        const float* src = g + static_cast<long long>(i) * kRowStep * LD + kt * BK;
-        cp_async<4>(stage + (k * LDS + row + i * kRowStep) * 4, ok ? src : base, ok ? 4 : 0);
-      }
+  // Element (k, row) of a [BK][LDS] stage.
+  template <int LDS>
+  struct KRowSlot {
+    __device__ __forceinline__ static int offset(int k, int row) { return (k * LDS + row) * 4; }
+  };
+  // One operand: TILE output indices x BK of a matrix with NOUT output indices and the reduction
+  // (either 0: the run's), stride LD, into a [BK][LDS] stage.
+  template <int TILE, int NOUT, int LD, bool MN, int LDS>
+  struct Operand {
+    using Loader = typename Select<
+        MN,
+        detail::ChunkLoader<float, PaddedTile<BK, LDS * 4>, BK, TILE, G::RED, NOUT, LD,
+                            G::VEC_BYTES, THREADS, true>,
+        detail::ElementLoader<KRowSlot<LDS>, TILE, BK, NOUT, G::RED, LD, THREADS, BK, false>>::type;
+    __device__ __forceinline__ static void init(Loader& l, const void* ptr, int o0, int tid,
+                                                int nout, int red) {
+      if constexpr (MN)
+        l.init(ptr, 0, o0, tid, red, nout);
+      else
+        l.init(ptr, o0, 0, tid, nout, red);
     }
   };
-  using LoaderA = Loader<BM, M, Spec::LDX, LDA>;
-  using LoaderB = Loader<BN, N, Spec::LDW, LDB>;
+  using OpA = Operand<BM, G::ROWS, G::LDA, G::A_MN_MAJOR, SLDA>;
+  using OpB = Operand<BN, G::COLS, G::LDB, G::B_MN_MAJOR, SLDB>;
+  using LoaderA = typename OpA::Loader;
+  using LoaderB = typename OpB::Loader;
 
-  // Multiplies k tiles [k.begin, k.end) (all KT of them, or one split-K share).
-  __device__ __forceinline__ static void run(const Params& p, char* smem, int m0, int n0, KRange k,
-                                             AccTile<BM, BN> tile) {
+  // Multiplies k tiles [k.begin, k.end) (all k_tiles() of them, or one split-K share) of the
+  // operands `op` for the output tile at (m0, n0).
+  __device__ __forceinline__ static void run(const GemmOperands& op, char* smem, int m0, int n0,
+                                             KRange k, AccTile<BM, BN> tile) {
     const int nkt = k.end - k.begin;
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -105,8 +105,8 @@ struct SimtFp32Mainloop {
 
     LoaderA la;
     LoaderB lb;
-    la.init(p.x, m0, tid, rows_of<Spec>(p));
-    lb.init(p.w, n0, tid, Spec::N);
+    OpA::init(la, op.a, m0, tid, gemm_rows<G>(op), gemm_red<G>(op));
+    OpB::init(lb, op.b, n0, tid, G::COLS, gemm_red<G>(op));
     const unsigned s0 = smem_u32(smem);
     const float* sf = reinterpret_cast<const float*>(smem);
 
@@ -114,7 +114,7 @@ struct SimtFp32Mainloop {
     for (int s = 0; s < STAGES - 1; ++s) {
       if (s < nkt) {
         la.issue(s0 + s * kStageBytes, k.begin + s);
-        lb.issue(s0 + s * kStageBytes + BK * LDA * 4, k.begin + s);
+        lb.issue(s0 + s * kStageBytes + BK * SLDA * 4, k.begin + s);
       }
       cp_async_commit();  // one group per slot, even empty, so the wait count below is exact
     }
@@ -134,19 +134,19 @@ struct SimtFp32Mainloop {
       __syncthreads();
       if (kt + STAGES - 1 < nkt) {
         la.issue(s0 + ws * kStageBytes, k.begin + kt + STAGES - 1);
-        lb.issue(s0 + ws * kStageBytes + BK * LDA * 4, k.begin + kt + STAGES - 1);
+        lb.issue(s0 + ws * kStageBytes + BK * SLDA * 4, k.begin + kt + STAGES - 1);
       }
       cp_async_commit();
       ws = ws + 1 == STAGES ? 0 : ws + 1;
 
       const float* As = sf + rs * kStageFloats;
-      const float* Bs = As + BK * LDA;
+      const float* Bs = As + BK * SLDA;
 #pragma unroll
       for (int k = 0; k < BK; ++k) {
-        const float4 a0 = *reinterpret_cast<const float4*>(As + k * LDA + ra);
-        const float4 a1 = *reinterpret_cast<const float4*>(As + k * LDA + ra + WTM / 2);
-        const float4 b0 = *reinterpret_cast<const float4*>(Bs + k * LDB + cb);
-        const float4 b1 = *reinterpret_cast<const float4*>(Bs + k * LDB + cb + WTN / 2);
+        const float4 a0 = *reinterpret_cast<const float4*>(As + k * SLDA + ra);
+        const float4 a1 = *reinterpret_cast<const float4*>(As + k * SLDA + ra + WTM / 2);
+        const float4 b0 = *reinterpret_cast<const float4*>(Bs + k * SLDB + cb);
+        const float4 b1 = *reinterpret_cast<const float4*>(Bs + k * SLDB + cb + WTN / 2);
         const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
         const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll

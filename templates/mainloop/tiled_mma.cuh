@@ -1,27 +1,39 @@
 // Tensor-core GEMM mainloop of the tiled variant (sm_80+): a STAGES-deep cp.async ring of
 // XOR-swizzled operand tiles in shared memory, ldmatrix into registers, mma.sync with fp32
-// accumulators. One CTA computes acc(r, c) = sum_k x[m0 + r][k] * W[n0 + c][k] for a BM x BN
-// tile; every operand is K-contiguous (x [M][LDX], W [N][LDW]: the nn.Linear "TN" GEMM), so
-// both go through the same loader and the same non-transposed ldmatrix.
+// accumulators. One CTA computes acc(r, c) = sum_k A(m0 + r, k) B(n0 + c, k) for a BM x BN tile,
+// each operand K-major or MN-major (mainloop/operands.cuh).
 //
-// fp16/bf16: mma.m16n8k16. tf32 (fp32 storage): mma.m16n8k8 on fp32 data. ldmatrix works on it
-// unchanged because an 8x8 matrix of 16-bit elements is an 8x4 matrix of 32-bit ones, and the
-// lane -> (row, word) mapping it produces is the m16n8k8 tf32 fragment layout. The fp32 values
-// are rounded to tf32 as they leave ldmatrix (round to nearest, ties away: the cvt.rna /
-// cuBLAS result, see to_tf32) unless the Spec sets `static constexpr bool TF32_ROUND = false;`,
-// which feeds raw fp32 bits and lets the tensor core ignore the low mantissa bits (truncation:
-// faster, but biased toward zero).
+// fp16/bf16: mma.m16n8k16. A K-major operand is staged as it is stored, [row][k] (a SwizzledTile
+// of BM rows of BK elements), and read with ldmatrix. An MN-major one is staged as it is stored
+// too, [k][row] (a SwizzledTile of BK rows, the k's, of BM elements: 16-byte chunks along the
+// output index), and read with ldmatrix.trans, which hands out the same fragments (the lane ->
+// address mapping is spelled out at MnFrags below).
+//
+// tf32 (fp32 storage): mma.m16n8k8 on fp32 data. ldmatrix works on it unchanged because an 8x8
+// matrix of 16-bit elements is an 8x4 matrix of 32-bit ones, and the lane -> (row, word) mapping
+// it produces is the m16n8k8 tf32 fragment layout. ldmatrix.trans cannot transpose 32-bit
+// elements, so an MN-major tf32 operand is turned around by its copy instead: 4-byte cp.async
+// per element into the K-major stage (detail::ElementLoader), after which everything is the
+// K-major path. The cost is in the copy only (4x the cp.async instructions, 32-byte global
+// segments instead of 128-byte lines); the fragment loads, done once per warp that reads the
+// stage, stay one ldmatrix.x4 per 16x8 tile.
+//
+// The fp32 values are rounded to tf32 as they leave ldmatrix (round to nearest, ties away: the
+// cvt.rna / cuBLAS result, see to_tf32) unless the description sets
+// `static constexpr bool TF32_ROUND = false;`, which feeds raw fp32 bits and lets the tensor core
+// ignore the low mantissa bits (truncation: faster, but biased toward zero).
 #pragma once
 #include "common/cp_async.cuh"
 #include "common/math_kind.cuh"
 #include "common/mma.cuh"
-#include "common/params.h"
-#include "common/rows.cuh"
+#include "common/select.cuh"
 #include "common/smem_layout.cuh"
 #include "common/spec_flag.cuh"
 #include "common/split_k.h"
 #include "common/tile.cuh"
 #include "common/types.cuh"
+#include "mainloop/operand_loader.cuh"
+#include "mainloop/operands.cuh"
 
 namespace fj {
 
@@ -36,102 +48,63 @@ struct IsSame<A, A> {
   static constexpr bool value = true;
 };
 
-// Spec::TF32_ROUND if the Spec declares it, else true (round like cuBLAS does).
+// G::TF32_ROUND if the description declares it, else true (round like cuBLAS does).
 FJ_SPEC_FLAG(Tf32Round, TF32_ROUND, true);
 
-__device__ __forceinline__ int clamp_bytes(int v, int hi) {
-  return v < 0 ? 0 : (v > hi ? hi : v);
-}
-
-// Copies ROWS x BK slices of a K-contiguous matrix [NROWS][LD] (first row `row0`) into one
-// swizzled stage. NROWS is the row count when it is a compile-time constant, 0 when it is the
-// run's (x's M, common/rows.cuh): init() is given it either way. Thread t owns chunk column t % CPR
-// of rows t / CPR + i * kRowStep, so a warp reads whole contiguous row segments (coalesced) and
-// writes whole 128-byte lines of shared memory (conflict-free). Rows >= NROWS and k >= K are
-// zero-filled: zero rows keep garbage out of the accumulators and zero k columns (in both operands)
-// add nothing to the dot products.
-template <class T, int ROWS, int BK, int NROWS, int K, int LD, int VEC, int THREADS>
-struct OperandLoader {
-  static constexpr int kEpc = 16 / int(sizeof(T));  // elements per 16-byte chunk
-  static constexpr int CPR = BK / kEpc;
-  using Layout = SwizzledTile<ROWS, CPR>;
-  static constexpr int kChunks = ROWS * CPR;
-  static constexpr int kIters = (kChunks + THREADS - 1) / THREADS;
-  static constexpr int kRowStep = THREADS / CPR;
-  // Successive chunks of a thread keep the same swizzle key: their offsets differ by a constant.
-  static constexpr bool kLinearRows = kRowStep % Layout::kPeriod == 0;
-  // Some tile has rows past the matrix (always possible when the row count is the run's).
-  static constexpr bool kRowTail = NROWS == 0 || NROWS % ROWS != 0;
-  static constexpr bool kKTail = K % BK != 0;  // the last k-tile is partial
-  static_assert(THREADS % CPR == 0, "OperandLoader: THREADS must be a multiple of BK*sizeof(T)/16");
-  static_assert(VEC == 16 || VEC == 8 || VEC == 4 || (VEC == 2 && sizeof(T) == 2),
-                "VEC_BYTES must be 16, 8, 4, or 2 for 16-bit types (and at least sizeof(T))");
-
-  const T* base;  // a valid, aligned address for copies that read nothing
-  const T* g;     // this thread's first chunk, k-tile 0
-  int row;        // this thread's first row inside the tile
-  int chunk;      // this thread's chunk column
-  int rows_left;  // rows of the matrix at or after this thread's first row
-  int soff;       // swizzled byte offset of the first chunk in a stage
-
-  __device__ __forceinline__ void init(const void* ptr, int row0, int tid, int nrows) {
-    base = static_cast<const T*>(ptr);
-    chunk = tid % CPR;
-    row = tid / CPR;
-    rows_left = nrows - row0 - row;
-    g = base + static_cast<long long>(row0 + row) * LD + chunk * kEpc;
-    soff = Layout::offset(row, chunk);
+// An element-granular view of a SwizzledTile of 4-byte elements, for ElementLoader: element
+// (row, k) of a [row][k] tile.
+template <class Layout>
+struct SwizzledWords {
+  __device__ __forceinline__ static int offset(int row, int k) {
+    return Layout::offset(row, k >> 2) + (k & 3) * 4;
   }
+};
 
-  __device__ __forceinline__ void issue(unsigned stage, int kt) const {
-    const int k0 = kt * BK + chunk * kEpc;
-    // Elements before converting to bytes: (K - k0) * sizeof(T) passes 2^31 once K > 2^30.
-    const int left = K - k0;
-    const int kbytes = !kKTail || left >= kEpc ? 16 : clamp_bytes(left * int(sizeof(T)), 16);
-#pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      if (kChunks % THREADS != 0 && row + i * kRowStep >= ROWS) break;
-      const bool row_ok = !kRowTail || i * kRowStep < rows_left;
-      const int bytes = row_ok ? kbytes : 0;
-      const unsigned dst = stage + (kLinearRows ? soff + i * kRowStep * Layout::kRowBytes
-                                                : Layout::offset(row + i * kRowStep, chunk));
-      const T* src = g + static_cast<long long>(i) * kRowStep * LD + kt * BK;
-      if constexpr (VEC == 16) {
-        cp_async<16>(dst, bytes > 0 ? src : base, bytes);
-      } else if constexpr (VEC >= 4) {
-        // The operand rows are only VEC-aligned: split the chunk into VEC-byte copies, each
-        // with its own share of the valid bytes.
-#pragma unroll
-        for (int j = 0; j < 16 / VEC; ++j) {
-          const int b = clamp_bytes(bytes - j * VEC, VEC);
-          const char* s = reinterpret_cast<const char*>(src) + j * VEC;
-          cp_async<VEC>(dst + j * VEC, b > 0 ? s : reinterpret_cast<const char*>(base), b);
-        }
-      } else {
-        // 2-byte alignment: cp.async needs at least 4. Load elements synchronously and store
-        // the assembled chunk; the pipeline's barriers order it like a completed cp.async.
-        unsigned short v[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = e * 2 < bytes ? src[e].bits : 0;
-        st_shared_v4(dst, v[0] | (unsigned(v[1]) << 16), v[2] | (unsigned(v[3]) << 16),
-                     v[4] | (unsigned(v[5]) << 16), v[6] | (unsigned(v[7]) << 16));
-      }
-    }
+// One operand of the mma mainloop: TILE output indices (BM for A, BN for B) x BK, of a matrix with
+// NOUT output indices (0: the run's) and RED reductions (0: the run's), stride LD, K-major or
+// MN-major. Picks the stage layout and the loader; kTrans says the fragments need ldmatrix.trans.
+template <class T, int TILE, int BK, int NOUT, int RED, int LD, bool MN, int VEC, int THREADS>
+struct MmaOperand {
+  static constexpr int kEpc = 16 / int(sizeof(T));
+  static constexpr bool kTrans = MN && sizeof(T) == 2;
+  static constexpr bool kTurn = MN && sizeof(T) == 4;  // MN-major tf32: transposed by the copy
+  // [TILE][BK] unless the fragments come from ldmatrix.trans, then [BK][TILE].
+  using Layout =
+      typename Select<kTrans, SwizzledTile<BK, TILE / kEpc>, SwizzledTile<TILE, BK / kEpc>>::type;
+  using Loader = typename Select<
+      !MN, ChunkLoader<T, Layout, TILE, BK, NOUT, RED, LD, VEC, THREADS, false>,
+      typename Select<kTrans, ChunkLoader<T, Layout, BK, TILE, RED, NOUT, LD, VEC, THREADS, true>,
+                      ElementLoader<SwizzledWords<Layout>, BK, TILE, RED, NOUT, LD, THREADS, 8,
+                                    true>>::type>::type;
+  static_assert(!kTurn || VEC >= 4, "tf32 operands must be at least 4-byte aligned");
+  static_assert(!kTrans || (TILE == 8 || TILE == 16 || TILE == 32 || TILE == 64 || TILE == 128 ||
+                            TILE == 256),
+                "an MN-major fp16/bf16 operand is staged [BK][tile]: its tile (BM for A, BN for "
+                "B) must be a power of two from 8 to 256");
+
+  // Tile of k-tile 0 at output index o0; the matrix has nout x red valid elements.
+  __device__ __forceinline__ static void init(Loader& l, const void* ptr, int o0, int tid, int nout,
+                                              int red) {
+    if constexpr (MN)
+      l.init(ptr, 0, o0, tid, red, nout);
+    else
+      l.init(ptr, o0, 0, tid, nout, red);
   }
 };
 
 }  // namespace detail
 
-template <class Spec>
+template <class G>
 struct TiledMmaMainloop {
-  using T = typename Spec::T;
-  static constexpr int MATH = Spec::MATH;
-  static constexpr int BM = Spec::BM, BN = Spec::BN, BK = Spec::BK;
-  static constexpr int WARPS_M = Spec::WARPS_M, WARPS_N = Spec::WARPS_N;
-  static constexpr int STAGES = Spec::STAGES, THREADS = Spec::THREADS;
+  using T = typename G::T;
+  static constexpr int MATH = G::MATH;
+  static constexpr int BM = G::BM, BN = G::BN, BK = G::BK;
+  static constexpr int WARPS_M = G::WARPS_M, WARPS_N = G::WARPS_N;
+  static constexpr int STAGES = G::STAGES, THREADS = G::THREADS;
   static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;  // warp tile
   static constexpr int MT = WM / 16, NT = WN / 8;             // mma tiles per warp
-  static constexpr int KT = (Spec::K + BK - 1) / BK;          // k-tiles
+  // k-tiles when the reduction length is a constant (0 when it is the run's: see k_tiles()).
+  static constexpr int KT = G::RED > 0 ? (G::RED + BK - 1) / BK : 0;
 
   static_assert(MATH == kMathBf16 || MATH == kMathFp16 || MATH == kMathTf32,
                 "TiledMmaMainloop: MATH must be kMathBf16, kMathFp16 or kMathTf32 (strict fp32 "
@@ -140,8 +113,8 @@ struct TiledMmaMainloop {
                     (MATH == kMathFp16 && detail::IsSame<T, half_t>::value) ||
                     (MATH == kMathTf32 && detail::IsSame<T, float>::value),
                 "TiledMmaMainloop: T must be bf16_t for bf16, half_t for fp16, float for tf32");
-  static_assert(Spec::M >= 0 && Spec::N >= 1 && Spec::K >= 1,
-                "N and K must be positive, M positive or 0 (the run's)");
+  static_assert(G::ROWS >= 0 && G::COLS >= 1 && G::RED >= 0,
+                "the column count must be positive, rows and reduction positive or 0 (the run's)");
   static_assert(THREADS == WARPS_M * WARPS_N * 32, "THREADS must be WARPS_M * WARPS_N * 32");
   static_assert(BM % (16 * WARPS_M) == 0,
                 "BM must be a multiple of 16 * WARPS_M (a warp owns whole 16-row mma tiles)");
@@ -153,40 +126,117 @@ struct TiledMmaMainloop {
   static_assert(MT * NT * 4 <= 128,
                 "warp tile too large: over 128 fp32 accumulators per thread would spill");
 
-  using LoaderA =
-      detail::OperandLoader<T, BM, BK, Spec::M, Spec::K, Spec::LDX, Spec::VEC_BYTES, THREADS>;
-  using LoaderB =
-      detail::OperandLoader<T, BN, BK, Spec::N, Spec::K, Spec::LDW, Spec::VEC_BYTES, THREADS>;
-  using LayoutA = typename LoaderA::Layout;
-  using LayoutB = typename LoaderB::Layout;
-  static constexpr int CPR = LoaderA::CPR;
-  static constexpr int KS = CPR / 2;  // mma k-steps per k-tile: each consumes two 16-byte chunks
+  using OpA =
+      detail::MmaOperand<T, BM, BK, G::ROWS, G::RED, G::LDA, G::A_MN_MAJOR, G::VEC_BYTES, THREADS>;
+  using OpB =
+      detail::MmaOperand<T, BN, BK, G::COLS, G::RED, G::LDB, G::B_MN_MAJOR, G::VEC_BYTES, THREADS>;
+  using LoaderA = typename OpA::Loader;
+  using LoaderB = typename OpB::Loader;
+  using LayoutA = typename OpA::Layout;
+  using LayoutB = typename OpB::Layout;
+  static constexpr int KS = BK * int(sizeof(T)) / 32;  // mma k-steps per k-tile (2 chunks each)
   static constexpr int kStageBytes = LayoutA::kBytes + LayoutB::kBytes;
   static constexpr int kSmemBytes = STAGES * kStageBytes;
   static_assert(kSmemBytes <= 227 * 1024,
                 "the cp.async ring needs more than 227 KB of shared memory: lower STAGES or BK");
-  static constexpr bool kTf32Round = MATH == kMathTf32 && detail::Tf32Round<Spec>::value;
+  static constexpr bool kTf32Round = MATH == kMathTf32 && detail::Tf32Round<G>::value;
+
+  __device__ __forceinline__ static int k_tiles(const GemmOperands& op) {
+    if constexpr (KT > 0)
+      return KT;
+    else
+      return (gemm_red<G>(op) + BK - 1) / BK;
+  }
 
   using FragA = unsigned[MT][4];
   using FragB = unsigned[NT][2];
 
-  // Loads the A and B fragments of one mma k-step. `sa`/`sb` already include this lane's
-  // swizzled offset for the k-step; the per-tile offsets are multiples of 16 rows, which the
-  // swizzle maps to plain additions (see SwizzledTile).
-  __device__ __forceinline__ static void load_frags(FragA& a, FragB& b, unsigned sa, unsigned sb) {
+  // This lane's ldmatrix addresses inside a stage, for an operand staged [row][k] (K-major, or
+  // tf32 turned around by its copy). A (x4 per 16x16 tile): lanes 0-15 address rows 0-15 of the
+  // step's first chunk, lanes 16-31 the same rows of its second chunk. B (x4 per two 8-row n
+  // tiles): lane l addresses row 8 * (l / 16) + l % 8 of chunk (l / 8) % 2 (x2: lanes 0-15, one n
+  // tile). Held per k-step; the per-tile offsets are multiples of 16 rows (8 for the odd x2),
+  // which the swizzle maps to plain additions (see SwizzledTile).
+  template <class Layout, bool IS_A>
+  struct KFrags {
+    int off[KS];
+    __device__ __forceinline__ void init(int lane, int w) {
+      const int r = IS_A ? w * WM + (lane & 15) : w * WN + ((lane >> 4) << 3) + (lane & 7);
+      const int c = IS_A ? lane >> 4 : (lane >> 3) & 1;
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], sa + mt * 16 * LayoutA::kRowBytes);
+      for (int ks = 0; ks < KS; ++ks) off[ks] = Layout::offset(r, 2 * ks + c);
+    }
+    // tile: 16-row tiles (A's mt, B's n pair), or 8-row ones for B's odd last tile (x2).
+    __device__ __forceinline__ unsigned at(unsigned st, int ks, int tile16, int tile8) const {
+      return st + off[ks] + tile16 * 16 * Layout::kRowBytes + tile8 * 8 * Layout::kRowBytes;
+    }
+  };
+
+  // The same for an operand staged [k][row] (MN-major fp16/bf16), read with ldmatrix.trans. An
+  // 8x8 matrix is then 8 k rows x 8 output indices (one 16-byte chunk of each k row), and .trans
+  // gives lane l the elements (k = 2 (l % 4) + 0..1, index l / 4) of it: the fragment that
+  // ldmatrix gives from the [index][k] matrix. So the lanes address the same 8x8 blocks as the
+  // K-major path, with rows and chunks exchanged (g = l / 8: the matrix lanes 8g..8g+7 address):
+  //   A, m16k16 tile (x4): matrix g -> a[g]: index rows 8 (g % 2) .. +7, k 8 (g / 2) .. +7;
+  //      lane l addresses k row 8 (l / 16) + l % 8, chunk (index / 8) of the tile + (l / 8) % 2.
+  //   B, two n8k16 tiles (x4): matrix g -> b[n tile g / 2][g % 2]: index rows 8 (g / 2) .. +7,
+  //      k 8 (g % 2) .. +7; lane l addresses k row 8 ((l / 8) % 2) + l % 8, chunk + l / 16.
+  //   B, one n8k16 tile (x2, odd NT): lanes 0-15 as above with l / 16 = 0.
+  // Held per tile (the swizzle permutes chunks within a row, so a tile's chunk offset is not an
+  // addition); the k-steps move 16 rows, a multiple of the swizzle's period: plain additions.
+  template <class Layout, bool IS_A>
+  struct MnFrags {
+    static constexpr int kTiles = IS_A ? MT : (NT + 1) / 2;
+    int off[kTiles];
+    __device__ __forceinline__ void init(int lane, int w) {
+      const int r = IS_A ? ((lane >> 4) << 3) + (lane & 7) : (((lane >> 3) & 1) << 3) + (lane & 7);
+      const int c = IS_A ? (lane >> 3) & 1 : lane >> 4;
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+        // A: 16-index tiles; B: pairs of 8-index tiles, or the odd last tile alone.
+        const int first = (IS_A ? w * WM : w * WN) + t * 16;
+        off[t] = Layout::offset(r, (first >> 3) + c);
+      }
+    }
+    __device__ __forceinline__ unsigned at(unsigned st, int ks, int tile16, int tile8) const {
+      // The odd last B tile (tile8 = NT - 1) is entry NT / 2 of off: its first index is
+      // 16 * (NT / 2), and lanes 0-15, the only ones x2 reads, address its chunk.
+      return st + off[tile16 + tile8 / 2] + ks * 16 * Layout::kRowBytes;
+    }
+  };
+
+  using AddrA = typename Select<OpA::kTrans, MnFrags<LayoutA, true>, KFrags<LayoutA, true>>::type;
+  using AddrB = typename Select<OpB::kTrans, MnFrags<LayoutB, false>, KFrags<LayoutB, false>>::type;
+
+  template <bool TRANS>
+  __device__ __forceinline__ static void ld_x4(unsigned (&r)[4], unsigned addr) {
+    if constexpr (TRANS)
+      ldmatrix_x4_trans(r, addr);
+    else
+      ldmatrix_x4(r, addr);
+  }
+
+  // Loads the A and B fragments of mma k-step ks from the stage at `st`.
+  __device__ __forceinline__ static void load_frags(FragA& a, FragB& b, const AddrA& pa,
+                                                    const AddrB& pb, unsigned st, int ks) {
+    const unsigned sb = st + LayoutA::kBytes;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) ld_x4<OpA::kTrans>(a[mt], pa.at(st, ks, mt, 0));
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
       unsigned r[4];
-      ldmatrix_x4(r, sb + np * 16 * LayoutB::kRowBytes);
+      ld_x4<OpB::kTrans>(r, pb.at(sb, ks, np, 0));
       b[2 * np][0] = r[0];
       b[2 * np][1] = r[1];
       b[2 * np + 1][0] = r[2];
       b[2 * np + 1][1] = r[3];
     }
-    if constexpr (NT % 2 == 1)
-      ldmatrix_x2(b[NT - 1][0], b[NT - 1][1], sb + (NT - 1) * 8 * LayoutB::kRowBytes);
+    if constexpr (NT % 2 == 1) {
+      if constexpr (OpB::kTrans)
+        ldmatrix_x2_trans(b[NT - 1][0], b[NT - 1][1], pb.at(sb, ks, 0, NT - 1));
+      else
+        ldmatrix_x2(b[NT - 1][0], b[NT - 1][1], pb.at(sb, ks, 0, NT - 1));
+    }
   }
 
   // tf32 rounding of the fragments about to be multiplied. Done at the point of use, not right
@@ -205,9 +255,10 @@ struct TiledMmaMainloop {
     }
   }
 
-  // Multiplies k tiles [k.begin, k.end) (all KT of them, or one split-K share).
-  __device__ __forceinline__ static void run(const Params& p, char* smem, int m0, int n0, KRange k,
-                                             AccTile<BM, BN> tile) {
+  // Multiplies k tiles [k.begin, k.end) (all k_tiles() of them, or one split-K share) of the
+  // operands `op` for the output tile at (m0, n0).
+  __device__ __forceinline__ static void run(const GemmOperands& op, char* smem, int m0, int n0,
+                                             KRange k, AccTile<BM, BN> tile) {
     const int nkt = k.end - k.begin;
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -217,8 +268,8 @@ struct TiledMmaMainloop {
 
     LoaderA la;
     LoaderB lb;
-    la.init(p.x, m0, tid, rows_of<Spec>(p));
-    lb.init(p.w, n0, tid, Spec::N);
+    OpA::init(la, op.a, m0, tid, gemm_rows<G>(op), gemm_red<G>(op));
+    OpB::init(lb, op.b, n0, tid, G::COLS, gemm_red<G>(op));
     const unsigned s0 = smem_u32(smem);
 
     // Prologue: STAGES-1 tiles in flight. One commit per slot, even when empty, so that
@@ -232,19 +283,10 @@ struct TiledMmaMainloop {
       cp_async_commit();
     }
 
-    // This lane's ldmatrix offsets per k-step. A: lanes 0-15 address rows 0-15 of the first
-    // chunk of the step, lanes 16-31 the same rows of the second chunk. B (two 8-row n tiles per
-    // x4): lane l addresses row 8 * (l / 16) + l % 8 of chunk (l / 8) % 2.
-    int a_off[KS], b_off[KS];
-    {
-      const int ar = wm * WM + (lane & 15);
-      const int br = wn * WN + ((lane >> 4) << 3) + (lane & 7);
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        a_off[ks] = LayoutA::offset(ar, 2 * ks + (lane >> 4));
-        b_off[ks] = LayoutB::offset(br, 2 * ks + ((lane >> 3) & 1));
-      }
-    }
+    AddrA pa;
+    AddrB pb;
+    pa.init(lane, wm);
+    pb.init(lane, wn);
 
     float acc[MT][NT][4];
 #pragma unroll
@@ -262,7 +304,7 @@ struct TiledMmaMainloop {
 
     cp_async_wait<STAGES - 2>();
     __syncthreads();
-    load_frags(fa[0], fb[0], s0 + a_off[0], s0 + LayoutA::kBytes + b_off[0]);
+    load_frags(fa[0], fb[0], pa, pb, s0, 0);
 
     int rs = 0;           // stage being read
     int ws = STAGES - 1;  // stage the next tile goes to
@@ -291,8 +333,7 @@ struct TiledMmaMainloop {
         }
         if (ks < KS - 1 || kt + 1 < nkt) {
           const int nks = ks + 1 == KS ? 0 : ks + 1;
-          const unsigned st = s0 + rs * kStageBytes;
-          load_frags(fa[nxt], fb[nxt], st + a_off[nks], st + LayoutA::kBytes + b_off[nks]);
+          load_frags(fa[nxt], fb[nxt], pa, pb, s0 + rs * kStageBytes, nks);
         }
         round_frags(fa[cur], fb[cur]);
 #pragma unroll

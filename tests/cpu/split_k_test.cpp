@@ -66,15 +66,15 @@ TEST_CASE("the split-K workspace holds S x tiles x BM x BN floats after the trai
       // Two-pass train needs the partials and coefficients; eval and single-pass train do not.
       CHECK((plain.total > 0) == (m == Mode::train && M > 64));
     }
-  // The unsplit two-pass layout as it always was: 47 row tiles x 200 columns of float2, then 200
-  // float2 coefficients, each region 256-byte aligned.
+  // The unsplit two-pass layout: 47 row tiles x 200 columns of float2, then 200 float4
+  // coefficients {A, B, mean_a, unused}, each region 256-byte aligned.
   c.split_k = 1;
   const WorkspaceLayout two_pass = workspace_layout(problem(Mode::train, 3000, 200, 1000), c);
   CHECK(two_pass.partials_offset == 0);
   CHECK(two_pass.partials_bytes == 75200);
   CHECK(two_pass.coef_offset == 75264);
-  CHECK(two_pass.coef_bytes == 1600);
-  CHECK(two_pass.total == 77056);
+  CHECK(two_pass.coef_bytes == 3200);
+  CHECK(two_pass.total == 78592);
   // The warpspec variant never splits.
   const Problem p = problem(Mode::eval, 128, 512, 1024);
   CHECK(workspace_layout(p, KernelConfig::parse("warpspec.128x128x64.c2.s4.g8.cl1.p1")).total == 0);

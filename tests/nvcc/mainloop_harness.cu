@@ -31,6 +31,7 @@
 #include "common/params.h"
 #include "common/tile.cuh"
 #include "common/types.cuh"
+#include "mainloop/operands.cuh"
 #include "mainloop/simt_fp32.cuh"
 #include "mainloop/tiled_mma.cuh"
 
@@ -71,8 +72,9 @@ struct HSpec {
 };
 
 template <class Spec>
-using MainloopOf = std::conditional_t<Spec::MATH == fj::kMathSimtFp32, fj::SimtFp32Mainloop<Spec>,
-                                      fj::TiledMmaMainloop<Spec>>;
+using MainloopOf = std::conditional_t<Spec::MATH == fj::kMathSimtFp32,
+                                      fj::SimtFp32Mainloop<fj::LinearOperands<Spec>>,
+                                      fj::TiledMmaMainloop<fj::LinearOperands<Spec>>>;
 
 template <class Spec>
 constexpr int harness_smem() {
@@ -125,7 +127,8 @@ __global__ void __launch_bounds__(Spec::THREADS) gemm_kernel(const fj::Params p,
   const int m0 = tm * BM, n0 = tn * BN;
 
   const fj::AccTile<BM, BN> tile{reinterpret_cast<float*>(smem)};
-  MainloopOf<Spec>::run(p, smem, m0, n0, fj::KRange{0, MainloopOf<Spec>::KT}, tile);
+  MainloopOf<Spec>::run(fj::GemmOperands{p.x, p.w, Spec::M, Spec::K}, smem, m0, n0,
+                        fj::KRange{0, MainloopOf<Spec>::KT}, tile);
 
   static_assert(BN % 4 == 0, "harness copies 4 columns at a time");
   const bool vec_ok = ldc % 4 == 0;

@@ -462,7 +462,7 @@ void run_case(Ctx& ctx, const char* name, bool timed) {
   CK(cudaMalloc(&d_save_mean, N * 4));
   CK(cudaMalloc(&d_save_invstd, N * 4));
   CK(cudaMalloc(&d_part, sizeof(float) * 2 * kRowTiles * N));
-  CK(cudaMalloc(&d_coef, sizeof(float) * 2 * N));
+  CK(cudaMalloc(&d_coef, sizeof(float) * 4 * N));
   CK(cudaMalloc(&d_nbt, 8));
   CK(cudaMemset(d_nbt, 0, 8));
   CK(cudaMemset(dy, 0xFF, y_elems * sizeof(S)));  // NaN in every storage type

@@ -232,6 +232,10 @@ double Plan::compile_seconds() const {
 }
 
 void Plan::validate(const Tensors& t) const {
+  if (reference_) {
+    reference_->validate(t);  // what run() checks: the reference op also refuses `saved`
+    return;
+  }
   validate_tensors(state_->problem, t);
 }
 
@@ -276,7 +280,7 @@ void Plan::run(CUstream stream, const Tensors& t, std::int64_t rows, void* works
     throw InvalidArgument("rows", fmt::format("this plan's kernels were compiled for M = {} "
                                               "exactly (config {}); got {}",
                                               p.M, core_->config.key(), rows));
-  validate_tensors(p, t);
+  validate_tensors(p, t, rows);
   validate_workspace(workspace, bytes, state_->workspace.total);
   launch(*core_, run_shape(*core_, rows, state_->workspace), stream, t, workspace, &state_->cache);
 }

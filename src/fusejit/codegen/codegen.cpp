@@ -10,9 +10,7 @@
 
 namespace fusejit {
 
-namespace {
-
-const char* math_name(DType d) {
+const char* template_math_name(DType d) {
   switch (d) {
     case DType::fp32:
       return "fj::kMathSimtFp32";
@@ -25,6 +23,8 @@ const char* math_name(DType d) {
   }
   return "?";
 }
+
+namespace {
 
 const char* b(bool v) {
   return v ? "true" : "false";
@@ -99,7 +99,7 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   t += "struct Spec {\n";
   t += fmt::format("  using T = {};\n  using P = {};\n", template_type_name(p.dtype),
                    template_type_name(p.param_dtype));
-  t += fmt::format("  static constexpr int MATH = {};\n", math_name(p.dtype));
+  t += fmt::format("  static constexpr int MATH = {};\n", template_math_name(p.dtype));
   // M = 0: the run's row count, from fj::Params::m (common/rows.cuh).
   t += fmt::format("  static constexpr int M = {}, N = {}, K = {};\n", c.exact_m ? p.M : 0, p.N,
                    p.K);

@@ -55,6 +55,9 @@ KernelSource generate(const Problem&, const KernelConfig&);
 // The problem's key with M replaced by "M" unless `c.exact_m`: what the kernel set depends on.
 std::string kernel_set_problem_key(const Problem&, const KernelConfig&);
 
+// The templates' name of the math a dtype runs with ("fj::kMathBf16", common/math_kind.cuh).
+const char* template_math_name(DType);
+
 // The embedded templates as NVRTC headers (include name, contents).
 const std::vector<std::pair<std::string, std::string>>& template_headers();
 

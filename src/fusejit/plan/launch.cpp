@@ -13,30 +13,6 @@
 
 namespace fusejit {
 
-namespace {
-
-// `what` is a callable giving the text for the error: nothing is formatted on the success path,
-// which a run takes every call.
-template <class What>
-void require_pointer(const void* p, const char* arg, std::size_t align, What&& what) {
-  if (p && reinterpret_cast<std::uintptr_t>(p) % align == 0) [[likely]]
-    return;
-  if (!p)
-    throw InvalidArgument(arg, fmt::format("expected a device pointer ({}); got null", what()));
-  throw InvalidArgument(
-      arg, fmt::format("expected a {}-byte aligned pointer ({}); got {}", align, what(), p));
-}
-
-void require_pointer(const void* p, const char* arg, std::size_t align, const char* what) {
-  require_pointer(p, arg, align, [what] { return what; });
-}
-
-void forbid(const void* p, const char* arg, const char* why) {
-  if (p) throw InvalidArgument(arg, fmt::format("expected null: {}", why));
-}
-
-}  // namespace
-
 RunShape run_shape(const PlanCore& c, std::int64_t rows, const WorkspaceLayout& workspace) {
   RunShape r;
   r.rows = static_cast<int>(rows);
@@ -83,7 +59,7 @@ void validate_workspace(const void* workspace, std::size_t bytes, std::size_t ne
                           fmt::format("expected a {}-byte aligned pointer", kWorkspaceAlign));
 }
 
-void validate_tensors(const Problem& p, const Tensors& t) {
+void validate_tensors(const Problem& p, const Tensors& t, std::int64_t rows) {
   const auto al = static_cast<std::size_t>(p.effective_alignment());
   const std::size_t pe = storage_bytes(p.param_dtype);
   require_pointer(t.x, "x", al,
@@ -92,6 +68,22 @@ void validate_tensors(const Problem& p, const Tensors& t) {
                   [&] { return fmt::format("W is [{}][{}] {}", p.N, p.lda_w(), name(p.dtype)); });
   require_pointer(t.y, "y", al,
                   [&] { return fmt::format("y is [{}][{}] {}", p.M, p.lda_y(), name(p.dtype)); });
+  if (t.saved) {
+    require_pointer(t.saved, "saved", al, [&] {
+      return fmt::format("saved is laid out like y: [{}][{}] {}", p.M, p.lda_y(), name(p.dtype));
+    });
+    // The two-pass apply reads y back while it writes saved: they must not share a byte. Both
+    // span (rows - 1) ldy + N elements from their base.
+    const std::int64_t m = rows > 0 ? rows : p.M;
+    const auto span = static_cast<std::uintptr_t>(
+        ((m - 1) * p.lda_y() + p.N) * static_cast<std::int64_t>(storage_bytes(p.dtype)));
+    const auto y0 = reinterpret_cast<std::uintptr_t>(t.y);
+    const auto s0 = reinterpret_cast<std::uintptr_t>(t.saved);
+    if (s0 < y0 + span && y0 < s0 + span)
+      throw InvalidArgument(
+          "saved", fmt::format("overlaps y: both are {} bytes ([{}][{}] {}) from {} and {}", span,
+                               m, p.lda_y(), name(p.dtype), t.y, t.saved));
+  }
   auto param = [&](const void* ptr, bool present, const char* arg, const char* flag) {
     if (present)
       require_pointer(ptr, arg, pe,
@@ -156,6 +148,7 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   prm.x = t.x;
   prm.w = t.w;
   prm.bias = t.bias;
+  prm.saved = t.saved;  // the reference op has none: not in set_batchnorm_params
   set_batchnorm_params(prm, t);
   auto* ws = static_cast<char*>(workspace);
   prm.ws_partials = ws ? reinterpret_cast<float*>(ws + shape.workspace.partials_offset) : nullptr;

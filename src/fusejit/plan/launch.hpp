@@ -7,7 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <fmt/format.h>
+
 #include "common/params.h"
+#include "fusejit/error.hpp"
 #include "fusejit/plan/plan_core.hpp"
 #include "fusejit/plan/tma_descriptor.hpp"
 #include "fusejit/tensors.hpp"
@@ -61,9 +64,30 @@ struct RunCache {
   WarpspecTensorMaps maps{};
 };
 
+// Throws InvalidArgument(arg) unless `p` is a non-null pointer aligned to `align`. `what` is a
+// callable giving the text for the error: nothing is formatted on the success path, which a run
+// takes every call.
+template <class What>
+void require_pointer(const void* p, const char* arg, std::size_t align, What&& what) {
+  if (p && reinterpret_cast<std::uintptr_t>(p) % align == 0) [[likely]]
+    return;
+  if (!p)
+    throw InvalidArgument(arg, fmt::format("expected a device pointer ({}); got null", what()));
+  throw InvalidArgument(
+      arg, fmt::format("expected a {}-byte aligned pointer ({}); got {}", align, what(), p));
+}
+inline void require_pointer(const void* p, const char* arg, std::size_t align, const char* what) {
+  require_pointer(p, arg, align, [what] { return what; });
+}
+// Throws InvalidArgument(arg) when `p` is not null.
+inline void forbid(const void* p, const char* arg, const char* why) {
+  if (p) throw InvalidArgument(arg, fmt::format("expected null: {}", why));
+}
+
 // Throws InvalidArgument naming the first tensor that is missing, misaligned or not wanted.
-// Formats nothing unless it throws.
-void validate_tensors(const Problem&, const Tensors&);
+// Formats nothing unless it throws. `rows`: the run's (0: the problem's M), which bounds the
+// extent of y and saved.
+void validate_tensors(const Problem&, const Tensors&, std::int64_t rows = 0);
 // Throws InvalidArgument("workspace") unless `workspace` holds `needed` bytes (of `bytes`
 // given) and is kWorkspaceAlign-aligned; nothing to check when `needed` is 0.
 void validate_workspace(const void* workspace, std::size_t bytes, std::size_t needed);

@@ -93,7 +93,8 @@ WorkspaceLayout workspace_layout(const Problem& p, const KernelConfig& c) {
   const auto n = static_cast<std::size_t>(p.N);
   const bool two_pass = p.mode == Mode::train && !single_pass;
   region(two_pass ? row_tiles * n * 8 : 0, w.partials_offset, w.partials_bytes);
-  region(two_pass ? n * 8 : 0, w.coef_offset, w.coef_bytes);
+  // {A, B, mean_a, unused} per column (fj::Params::ws_coef).
+  region(two_pass ? n * 16 : 0, w.coef_offset, w.coef_bytes);
   const bool split_k = c.variant == Variant::tiled && c.split_k > 1;
   const std::size_t slices = split_k ? static_cast<std::size_t>(c.split_k) : 0;
   region(slices * row_tiles * col_tiles * static_cast<std::size_t>(c.bm) *

@@ -26,7 +26,7 @@ constexpr std::size_t align_workspace(std::size_t bytes) {
 // are given in Params::ws_*. Empty regions have size 0.
 struct WorkspaceLayout {
   std::size_t partials_offset = 0, partials_bytes = 0;  // train, two-pass: [row_tiles][N] float2
-  std::size_t coef_offset = 0, coef_bytes = 0;          // train, two-pass: [N] float2
+  std::size_t coef_offset = 0, coef_bytes = 0;          // train, two-pass: [N] float4
   std::size_t splitk_offset = 0, splitk_bytes = 0;      // split-K: [S][tiles][BM * BN] float
   std::size_t total = 0;
 };

@@ -403,6 +403,9 @@ const Problem& ReferenceOp::problem() const {
 
 void ReferenceOp::validate(const Tensors& t) const {
   validate_tensors(impl_->problem, t);
+  forbid(t.saved, "saved",
+         "the cuBLASLt reference op does not write the saved tensor; plan with a fused "
+         "config (PlanOptions::variant or config) to get it");
 }
 
 std::size_t ReferenceOp::workspace_size() const {

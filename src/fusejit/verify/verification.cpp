@@ -325,14 +325,36 @@ ReferenceInputs reference_inputs(const CaseInputs& in) {
   return r;
 }
 
+std::vector<double> reference_saved(ReferenceInputs in, Mode mode, unsigned threads) {
+  // a = x W^T is reference_linear without bias and scale.
+  const std::vector<double> bias = std::move(in.bias);
+  in.bias.clear();
+  in.scale.clear();
+  std::vector<double> out = reference_linear(in, threads);
+  const auto M = static_cast<std::size_t>(in.M), N = static_cast<std::size_t>(in.N);
+  for (std::size_t n = 0; n < N; ++n) {
+    double shift = 0;
+    if (mode == Mode::train) {
+      for (std::size_t m = 0; m < M; ++m) shift += out[m * N + n];
+      shift = -shift / static_cast<double>(M);
+    } else if (!bias.empty()) {
+      shift = bias[n];
+    }
+    for (std::size_t m = 0; m < M; ++m) out[m * N + n] += shift;
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Device side
 
-DeviceCase::DeviceCase(const CaseInputs& in) : c_(in.c), count_(in.count_batches()) {
+DeviceCase::DeviceCase(const CaseInputs& in, bool with_saved)
+    : c_(in.c), count_(in.count_batches()) {
   const Problem& p = c_.problem;
   x_ = alloc_like(in.x);
   w_ = alloc_like(in.w);
   y_ = DeviceBuffer(static_cast<std::size_t>(p.M * p.lda_y()) * storage_bytes(p.dtype));
+  if (with_saved) saved_ = DeviceBuffer(y_.size());
   bias_ = alloc_like(in.bias);
   scale_ = alloc_like(in.scale);
   gamma_ = alloc_like(in.gamma);
@@ -357,7 +379,12 @@ void DeviceCase::reset(const CaseInputs& in) {
   upload(rm_, in.running_mean);
   upload(rv_, in.running_var);
   if (count_) nbt_.upload(&in.num_batches_tracked, sizeof(std::int64_t));
+  poison_outputs();
+}
+
+void DeviceCase::poison_outputs() {
   y_.fill_words(nan_word(c_.problem.dtype));
+  saved_.fill_words(nan_word(c_.problem.dtype));
   save_mean_.fill_words(nan_word(DType::fp32));
   save_invstd_.fill_words(nan_word(DType::fp32));
 }
@@ -376,9 +403,7 @@ void DeviceCase::upload_x_rows(const HostTensor& x, std::int64_t rows) {
         "x", fmt::format("expected {} rows ({} bytes) of at most {}; got {} bytes", rows, need, p.M,
                          x.bytes()));
   x_.upload(x.data(), x.bytes());
-  y_.fill_words(nan_word(p.dtype));
-  save_mean_.fill_words(nan_word(DType::fp32));
-  save_invstd_.fill_words(nan_word(DType::fp32));
+  poison_outputs();
 }
 
 Tensors DeviceCase::tensors() const {
@@ -395,6 +420,7 @@ Tensors DeviceCase::tensors() const {
   t.num_batches_tracked = nbt_.as<std::int64_t>();
   t.save_mean = save_mean_.as<float>();
   t.save_invstd = save_invstd_.as<float>();
+  t.saved = saved_.get();
   return t;
 }
 
@@ -402,21 +428,28 @@ CaseOutputs DeviceCase::download(std::int64_t rows) const {
   Problem p = c_.problem;
   p.M = rows;
   CaseOutputs out;
-  HostTensor y(p.dtype, static_cast<std::size_t>(p.M * p.lda_y()));
-  y_.download(y.data(), y.bytes());
-  out.y = y.packed(static_cast<std::size_t>(p.M), static_cast<std::size_t>(p.N),
-                   static_cast<std::size_t>(p.lda_y()));
-  HostTensor poison(p.dtype, 1);
-  poison.poison();
-  const std::size_t eb = storage_bytes(p.dtype);
-  const auto* bytes = static_cast<const unsigned char*>(y.data());
-  for (std::int64_t r = 0; r < p.M && out.y_padding_intact; ++r)
-    for (std::int64_t c = p.N; c < p.lda_y(); ++c)
-      if (std::memcmp(bytes + static_cast<std::size_t>(r * p.lda_y() + c) * eb, poison.data(),
-                      eb)) {
-        out.y_padding_intact = false;
-        break;
-      }
+  // y, or saved (laid out like y): its first rows packed, and whether its padding columns
+  // still hold the poison.
+  auto download_like_y = [&p](const DeviceBuffer& b, std::vector<double>& values, bool& intact) {
+    HostTensor y(p.dtype, static_cast<std::size_t>(p.M * p.lda_y()));
+    b.download(y.data(), y.bytes());
+    values = y.packed(static_cast<std::size_t>(p.M), static_cast<std::size_t>(p.N),
+                      static_cast<std::size_t>(p.lda_y()));
+    HostTensor poison(p.dtype, 1);
+    poison.poison();
+    const std::size_t eb = storage_bytes(p.dtype);
+    const auto* bytes = static_cast<const unsigned char*>(y.data());
+    intact = true;
+    for (std::int64_t r = 0; r < p.M && intact; ++r)
+      for (std::int64_t c = p.N; c < p.lda_y(); ++c)
+        if (std::memcmp(bytes + static_cast<std::size_t>(r * p.lda_y() + c) * eb, poison.data(),
+                        eb)) {
+          intact = false;
+          break;
+        }
+  };
+  download_like_y(y_, out.y, out.y_padding_intact);
+  if (!saved_.empty()) download_like_y(saved_, out.saved, out.saved_padding_intact);
   if (!rm_.empty()) {
     out.running_mean = download_param(rm_, p.param_dtype, p.N);
     out.running_var = download_param(rv_, p.param_dtype, p.N);
@@ -430,14 +463,21 @@ CaseOutputs DeviceCase::download(std::int64_t rows) const {
 }
 
 double CaseErrors::worst() const {
-  return std::max({y, running_mean, running_var, save_mean, save_invstd});
+  return std::max({y, running_mean, running_var, save_mean, save_invstd, saved});
 }
 
-CaseErrors compare(const CaseInputs& in, const CaseOutputs& got, const ReferenceOutputs& ref) {
+CaseErrors compare(const CaseInputs& in, const CaseOutputs& got, const ReferenceOutputs& ref,
+                   const std::vector<double>* ref_saved) {
   const bool train = in.c.problem.mode == Mode::train;
   CaseErrors e;
   e.y = relative_error(got.y, ref.y);
   e.non_finite = !all_finite(got.y);
+  if (!got.saved.empty()) {
+    std::vector<double> own;
+    if (!ref_saved) own = reference_saved(reference_inputs(in), in.c.problem.mode);
+    e.saved = relative_error(got.saved, ref_saved ? *ref_saved : own);
+    e.non_finite |= !all_finite(got.saved);
+  }
   if (!in.running_mean.empty()) {
     e.running_mean = relative_error(got.running_mean, ref.running_mean);
     e.running_var = relative_error(got.running_var, ref.running_var);
@@ -484,7 +524,7 @@ CaseErrors compare(const CaseInputs& in, const CaseOutputs& got, const Reference
     e.non_finite |= !all_finite(got.save_mean) || !all_finite(got.save_invstd);
   }
   e.counter_ok = !in.count_batches() || got.num_batches_tracked == ref.num_batches_tracked;
-  e.padding_ok = got.y_padding_intact;
+  e.padding_ok = got.y_padding_intact && got.saved_padding_intact;
   e.stats_kept =
       train || (got.running_mean == ref.running_mean && got.running_var == ref.running_var);
   return e;
@@ -495,7 +535,7 @@ bool passes(const CaseErrors& e, double threshold, std::string* why) {
   auto note = [&s](const std::string& w) { s += (s.empty() ? "" : "; ") + w; };
   if (e.non_finite) note("NaN or inf in the output");
   if (!e.counter_ok) note("num_batches_tracked did not advance by exactly 1");
-  if (!e.padding_ok) note("y was written past column N (ldy padding)");
+  if (!e.padding_ok) note("y or saved was written past column N (ldy padding)");
   if (!e.stats_kept) note("eval changed the running stats");
   if (!(e.worst() < threshold))
     note(fmt::format("relative error {:.2e} (y {:.2e}) above {:.0e}", e.worst(), e.y, threshold));

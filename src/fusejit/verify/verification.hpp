@@ -85,20 +85,27 @@ CaseInputs make_case_inputs(const SweepCase& c, std::optional<std::uint64_t> see
 HostTensor make_x(const SweepCase& c, std::uint64_t seed);
 // The inputs as the float64 reference takes them (packed, exactly the rounded values).
 ReferenceInputs reference_inputs(const CaseInputs& in);
+// The forward's `saved` output (Tensors::saved) in float64, [M][N] packed: with a = x W^T,
+// train c = a - (batch mean of a's column), eval u = a + bias. Taken by value: pass
+// reference_inputs(...) and nothing is copied.
+std::vector<double> reference_saved(ReferenceInputs in, Mode mode, unsigned threads = 0);
 
 // What one run produced, decoded to doubles.
 struct CaseOutputs {
   std::vector<double> y;                          // [M][N], packed
+  std::vector<double> saved;                      // [M][N], packed; empty unless requested
   std::vector<double> running_mean, running_var;  // empty when not passed
   std::vector<double> save_mean, save_invstd;     // train only
   std::int64_t num_batches_tracked = 0;           // when counted
   bool y_padding_intact = true;                   // columns N..ldy-1 of y still hold the poison
+  bool saved_padding_intact = true;               // likewise of saved (when requested)
 };
 
 // Device buffers for one case: inputs uploaded, y and the saved stats poisoned with NaN.
+// `with_saved`: also a `saved` output laid out like y (Tensors::saved), poisoned likewise.
 class DeviceCase {
  public:
-  explicit DeviceCase(const CaseInputs& in);
+  explicit DeviceCase(const CaseInputs& in, bool with_saved = false);
   // Uploads every input and running stat again and re-poisons the outputs.
   void reset(const CaseInputs& in);
   void upload_x(const HostTensor& x);
@@ -114,18 +121,25 @@ class DeviceCase {
   SweepCase c_;
   bool count_ = false;
   DeviceBuffer x_, w_, y_, bias_, scale_, gamma_, beta_, rm_, rv_, nbt_, save_mean_, save_invstd_;
+  DeviceBuffer saved_;  // empty unless asked for
+  void poison_outputs();
 };
 
 struct CaseErrors {
   // Relative errors (relative_error); 0 for outputs the case does not have.
   double y = 0, running_mean = 0, running_var = 0, save_mean = 0, save_invstd = 0;
+  double saved = 0;         // when the outputs hold saved
   bool non_finite = false;  // a NaN or inf where a number was expected
   bool counter_ok = true;   // num_batches_tracked advanced by exactly one (train)
-  bool padding_ok = true;   // nothing written past column N of y
+  bool padding_ok = true;   // nothing written past column N of y (or saved)
   bool stats_kept = true;   // eval: the running stats are left exactly as they were
   double worst() const;
 };
-CaseErrors compare(const CaseInputs& in, const CaseOutputs& got, const ReferenceOutputs& ref);
+// `got.saved`, when there, is compared with `ref_saved` (reference_saved; computed here when
+// null) by relative error: c is centred, so that is its error against its own spread, however
+// large the column's mean.
+CaseErrors compare(const CaseInputs& in, const CaseOutputs& got, const ReferenceOutputs& ref,
+                   const std::vector<double>* ref_saved = nullptr);
 
 // The pass rule of every verification (the sweep, the tuner): every figure finite and under
 // `threshold`, the counter advanced by one, nothing written past column N, eval's running

@@ -1,0 +1,98 @@
+// The backward pass of the layer: every gradient (dx, dW, dbias, dscale, dgamma, dbeta) from dy
+// and what the forward saved. Plan/run split like Plan: BackwardPlan does the expensive work
+// (validation, config, codegen, compile or cache lookup, module load) once; run() checks
+// pointers and enqueues kernels, with no allocation, host sync, compile or file I/O.
+//
+// What the forward must have saved: Tensors::saved (the forward's `saved` output, laid out like
+// y) and, in train mode, save_mean and save_invstd. Eval backward (fine-tuning with frozen
+// statistics) reads the running stats the forward used instead.
+#pragma once
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fusejit/kernel_config.hpp"
+#include "fusejit/problem.hpp"
+
+// The installed API: exported from libfusejit.so, which hides everything else.
+#pragma GCC visibility push(default)
+namespace fusejit {
+
+struct BackwardTensors {
+  const void* dy = nullptr;     // [M][ldy], storage type: the gradient of y
+  const void* x = nullptr;      // [M][ldx]: the forward's x (needed for dw)
+  const void* w = nullptr;      // [N][ldw]: the forward's W (needed for dx)
+  const void* saved = nullptr;  // [M][ldy]: the forward's Tensors::saved output
+  const void* scale = nullptr;  // [N] param dtype, required iff Problem::has_scale
+  const void* gamma = nullptr;  // [N] param dtype, required iff Problem::has_affine
+  // eval: required, the running stats the forward normalized with. train: must be null.
+  const void* running_mean = nullptr;
+  const void* running_var = nullptr;
+  // train: required, the forward's saved statistics. eval: must be null.
+  const float* save_mean = nullptr;
+  const float* save_invstd = nullptr;
+  // Outputs. Each may be null: that gradient is not computed (dx: the first layer; the
+  // parameter gradients: a frozen layer). A parameter gradient must be null when the problem
+  // has no such parameter.
+  void* dx = nullptr;      // [M][ldx], storage type
+  void* dw = nullptr;      // [N][ldw], storage type
+  void* dbias = nullptr;   // [N], param dtype
+  void* dscale = nullptr;  // [N], param dtype
+  void* dgamma = nullptr;  // [N], param dtype
+  void* dbeta = nullptr;   // [N], param dtype
+};
+
+struct BackwardOptions {
+  int device = -1;        // ordinal; -1: the current context's device, else 0
+  std::string cache_dir;  // empty: the default kernel cache
+  // True: dw and the parameter gradients are added to what their buffers hold (dW += da^T x),
+  // as frameworks accumulate .grad; dx is always overwritten.
+  bool accumulate = false;
+  // False: the plan allocates no workspace; every run() must be given one (workspace_size()).
+  bool allocate_workspace = true;
+};
+
+struct BackwardCore;
+
+class BackwardPlan {
+ public:
+  // Validates `problem` (InvalidArgument), picks the kernels' tiles, compiles or loads them.
+  // Plans differing only in M share one compiled kernel set.
+  explicit BackwardPlan(const Problem& problem, const BackwardOptions& options = {});
+  ~BackwardPlan();
+  BackwardPlan(BackwardPlan&&) noexcept;
+  BackwardPlan& operator=(BackwardPlan&&) noexcept;
+
+  const Problem& problem() const;
+  // Bytes of device workspace a run of up to problem().M rows needs, 256-byte aligned. It
+  // holds da ([M][N], storage type) and the column partials.
+  std::size_t workspace_size() const;
+  // "dx.<config key>.dw.<config key>": the two GEMMs' tiles.
+  std::string config_key() const;
+  std::vector<std::string> kernel_names() const;
+  bool cache_hit() const;
+
+  // Enqueues the backward of the first `rows` rows (1 <= rows <= problem().M; train needs
+  // rows >= 2) on `stream`. The plan's own workspace, or the caller's (workspace_size() bytes,
+  // 256-byte aligned).
+  void run(CUstream stream, const BackwardTensors& t) const;
+  void run(CUstream stream, const BackwardTensors& t, std::int64_t rows) const;
+  void run(CUstream stream, const BackwardTensors& t, std::int64_t rows, void* workspace,
+           std::size_t workspace_bytes) const;
+
+  // What run() checks first, without launching anything.
+  void validate(const BackwardTensors& t) const;
+
+ private:
+  std::shared_ptr<const BackwardCore> core_;
+  Problem problem_;
+  bool accumulate_ = false;
+  CUdeviceptr own_workspace_ = 0;
+};
+
+}  // namespace fusejit
+#pragma GCC visibility pop

@@ -1,0 +1,89 @@
+#include <fmt/format.h>
+
+#include "fusejit/backward.hpp"
+#include "fusejit/device/context.hpp"
+#include "fusejit/device/driver.hpp"
+#include "fusejit/error.hpp"
+#include "fusejit/plan/backward_core.hpp"
+#include "fusejit/plan/launch.hpp"
+
+namespace fusejit {
+
+BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& options)
+    : problem_(problem), accumulate_(options.accumulate) {
+  problem.validate();
+  if (problem.mode == Mode::train && problem.M < 2)
+    throw InvalidArgument("M", "train mode needs at least two rows for a variance");
+  const CUcontext ctx = context_for(options.device);
+  const Device device = Device::current();
+  core_ = backward_core(problem, default_backward_config(problem, device), ctx, options.cache_dir);
+  if (const std::size_t bytes = workspace_size(); bytes && options.allocate_workspace) {
+    FJ_CU(cuCtxSetCurrent(core_->context));
+    FJ_CU(cuMemAlloc(&own_workspace_, bytes));
+  }
+}
+
+BackwardPlan::~BackwardPlan() {
+  if (own_workspace_ && driver_available()) driver().cuMemFree(own_workspace_);
+}
+
+BackwardPlan::BackwardPlan(BackwardPlan&& o) noexcept
+    : core_(std::move(o.core_)),
+      problem_(o.problem_),
+      accumulate_(o.accumulate_),
+      own_workspace_(o.own_workspace_) {
+  o.own_workspace_ = 0;
+}
+
+BackwardPlan& BackwardPlan::operator=(BackwardPlan&& o) noexcept {
+  if (this != &o) {
+    if (own_workspace_ && driver_available()) driver().cuMemFree(own_workspace_);
+    core_ = std::move(o.core_);
+    problem_ = o.problem_;
+    accumulate_ = o.accumulate_;
+    own_workspace_ = o.own_workspace_;
+    o.own_workspace_ = 0;
+  }
+  return *this;
+}
+
+const Problem& BackwardPlan::problem() const {
+  return problem_;
+}
+std::size_t BackwardPlan::workspace_size() const {
+  return backward_workspace(problem_, problem_.M).total;
+}
+std::string BackwardPlan::config_key() const {
+  return core_->config.key();
+}
+std::vector<std::string> BackwardPlan::kernel_names() const {
+  return core_->kernel_names;
+}
+bool BackwardPlan::cache_hit() const {
+  return core_->cache_hit;
+}
+
+void BackwardPlan::validate(const BackwardTensors& t) const {
+  validate_backward_tensors(problem_, t);
+}
+
+void BackwardPlan::run(CUstream stream, const BackwardTensors& t) const {
+  run(stream, t, problem_.M);
+}
+
+void BackwardPlan::run(CUstream stream, const BackwardTensors& t, std::int64_t rows) const {
+  run(stream, t, rows, reinterpret_cast<void*>(own_workspace_), workspace_size());
+}
+
+void BackwardPlan::run(CUstream stream, const BackwardTensors& t, std::int64_t rows,
+                       void* workspace, std::size_t bytes) const {
+  const std::int64_t least = problem_.mode == Mode::train ? 2 : 1;
+  if (rows < least || rows > problem_.M)
+    throw InvalidArgument(
+        "rows", fmt::format("expected {} <= rows <= M = {}; got {}", least, problem_.M, rows));
+  validate_backward_tensors(problem_, t);
+  validate_workspace(workspace, bytes, workspace_size());
+  launch_backward(*core_, rows, accumulate_, stream, t, workspace);
+}
+
+}  // namespace fusejit

@@ -1,0 +1,144 @@
+#include "fusejit/codegen/backward_codegen.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "fusejit/codegen/codegen.hpp"
+
+namespace fusejit {
+
+namespace {
+
+const char* b(bool v) {
+  return v ? "true" : "false";
+}
+
+// The widest power of two up to 16 dividing `bytes`.
+int alignment_of(std::int64_t bytes) {
+  int a = 16;
+  while (a > 1 && bytes % a != 0) a /= 2;
+  return a;
+}
+
+// One gradient GEMM's Spec: C [ROWS][LDC] = sum over RED of A(r, k) B(c, k)
+// (kernels/grad_gemm.cuh).
+std::string gemm_spec(const char* name, const Problem& p, const KernelConfig& c, int rows, int cols,
+                      int red, bool a_mn, bool b_mn, std::int64_t lda, std::int64_t ldb,
+                      std::int64_t ldc, int vec_bytes) {
+  return fmt::format(
+      "struct {} {{\n"
+      "  using T = {};\n"
+      "  static constexpr int MATH = {};\n"
+      "  static constexpr int ROWS = {}, COLS = {}, RED = {};\n"
+      "  static constexpr bool A_MN_MAJOR = {}, B_MN_MAJOR = {};\n"
+      "  static constexpr int LDA = {}, LDB = {}, LDC = {};\n"
+      "  static constexpr int BM = {}, BN = {}, BK = {}, WARPS_M = {}, WARPS_N = {};\n"
+      "  static constexpr int STAGES = {}, GROUP_M = {}, THREADS = {}, VEC_BYTES = {};\n"
+      "}};\n",
+      name, template_type_name(p.dtype), template_math_name(p.dtype), rows, cols, red, b(a_mn),
+      b(b_mn), lda, ldb, ldc, c.bm, c.bn, c.bk, c.warps_m, c.warps_n, c.stages, c.group_m,
+      c.threads(), vec_bytes);
+}
+
+}  // namespace
+
+std::string BackwardConfig::key() const {
+  return fmt::format("dx.{}.dw.{}", dx.key(), dw.key());
+}
+
+Problem dx_gemm_problem(const Problem& p) {
+  Problem g = p;
+  g.M = p.M;
+  g.N = p.K;
+  g.K = p.N;
+  g.ldx = 0;
+  g.ldw = 0;
+  g.ldy = 0;
+  g.mode = Mode::eval;
+  return g;
+}
+
+Problem dw_gemm_problem(const Problem& p) {
+  Problem g = dx_gemm_problem(p);
+  g.M = p.N;
+  g.N = p.K;
+  g.K = p.M;
+  return g;
+}
+
+std::vector<std::string> backward_kernel_set(const Problem& p) {
+  std::vector<std::string> k{"fj_bwd_reduce"};
+  if (p.mode == Mode::train) k.insert(k.end(), {"fj_bwd_coef", "fj_bwd_da"});
+  k.insert(k.end(), {"fj_bwd_params", "fj_bwd_dx", "fj_bwd_dw"});
+  return k;
+}
+
+KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
+  KernelSource src;
+  src.kernels = backward_kernel_set(p);
+  src.name =
+      fmt::format("fj.{}.{}.backward.Mx{}x{}.{}", name(p.dtype), name(p.mode), p.N, p.K, c.key());
+  std::string& t = src.text;
+  Problem keyed = p;
+  keyed.M = 1;  // the source names no M
+  t += fmt::format("// fusejit generated kernel: {}\n// problem: M{}\n", src.name,
+                   keyed.key().substr(keyed.key().find('x')));
+  t += "#include \"common/types.cuh\"\n#include \"common/math_kind.cuh\"\n";
+  // The BatchNorm side: the forward's Spec fields the backward kernels read (dy and saved are
+  // laid out like y).
+  const int vec = std::min(p.effective_alignment(), 16);
+  t += "struct Spec {\n";
+  t += fmt::format("  using T = {};\n  using P = {};\n", template_type_name(p.dtype),
+                   template_type_name(p.param_dtype));
+  t += fmt::format("  static constexpr int N = {}, K = {}, LDY = {}, VEC_BYTES = {};\n", p.N, p.K,
+                   p.lda_y(), vec);
+  t += fmt::format(
+      "  static constexpr bool TRAIN = {}, HAS_BIAS = {}, HAS_SCALE = {}, HAS_AFFINE = {};\n",
+      b(p.mode == Mode::train), b(p.has_bias), b(p.has_scale), b(p.has_affine));
+  t += "};\n";
+  // da is [M][N] packed in the workspace (256-byte aligned): its rows are as aligned as N allows.
+  const auto es = static_cast<std::int64_t>(storage_bytes(p.dtype));
+  const int da_vec = alignment_of(p.N * es);
+  const int dx_vec = std::min({vec, da_vec});
+  t += gemm_spec("DxSpec", p, c.dx, 0, static_cast<int>(p.K), static_cast<int>(p.N), false, true,
+                 p.N, p.lda_w(), p.lda_x(), dx_vec);
+  t += gemm_spec("DwSpec", p, c.dw, static_cast<int>(p.N), static_cast<int>(p.K), 0, true, true,
+                 p.N, p.lda_x(), p.lda_w(), dx_vec);
+  t += "#include \"kernels/bn_backward.cuh\"\n#include \"kernels/grad_gemm.cuh\"\n";
+  // Launch shapes from the module, the templates being their one source of truth: the
+  // elementwise kernels' grid is strips x slabs (the host multiplies by the run's slabs).
+  t +=
+      "extern \"C\" __device__ const int fj_bwd_strips = fj::BackwardShape<Spec>::kStrips;\n"
+      "extern \"C\" __device__ const int fj_bwd_column_blocks =\n"
+      "    fj::BackwardShape<Spec>::kColumnBlocks;\n"
+      "extern \"C\" __device__ const int fj_bwd_dx_smem_bytes = fj::GradGemm<DxSpec>::kSmemBytes;\n"
+      "extern \"C\" __device__ const int fj_bwd_dw_smem_bytes = "
+      "fj::GradGemm<DwSpec>::kSmemBytes;\n";
+  for (const auto& k : src.kernels) {
+    if (k == "fj_bwd_reduce")
+      t += "extern \"C\" __global__ void __launch_bounds__(fj::kBackwardThreads)\n"
+           "fj_bwd_reduce(const fj::BackwardParams p) { fj::bn_backward_reduce<Spec>(p); }\n";
+    else if (k == "fj_bwd_coef")
+      t += "extern \"C\" __global__ void __launch_bounds__(fj::kBackwardColumnThreads)\n"
+           "fj_bwd_coef(const fj::BackwardParams p) { fj::bn_backward_coef<Spec>(p); }\n";
+    else if (k == "fj_bwd_da")
+      t += "extern \"C\" __global__ void __launch_bounds__(fj::kBackwardThreads)\n"
+           "fj_bwd_da(const fj::BackwardParams p) { fj::bn_backward_da<Spec>(p); }\n";
+    else if (k == "fj_bwd_params")
+      t += "extern \"C\" __global__ void __launch_bounds__(fj::kBackwardColumnThreads)\n"
+           "fj_bwd_params(const fj::BackwardParams p) { fj::bn_backward_params<Spec>(p); }\n";
+    else if (k == "fj_bwd_dx")
+      t += "extern \"C\" __global__ void __launch_bounds__(DxSpec::THREADS)\n"
+           "fj_bwd_dx(const fj::GemmParams p) { fj::GradGemm<DxSpec>::run(p); }\n";
+    else if (k == "fj_bwd_dw")
+      t += "extern \"C\" __global__ void __launch_bounds__(DwSpec::THREADS)\n"
+           "fj_bwd_dw(const fj::GemmParams p) { fj::GradGemm<DwSpec>::run(p); }\n";
+  }
+  src.options = {"--std=c++17", "-DNDEBUG", "--extra-device-vectorization"};
+  src.headers = template_headers();
+  return src;
+}
+
+}  // namespace fusejit

@@ -1,0 +1,36 @@
+// The backward pass's kernel set: (Problem, BackwardConfig) -> KernelSource. Same rules as the
+// forward's (codegen.hpp): a generated prelude of constexpr values, the templates included, the
+// extern "C" kernels; M is a run-time value, so one set serves every batch size of a layer.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "fusejit/codegen/kernel_source.hpp"
+#include "fusejit/kernel_config.hpp"
+#include "fusejit/problem.hpp"
+
+namespace fusejit {
+
+// The two gradient GEMMs' tiles (tiled variant: mma.sync, or FFMA for strict fp32; no split-K,
+// no exact M). dx = da W (M x K, reduction over N), dW = da^T x (N x K, reduction over the run's
+// M).
+struct BackwardConfig {
+  KernelConfig dx, dw;
+  // "dx.<key>.dw.<key>": every field of both, for source names, caches and logs.
+  std::string key() const;
+};
+
+// The GEMMs as forward-shaped problems (C = A B^T is M x N with reduction K): what the config
+// rules (KernelConfig::why_invalid, default_config) are asked about. dW's reduction is the
+// problem's M, its largest batch.
+Problem dx_gemm_problem(const Problem&);
+Problem dw_gemm_problem(const Problem&);
+
+// Kernels of the set, in launch order: fj_bwd_reduce, [fj_bwd_coef, fj_bwd_da] (train),
+// fj_bwd_params, fj_bwd_dx, fj_bwd_dw.
+std::vector<std::string> backward_kernel_set(const Problem&);
+
+// The source. It names no M: problems differing only in M give the same text (one cache key).
+KernelSource generate_backward(const Problem&, const BackwardConfig&);
+
+}  // namespace fusejit

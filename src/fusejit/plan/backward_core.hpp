@@ -1,0 +1,57 @@
+// The backward pass's loaded kernel set (codegen/backward_codegen.hpp), its workspace and its
+// launches: the backward counterpart of plan_core.hpp and launch.hpp.
+#pragma once
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "fusejit/backward.hpp"
+#include "fusejit/codegen/backward_codegen.hpp"
+#include "fusejit/device.hpp"
+#include "fusejit/plan/plan_core.hpp"
+#include "fusejit/runtime/module.hpp"
+
+namespace fusejit {
+
+struct BackwardCore {
+  Problem problem;  // the first one built for; everything but M holds for all it serves
+  BackwardConfig config;
+  Device device;
+  CUcontext context = nullptr;
+  std::shared_ptr<const Module> module;
+  CUfunction reduce = nullptr, coef = nullptr, da = nullptr, params = nullptr, dx = nullptr,
+             dw = nullptr;
+  int strips = 0, column_blocks = 0;  // from the module (kernels/bn_backward.cuh)
+  int dx_smem_bytes = 0, dw_smem_bytes = 0;
+  std::vector<std::string> kernel_names;
+  bool cache_hit = false;
+  double compile_seconds = 0;
+};
+
+// The config the backward plan runs: the heuristic's tiled config for each GEMM's shape
+// (dx_gemm_problem, dw_gemm_problem; dW's reduction taken at the M class's representative M),
+// without split-K. The same for every M of an M class.
+BackwardConfig default_backward_config(const Problem&, const Device&);
+
+// Built once per (kernel set, context, cache dir) and shared, like plan_core().
+std::shared_ptr<const BackwardCore> backward_core(const Problem&, const BackwardConfig&,
+                                                  CUcontext context, const std::string& cache_dir);
+
+// Where each region of a backward run's workspace lies, for runs of up to `rows` rows.
+struct BackwardWorkspace {
+  std::size_t dy_partials_offset = 0, dz_partials_offset = 0, coef_offset = 0, da_offset = 0;
+  std::size_t total = 0;
+};
+BackwardWorkspace backward_workspace(const Problem&, std::int64_t rows);
+
+// Throws InvalidArgument naming the first tensor that is missing, misaligned or not wanted.
+void validate_backward_tensors(const Problem&, const BackwardTensors&);
+
+// Enqueues the backward of `rows` rows. Tensors and workspace were checked by the caller.
+void launch_backward(const BackwardCore&, std::int64_t rows, bool accumulate, CUstream stream,
+                     const BackwardTensors&, void* workspace);
+
+}  // namespace fusejit

@@ -1,0 +1,15 @@
+// Kernel parameters of the gradient GEMMs (kernels/grad_gemm.cuh), shared verbatim by the host
+// and the generated kernels. Plain C++: no CUDA headers.
+#pragma once
+
+namespace fj {
+
+struct GemmParams {
+  const void* a;
+  const void* b;
+  void* c;
+  int m;           // rows of this run: the GEMM's ROWS or RED where the Spec says 0
+  int accumulate;  // != 0: C += A B instead of C = A B
+};
+
+}  // namespace fj

@@ -1,0 +1,281 @@
+// The backward pass's BatchNorm kernels: the column reductions and the elementwise map that turn
+// dy into da, the operand of the two gradient GEMMs (kernels/grad_gemm.cuh), and the parameter
+// gradients. The math and the workspace: common/backward_params.h. Schedules:
+//   train: fj_bwd_reduce (dy partials) -> fj_bwd_coef (dbeta, dgamma, per-column coefficients)
+//          -> fj_bwd_da (da, dz partials) -> fj_bwd_params (dbias, dscale) -> the GEMMs
+//   eval : fj_bwd_reduce (dy and dz partials, and da: dz = g dy / sqrt(rv + eps) needs no
+//          reduction first) -> fj_bwd_params (all four) -> the GEMMs
+// Why partials per slab and merges in a fixed order rather than atomics: the gradients come out
+// bit-identical from run to run, and no workspace has to be zeroed before a run.
+//
+// The reference beside it: verify/cpu_backward_reference.cpp computes the same quantities in
+// float64, straight from the formulas.
+#pragma once
+#include "common/backward_params.h"
+#include "common/backward_shape.h"
+#include "common/types.cuh"
+#include "epilogue/store.cuh"
+#include "kernels/bn_apply.cuh"  // Packed
+
+namespace fj {
+
+template <class Spec>
+struct BackwardShape {
+  using T = typename Spec::T;
+  static constexpr int VEC = Spec::VEC_BYTES / static_cast<int>(sizeof(T)) > 0
+                                 ? Spec::VEC_BYTES / static_cast<int>(sizeof(T))
+                                 : 1;
+  static constexpr int kCols = kBackwardColThreads * VEC;        // columns of a block
+  static constexpr int kStrips = (Spec::N + kCols - 1) / kCols;  // grid: strips x slabs
+  static constexpr int kColumnBlocks =
+      (Spec::N + kBackwardColumnThreads - 1) / kBackwardColumnThreads;
+};
+
+// Per-column values every backward kernel reads, from the parameters and the forward's stats.
+struct BackwardColumn {
+  float s;   // scale (1 without)
+  float g;   // gamma (1 without affine)
+  float zs;  // zh = zs * saved + zo
+  float zo;
+  float dzk;  // eval: dz = dzk * dy
+};
+
+template <class Spec>
+__device__ __forceinline__ BackwardColumn backward_column(const BackwardParams& p, int n) {
+  using P = typename Spec::P;
+  BackwardColumn c;
+  c.s = Spec::HAS_SCALE ? load_param<P>(p.scale, n, 1.f) : 1.f;
+  c.g = Spec::HAS_AFFINE ? load_param<P>(p.gamma, n, 1.f) : 1.f;
+  if constexpr (Spec::TRAIN) {
+    // saved = c = a - mean_a, so z - mean_z = s c.
+    const float invstd = p.save_invstd[n];
+    c.zs = c.s * invstd;
+    c.zo = 0.f;
+    c.dzk = 0.f;
+  } else {
+    // saved = u = a + b, z = s u.
+    const float rm = to_float(static_cast<const P*>(p.running_mean)[n]);
+    const float rv = to_float(static_cast<const P*>(p.running_var)[n]);
+    const float istd = rsqrtf(rv + p.eps);
+    c.zs = c.s * istd;
+    c.zo = -rm * istd;
+    c.dzk = c.g * istd;
+  }
+  return c;
+}
+
+// VEC columns of rows [r, r + ...) of a [m][LD] tensor of T, as floats.
+template <class Spec, int VEC>
+__device__ __forceinline__ void load_row(const void* base, long long row, int c, int n_here,
+                                         float (&v)[VEC]) {
+  using T = typename Spec::T;
+  const T* src = static_cast<const T*>(base) + row * Spec::LDY + c;
+  if (n_here == VEC) {
+    Packed<T, VEC> raw;
+    raw.load(src);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = raw.get(j);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = j < n_here ? to_float(src[j]) : 0.f;
+  }
+}
+
+// da [m][N] (packed) from VEC floats.
+template <class Spec, int VEC>
+__device__ __forceinline__ void store_da(const BackwardParams& p, long long row, int c, int n_here,
+                                         const float (&v)[VEC]) {
+  using T = typename Spec::T;
+  T* dst = static_cast<T*>(p.ws_da) + row * Spec::N + c;
+  // da is packed: its rows are 16-byte aligned only when N is a multiple of VEC.
+  if (n_here == VEC && Spec::N % VEC == 0) {
+    store_vec<T, VEC>(dst, v);
+  } else {
+    for (int j = 0; j < n_here; ++j) dst[j] = from_float<T>(v[j]);
+  }
+}
+
+template <class Spec>
+struct BackwardBlock {
+  using S = BackwardShape<Spec>;
+  static constexpr int VEC = S::VEC;
+  int tx, ty, c, n_here, row_begin, row_end;
+  bool active;
+
+  __device__ __forceinline__ BackwardBlock(const BackwardParams& p) {
+    const int strip = static_cast<int>(blockIdx.x) % S::kStrips;
+    const int slab = static_cast<int>(blockIdx.x) / S::kStrips;
+    tx = threadIdx.x % kBackwardColThreads;
+    ty = threadIdx.x / kBackwardColThreads;
+    c = strip * S::kCols + tx * VEC;
+    n_here = min(VEC, Spec::N - c);
+    row_begin = slab * p.slab_rows;
+    row_end = min(row_begin + p.slab_rows, p.m);
+    active = c < Spec::N;
+  }
+  __device__ __forceinline__ int slab() const { return static_cast<int>(blockIdx.x) / S::kStrips; }
+
+  // Adds the row threads' two sums per column in the order ty = 0..7 and stores them as the
+  // block's slab partials: out[slab * N + column] = {a, b}.
+  __device__ __forceinline__ void store_partials(float2* out, const float (&a)[VEC],
+                                                 const float (&b)[VEC]) const {
+    __shared__ float2 red[kBackwardRowThreads][S::kCols];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) red[ty][tx * VEC + j] = make_float2(a[j], b[j]);
+    __syncthreads();
+    const int col0 = c - tx * VEC;
+    for (int k = threadIdx.x; k < S::kCols; k += kBackwardThreads) {
+      if (col0 + k >= Spec::N) break;
+      float2 t = red[0][k];
+#pragma unroll
+      for (int r = 1; r < kBackwardRowThreads; ++r) {
+        t.x += red[r][k].x;
+        t.y += red[r][k].y;
+      }
+      out[static_cast<long long>(slab()) * Spec::N + col0 + k] = t;
+    }
+    __syncthreads();
+  }
+};
+
+// Pass 1. Train: per slab and column {sum dy, sum dy zh}. Eval: the same, plus {sum dz, sum dz u}
+// and da = s dz (eval's dz is a column scale of dy).
+template <class Spec>
+__device__ void bn_backward_reduce(const BackwardParams& p) {
+  using B = BackwardBlock<Spec>;
+  constexpr int VEC = B::VEC;
+  const B blk(p);
+  BackwardColumn col[VEC];
+  float sdy[VEC], sdyz[VEC], sdyu[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    sdy[j] = sdyz[j] = sdyu[j] = 0.f;
+    if (blk.active && j < blk.n_here)
+      col[j] = backward_column<Spec>(p, blk.c + j);
+    else
+      col[j] = BackwardColumn{0.f, 0.f, 0.f, 0.f, 0.f};
+  }
+  if (blk.active) {
+    for (int r = blk.row_begin + blk.ty; r < blk.row_end; r += kBackwardRowThreads) {
+      float dy[VEC], sv[VEC];
+      load_row<Spec, VEC>(p.dy, r, blk.c, blk.n_here, dy);
+      load_row<Spec, VEC>(p.saved, r, blk.c, blk.n_here, sv);
+      float da[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float zh = col[j].zs * sv[j] + col[j].zo;
+        sdy[j] += dy[j];
+        sdyz[j] += dy[j] * zh;
+        sdyu[j] += dy[j] * sv[j];
+        da[j] = col[j].s * col[j].dzk * dy[j];
+      }
+      if constexpr (!Spec::TRAIN)
+        if (p.ws_da) store_da<Spec, VEC>(p, r, blk.c, blk.n_here, da);
+    }
+  }
+  blk.store_partials(reinterpret_cast<float2*>(p.ws_dy_partials), sdy, sdyz);
+  if constexpr (!Spec::TRAIN) {
+    // Eval: dz = dzk dy, so its sums are the column's scale of dy's.
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      sdy[j] *= col[j].dzk;
+      sdyu[j] *= col[j].dzk;
+    }
+    blk.store_partials(reinterpret_cast<float2*>(p.ws_dz_partials), sdy, sdyu);
+  }
+}
+
+// Column n's slab partials summed in slab order.
+__device__ __forceinline__ float2 merge_slabs(const float* partials, int n, int N, int slabs) {
+  const float2* pp = reinterpret_cast<const float2*>(partials);
+  float2 t = make_float2(0.f, 0.f);
+  for (int s = 0; s < slabs; ++s) {
+    const float2 v = pp[static_cast<long long>(s) * N + n];
+    t.x += v.x;
+    t.y += v.y;
+  }
+  return t;
+}
+
+template <class P>
+__device__ __forceinline__ void store_param(const BackwardParams& p, void* dst, int n, float v) {
+  if (!dst) return;
+  P* e = static_cast<P*>(dst) + n;
+  *e = from_float<P>(p.accumulate ? to_float(*e) + v : v);
+}
+
+// Train, pass 2: dbeta and dgamma, and the coefficients of da.
+template <class Spec>
+__device__ void bn_backward_coef(const BackwardParams& p) {
+  using P = typename Spec::P;
+  const int n = blockIdx.x * kBackwardColumnThreads + threadIdx.x;
+  if (n >= Spec::N) return;
+  const float2 t = merge_slabs(p.ws_dy_partials, n, Spec::N, p.slabs);
+  if constexpr (Spec::HAS_AFFINE) {
+    store_param<P>(p, p.dbeta, n, t.x);
+    store_param<P>(p, p.dgamma, n, t.y);
+  }
+  const BackwardColumn col = backward_column<Spec>(p, n);
+  const float inv_m = 1.f / static_cast<float>(p.m);
+  reinterpret_cast<float4*>(p.ws_coef)[n] =
+      make_float4(col.g * p.save_invstd[n], t.x * inv_m, t.y * inv_m, col.zs);
+}
+
+// Train, pass 3: dz = g invstd (dy - dbeta / m - zh dgamma / m), da = s dz, and per slab and
+// column {sum dz, sum dz c}.
+template <class Spec>
+__device__ void bn_backward_da(const BackwardParams& p) {
+  using B = BackwardBlock<Spec>;
+  constexpr int VEC = B::VEC;
+  const B blk(p);
+  float4 k[VEC];
+  float s[VEC], sdz[VEC], sdzc[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    sdz[j] = sdzc[j] = 0.f;
+    const bool here = blk.active && j < blk.n_here;
+    k[j] = here ? reinterpret_cast<const float4*>(p.ws_coef)[blk.c + j] : make_float4(0, 0, 0, 0);
+    s[j] = here && Spec::HAS_SCALE ? load_param<typename Spec::P>(p.scale, blk.c + j, 1.f) : 1.f;
+  }
+  if (blk.active) {
+    for (int r = blk.row_begin + blk.ty; r < blk.row_end; r += kBackwardRowThreads) {
+      float dy[VEC], sv[VEC], da[VEC];
+      load_row<Spec, VEC>(p.dy, r, blk.c, blk.n_here, dy);
+      load_row<Spec, VEC>(p.saved, r, blk.c, blk.n_here, sv);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float zh = k[j].w * sv[j];
+        const float dz = k[j].x * (dy[j] - k[j].y - zh * k[j].z);
+        sdz[j] += dz;
+        sdzc[j] += dz * sv[j];
+        da[j] = s[j] * dz;
+      }
+      if (p.ws_da) store_da<Spec, VEC>(p, r, blk.c, blk.n_here, da);
+    }
+  }
+  blk.store_partials(reinterpret_cast<float2*>(p.ws_dz_partials), sdz, sdzc);
+}
+
+// Last pass: the parameter gradients the earlier passes left as partials. dbias = s sum dz;
+// dscale = sum dz c (train: equal to sum dz (a + b) since sum dz = 0, and free of the
+// cancellation a large column mean would bring) or sum dz u (eval). Eval also writes dbeta and
+// dgamma here.
+template <class Spec>
+__device__ void bn_backward_params(const BackwardParams& p) {
+  using P = typename Spec::P;
+  const int n = blockIdx.x * kBackwardColumnThreads + threadIdx.x;
+  if (n >= Spec::N) return;
+  if constexpr (!Spec::TRAIN && Spec::HAS_AFFINE) {
+    const float2 t = merge_slabs(p.ws_dy_partials, n, Spec::N, p.slabs);
+    store_param<P>(p, p.dbeta, n, t.x);
+    store_param<P>(p, p.dgamma, n, t.y);
+  }
+  if constexpr (Spec::HAS_BIAS || Spec::HAS_SCALE) {
+    const float2 t = merge_slabs(p.ws_dz_partials, n, Spec::N, p.slabs);
+    const float s = Spec::HAS_SCALE ? load_param<P>(p.scale, n, 1.f) : 1.f;
+    if constexpr (Spec::HAS_BIAS) store_param<P>(p, p.dbias, n, s * t.x);
+    if constexpr (Spec::HAS_SCALE) store_param<P>(p, p.dscale, n, t.y);
+  }
+}
+
+}  // namespace fj

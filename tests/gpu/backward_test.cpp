@@ -1,0 +1,133 @@
+// The backward pass (BackwardPlan) against the float64 reference, through the case runner the
+// `fusejit check --backward` command uses (tools/backward_check.hpp): the forward runs first with
+// Tensors::saved and the backward reads what it saved, as a training step would. Every gradient
+// of every dtype x mode, tails in M, N and K, M = 2, absent bias / scale / affine, gamma = 0 and
+// scale = 0 columns, strided tensors, large column means, fewer rows than the plan's M,
+// accumulation, skipped outputs left untouched, and bad input named.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <string>
+
+#include "fusejit/backward.hpp"
+#include "fusejit/device/device_memory.hpp"
+#include "fusejit/error.hpp"
+#include "gpu_required.hpp"
+#include "tools/backward_check.hpp"
+
+FUSEJIT_GPU_TEST_EXECUTABLE;
+
+using namespace fusejit;
+
+namespace {
+
+void check(const std::string& line, const BackwardCheckOptions& o = {}) {
+  CAPTURE(line);
+  const SweepCase c = parse_sweep_line(line);
+  const BackwardCheckResult r = check_backward_case(c, o);
+  std::string why;
+  const bool ok = passes(r, sweep_threshold(c.problem.dtype), &why);
+  CAPTURE(r.seed);
+  CAPTURE(r.config);
+  CAPTURE(why);
+  MESSAGE(
+      fmt::format("{}: saved {:.2e} dx {:.2e} dw {:.2e} dbias {:.2e} dscale {:.2e} dgamma "
+                  "{:.2e} dbeta {:.2e}",
+                  line, r.saved, r.dx, r.dw, r.dbias, r.dscale, r.dgamma, r.dbeta));
+  CHECK(ok);
+}
+
+}  // namespace
+
+TEST_CASE("backward: the built-in sweep (every dtype x mode, tails, flags, strides)") {
+  for (const std::string& line : builtin_backward_sweep(false)) check(line);
+}
+
+TEST_CASE("backward: gamma = 0 and scale = 0 columns") {
+  for (const char* mode : {"train", "eval"}) {
+    BackwardCheckOptions g;
+    g.zero_gamma_column = 3;
+    check(fmt::format("300x64x64 bf16 {}", mode), g);
+    BackwardCheckOptions s;
+    s.zero_scale_column = 5;
+    check(fmt::format("300x64x64 bf16 {}", mode), s);
+  }
+}
+
+TEST_CASE("backward: fewer rows than the plan's M, accumulation, skipped outputs") {
+  for (const char* mode : {"train", "eval"}) {
+    BackwardCheckOptions r;
+    r.rows = 300;
+    check(fmt::format("1000x64x96 bf16 {}", mode), r);
+    BackwardCheckOptions a;
+    a.accumulate = true;
+    check(fmt::format("300x64x96 bf16 {}", mode), a);
+    BackwardCheckOptions nx;
+    nx.want_dx = false;
+    check(fmt::format("300x64x96 bf16 {}", mode), nx);
+    BackwardCheckOptions np;
+    np.want_dw = false;
+    np.want_params = false;
+    check(fmt::format("300x64x96 bf16 {}", mode), np);
+  }
+}
+
+TEST_CASE("backward: bad input is named") {
+  const SweepCase c = parse_sweep_line("256x64x64 bf16 train");
+  const CaseInputs in = make_case_inputs(c);
+  DeviceCase dev(in);
+  const Tensors ft = dev.tensors();
+  DeviceBuffer dy(256 * 64 * 2), saved(256 * 64 * 2), dx(256 * 64 * 2);
+  const BackwardPlan plan(c.problem);
+  BackwardTensors bt;
+  bt.dy = dy.get();
+  bt.saved = saved.get();
+  bt.x = ft.x;
+  bt.w = ft.w;
+  bt.scale = ft.scale;
+  bt.gamma = ft.gamma;
+  bt.save_mean = ft.save_mean;
+  bt.save_invstd = ft.save_invstd;
+  bt.dx = dx.get();
+  const Stream s;
+  auto names = [&](const BackwardTensors& t, const char* arg) {
+    CAPTURE(arg);
+    try {
+      plan.run(s, t);
+      FAIL("no error");
+    } catch (const InvalidArgument& e) {
+      CHECK(e.argument() == arg);
+    }
+  };
+  BackwardTensors t = bt;
+  t.save_mean = nullptr;
+  names(t, "save_mean");
+  t = bt;
+  t.dy = nullptr;
+  names(t, "dy");
+  t = bt;
+  t.saved = nullptr;
+  names(t, "saved");
+  t = bt;
+  t.w = nullptr;
+  names(t, "w");
+  t = bt;
+  t.running_mean = ft.running_mean;
+  names(t, "running_mean");
+  t = bt;
+  t.dbias = reinterpret_cast<void*>(static_cast<char*>(dx.get()) + 2);  // misaligned for fp32
+  names(t, "dbias");
+  try {
+    DeviceBuffer small(256);
+    plan.run(s, bt, 256, small.get(), 256);
+    FAIL("no error");
+  } catch (const InvalidArgument& e) {
+    CHECK(e.argument() == "workspace");
+  }
+  try {
+    plan.run(s, bt, 1);
+    FAIL("no error");
+  } catch (const InvalidArgument& e) {
+    CHECK(e.argument() == "rows");
+  }
+}
