@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,10 @@ struct BackwardOptions {
   bool accumulate = false;
   // False: the plan allocates no workspace; every run() must be given one (workspace_size()).
   bool allocate_workspace = true;
+  // Force the tiles of the gradient GEMMs (testing, benchmarking): tiled configs without split-K
+  // or exact_m (InvalidArgument "dx_config" / "dw_config" otherwise). dx = da W is an M x K GEMM
+  // reducing over N; dW = da^T x an N x K GEMM reducing over the run's M. Unset: the heuristic.
+  std::optional<KernelConfig> dx_config, dw_config;
 };
 
 struct BackwardCore;

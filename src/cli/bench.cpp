@@ -39,6 +39,7 @@ struct BenchArgs {
   std::string cache_dir;
   bool json = false;
   bool backward = false;
+  std::string backward_config;  // "dx.<key>.dw.<key>": forces the gradient GEMMs' tiles
 };
 
 struct SystemTiming {
@@ -260,6 +261,16 @@ nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device
   BackwardOptions bo;
   bo.device = a.device;
   bo.cache_dir = a.cache_dir;
+  if (!a.backward_config.empty()) {
+    const std::string& k = a.backward_config;
+    const std::size_t dw = k.find(".dw.");
+    if (!k.starts_with("dx.") || dw == std::string::npos)
+      throw InvalidArgument(
+          "backward-config",
+          "expected dx.<config key>.dw.<config key>, as bench prints it; got '" + k + "'");
+    bo.dx_config = KernelConfig::parse(k.substr(3, dw - 3));
+    bo.dw_config = KernelConfig::parse(k.substr(dw + 4));
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const BackwardPlan backward(p, bo);
   const double plan_ms =
@@ -376,6 +387,8 @@ void add_bench(CLI::App& app, Action& action) {
   cmd->add_option("--cache-dir", a->cache_dir, "Kernel cache directory (default: see README)");
   cmd->add_flag("--backward", a->backward,
                 "Time a training step's layer (forward saving + backward) against its 3 GEMMs");
+  cmd->add_option("--backward-config", a->backward_config,
+                  "With --backward: the gradient GEMMs' tiles, dx.<config key>.dw.<config key>");
   cmd->add_flag("--json", a->json, "Print the results as JSON instead of a table");
   cmd->callback([&action, a] { action = [a] { return run_bench(*a); }; });
 }

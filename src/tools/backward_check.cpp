@@ -124,6 +124,8 @@ BackwardCheckResult check_backward_case(const SweepCase& layer, const BackwardCh
   bo.device = o.device;
   bo.cache_dir = o.cache_dir;
   bo.accumulate = o.accumulate;
+  bo.dx_config = o.dx_config;
+  bo.dw_config = o.dw_config;
   const BackwardPlan backward(plan_problem, bo);
   r.config = backward.config_key();
   BackwardTensors bt;

@@ -4,6 +4,7 @@
 // it.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@ struct BackwardCheckOptions {
   int zero_scale_column = -1;  // scale[col] := 0
   int device = 0;
   std::string cache_dir;
+  std::optional<KernelConfig> dx_config, dw_config;  // BackwardOptions's
 };
 
 struct BackwardCheckResult {

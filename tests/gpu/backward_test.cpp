@@ -72,6 +72,27 @@ TEST_CASE("backward: fewer rows than the plan's M, accumulation, skipped outputs
   }
 }
 
+TEST_CASE("backward: forced gradient GEMM tiles, and configs it cannot take") {
+  BackwardCheckOptions o;
+  o.dx_config = KernelConfig::parse("tiled.128x128x32.w2x2.s4.g8");
+  o.dw_config = KernelConfig::parse("tiled.64x128x64.w2x2.s3.g4");
+  check("1000x200x136 bf16 train", o);
+  check("1000x200x136 fp16 eval", o);
+  const Problem p = parse_sweep_line("256x64x64 bf16 train").problem;
+  for (const char* key : {"warpspec.128x128x64.c2.s5.g8.cl1.p1", "tiled.64x64x64.w2x2.s3.g8.k2",
+                          "tiled.64x64x64.w2x2.s3.g8.xm"}) {
+    CAPTURE(key);
+    BackwardOptions bo;
+    bo.dw_config = KernelConfig::parse(key);
+    try {
+      const BackwardPlan plan(p, bo);
+      FAIL("no error");
+    } catch (const InvalidArgument& e) {
+      CHECK(e.argument() == "dw_config");
+    }
+  }
+}
+
 TEST_CASE("backward: bad input is named") {
   const SweepCase c = parse_sweep_line("256x64x64 bf16 train");
   const CaseInputs in = make_case_inputs(c);

@@ -16,7 +16,20 @@ BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& option
     throw InvalidArgument("M", "train mode needs at least two rows for a variance");
   const CUcontext ctx = context_for(options.device);
   const Device device = Device::current();
-  core_ = backward_core(problem, default_backward_config(problem, device), ctx, options.cache_dir);
+  BackwardConfig config = default_backward_config(problem, device);
+  auto forced = [&](const std::optional<KernelConfig>& c, const Problem& gemm, const char* arg,
+                    KernelConfig& out) {
+    if (!c) return;
+    std::string why = c->variant != Variant::tiled ? "the gradient GEMMs run the tiled variant"
+                      : c->split_k != 1            ? "the gradient GEMMs have no split-K"
+                      : c->exact_m                 ? "the gradient GEMMs read M at run time"
+                                                   : c->why_invalid(gemm, device);
+    if (!why.empty()) throw InvalidArgument(arg, c->key() + ": " + why);
+    out = *c;
+  };
+  forced(options.dx_config, dx_gemm_problem(problem), "dx_config", config.dx);
+  forced(options.dw_config, dw_gemm_problem(problem), "dw_config", config.dw);
+  core_ = backward_core(problem, config, ctx, options.cache_dir);
   if (const std::size_t bytes = workspace_size(); bytes && options.allocate_workspace) {
     FJ_CU(cuCtxSetCurrent(core_->context));
     FJ_CU(cuMemAlloc(&own_workspace_, bytes));
