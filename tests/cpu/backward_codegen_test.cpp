@@ -13,6 +13,7 @@
 #include "fusejit/codegen/backward_codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/plan/backward_core.hpp"
+#include "test_nvrtc_jobs.hpp"
 #include "tools/sweep.hpp"
 
 using namespace fusejit;
@@ -77,14 +78,8 @@ TEST_CASE("backward workspace: aligned regions, growing with the rows") {
 }
 
 TEST_CASE("every backward kernel set compiles for every supported architecture") {
-  std::vector<std::string> archs;
-  for (int cc : nvrtc_supported_archs())
-    if (cc >= 80) archs.push_back(cc == 90 ? "sm_90a" : fmt::format("sm_{}", cc));
-  struct Job {
-    std::string arch;
-    KernelSource src;
-  };
-  std::vector<Job> jobs;
+  const std::vector<std::string> archs = fusejit::test::supported_archs();
+  std::vector<fusejit::test::CompileJob> jobs;
   const char* lines[] = {
       "300x72x40 {} train", "300x72x40 {} eval", "300x7x5 {} train same nobias noscale noaffine",
       "300x72x40 {} eval ldx=48 ldw=56 ldy=80 momentum=none", "100x10x6 {} train align=4"};
@@ -101,23 +96,6 @@ TEST_CASE("every backward kernel set compiles for every supported architecture")
       }
   }
   MESSAGE(jobs.size() << " backward kernel sets over " << archs.size() << " architectures");
-  const unsigned workers = std::max(2u, std::thread::hardware_concurrency());
-  std::vector<std::future<std::string>> futures;
-  std::atomic<std::size_t> next{0};
-  for (unsigned w = 0; w < workers; ++w)
-    futures.push_back(std::async(std::launch::async, [&] {
-      std::string failures;
-      for (std::size_t i = next++; i < jobs.size(); i = next++) {
-        try {
-          if (compile(jobs[i].src, jobs[i].arch).binary.empty())
-            failures += jobs[i].src.name + " " + jobs[i].arch + ": empty\n";
-        } catch (const std::exception& e) {
-          failures += jobs[i].src.name + " " + jobs[i].arch + ": " + e.what() + "\n";
-        }
-      }
-      return failures;
-    }));
-  std::string failures;
-  for (auto& f : futures) failures += f.get();
+  const std::string failures = fusejit::test::compile_jobs(jobs);
   CHECK_MESSAGE(failures.empty(), failures);
 }

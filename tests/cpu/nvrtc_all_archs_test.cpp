@@ -13,6 +13,7 @@
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/config/candidates.hpp"
 #include "fusejit/error.hpp"
+#include "test_nvrtc_jobs.hpp"
 #include "tools/sweep.hpp"
 
 using namespace fusejit;
@@ -64,16 +65,10 @@ constexpr SplitJob kSplitJobs[] = {
 }  // namespace
 
 TEST_CASE("every variant compiles for every supported architecture") {
-  std::vector<std::string> archs;
-  for (int cc : nvrtc_supported_archs())
-    if (cc >= 80) archs.push_back(cc == 90 ? "sm_90a" : fmt::format("sm_{}", cc));
+  const std::vector<std::string> archs = fusejit::test::supported_archs();
   for (const char* must : {"sm_80", "sm_86", "sm_89", "sm_90a"})
     REQUIRE(std::find(archs.begin(), archs.end(), std::string(must)) != archs.end());
-  struct Job {
-    std::string arch;
-    KernelSource src;
-  };
-  std::vector<Job> jobs;
+  std::vector<fusejit::test::CompileJob> jobs;
   for (const auto& arch : archs) {
     const Device dev = Device::for_arch(arch);
     for (DType d : {DType::fp32, DType::tf32, DType::fp16, DType::bf16}) {
@@ -103,24 +98,7 @@ TEST_CASE("every variant compiles for every supported architecture") {
     }
   }
   MESSAGE(jobs.size() << " kernel sets over " << archs.size() << " architectures");
-  const unsigned workers = std::max(2u, std::thread::hardware_concurrency());
-  std::vector<std::future<std::string>> futures;
-  std::atomic<std::size_t> next{0};
-  for (unsigned w = 0; w < workers; ++w)
-    futures.push_back(std::async(std::launch::async, [&] {
-      std::string failures;
-      for (std::size_t i = next++; i < jobs.size(); i = next++) {
-        try {
-          const CompiledKernel k = compile(jobs[i].src, jobs[i].arch);
-          if (k.binary.empty()) failures += jobs[i].src.name + " " + jobs[i].arch + ": empty\n";
-        } catch (const std::exception& e) {
-          failures += jobs[i].src.name + " " + jobs[i].arch + ": " + e.what() + "\n";
-        }
-      }
-      return failures;
-    }));
-  std::string failures;
-  for (auto& f : futures) failures += f.get();
+  const std::string failures = fusejit::test::compile_jobs(jobs);
   CHECK_MESSAGE(failures.empty(), failures);
 }
 

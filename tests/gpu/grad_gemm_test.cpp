@@ -155,14 +155,7 @@ double check_run(const Kernel& k, GradGemmCase c, int m, bool accumulate) {
 }
 
 double tolerance(DType d) {
-  switch (d) {
-    case DType::fp32:
-      return 2e-5;
-    case DType::tf32:
-      return 2e-3;
-    default:
-      return 1e-2;
-  }
+  return sweep_threshold(d);
 }
 
 const char* shape_name(GemmShape s) {

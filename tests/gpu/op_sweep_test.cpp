@@ -17,11 +17,13 @@
 #include "fusejit/plan.hpp"
 #include "fusejit/reference/cublaslt_reference.hpp"
 #include "gpu_required.hpp"
+#include "test_hopper.hpp"
 #include "tools/sweep.hpp"
 
 FUSEJIT_GPU_TEST_EXECUTABLE;
 
 using namespace fusejit;
+using fusejit::test::on_hopper;
 
 namespace {
 
@@ -65,15 +67,6 @@ SweepSummary run_cases(const std::vector<SweepCase>& cases, DType d, Mode m, Imp
 
 SweepSummary run_quick(DType d, Mode m, Implementation impl, std::optional<Variant> v) {
   return run_cases(builtin_sweep(false, d, m), d, m, impl, v);
-}
-
-// The warpspec variant needs sm_90; elsewhere its tests say so and pass.
-bool on_hopper() {
-  primary_context(0);
-  const Device dev = Device::current();
-  if (dev.cc() == 90) return true;
-  MESSAGE("warpspec needs sm_90; this GPU is sm_" << dev.cc() << ": nothing to run");
-  return false;
 }
 
 using RunFn = std::function<void(CUstream, const Tensors&)>;

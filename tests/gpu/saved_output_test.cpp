@@ -22,20 +22,14 @@
 #include "fusejit/reference/cublaslt_reference.hpp"
 #include "fusejit/verify/verification.hpp"
 #include "gpu_required.hpp"
+#include "test_hopper.hpp"
 
 FUSEJIT_GPU_TEST_EXECUTABLE;
 
 using namespace fusejit;
+using fusejit::test::on_hopper;
 
 namespace {
-
-bool on_hopper() {
-  primary_context(0);
-  const Device dev = Device::current();
-  if (dev.cc() == 90) return true;
-  MESSAGE("warpspec needs sm_90; this GPU is sm_" << dev.cc() << ": nothing to run");
-  return false;
-}
 
 // Bit for bit: the decoding to double is exact and one-to-one, so equal bytes of the doubles
 // mean equal bytes on the GPU (and a -0 against a +0, or two NaNs, are told apart too).

@@ -44,17 +44,10 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
   FJ_CU(cuCtxSetCurrent(context));
   core->device = Device::current();
   const KernelSource src = generate_backward(problem, config);
-  const std::string arch = core->device.arch();
-  const std::string key = cache_key(src, arch, nvrtc_version());
-  core->module = Module::find(key);
-  if (!core->module) {
-    const CompiledKernel compiled = compile_cached(src, arch, cache_dir);
-    core->cache_hit = compiled.cache_hit;
-    core->compile_seconds = compiled.compile_seconds;
-    core->module = Module::get(key, compiled, src.kernels);
-  } else {
-    core->cache_hit = true;
-  }
+  LoadedKernelSet loaded = load_kernel_set(src, core->device, cache_dir);
+  core->module = std::move(loaded.module);
+  core->cache_hit = loaded.cache_hit;
+  core->compile_seconds = loaded.compile_seconds;
   const Module& m = *core->module;
   auto fn = [&](const char* name) {
     for (const auto& k : src.kernels)

@@ -25,28 +25,12 @@ std::shared_ptr<const PlanCore> build_plan_core(const Problem& problem, const Ke
   core->device = Device::current();
   core->config = config;
   const KernelSource src = generate(problem, core->config);
-  const std::string arch = core->device.arch();
-  const std::string key = cache_key(src, arch, nvrtc_version());
-  core->module = Module::find(key);
-  if (!core->module) {
-    const CompiledKernel compiled = compile_cached(src, arch, cache_dir);
-    core->cache_hit = compiled.cache_hit;
-    core->compile_seconds = compiled.compile_seconds;
-    core->module = Module::get(key, compiled, src.kernels);
-  } else {
-    core->cache_hit = true;
-  }
-  // A kernel's dynamic shared memory, as the module says, checked against the device and set
-  // as the function's limit (above 48 KiB it must be raised before launching).
+  LoadedKernelSet loaded = load_kernel_set(src, core->device, cache_dir);
+  core->module = std::move(loaded.module);
+  core->cache_hit = loaded.cache_hit;
+  core->compile_seconds = loaded.compile_seconds;
   auto dynamic_smem = [&](CUfunction f, const char* kernel, const char* symbol) {
-    const int bytes = core->module->read_int(symbol);
-    if (bytes > core->device.smem_per_block_optin)
-      throw InvalidArgument(
-          "config",
-          fmt::format("{} needs {} bytes of shared memory in {}; {} allows {}", core->config.key(),
-                      bytes, kernel, core->device.name, core->device.smem_per_block_optin));
-    FJ_CU(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes));
-    return bytes;
+    return set_dynamic_smem(*core->module, f, kernel, symbol, core->device, core->config.key());
   };
   core->gemm = core->module->function("fj_gemm");
   core->smem_bytes = dynamic_smem(core->gemm, "fj_gemm", "fj_smem_bytes");
@@ -78,6 +62,35 @@ std::shared_ptr<const PlanCore> build_plan_core(const Problem& problem, const Ke
 }
 
 }  // namespace
+
+LoadedKernelSet load_kernel_set(const KernelSource& src, const Device& device,
+                                const std::string& cache_dir) {
+  LoadedKernelSet out;
+  const std::string arch = device.arch();
+  const std::string key = cache_key(src, arch, nvrtc_version());
+  out.module = Module::find(key);
+  if (out.module) {
+    out.cache_hit = true;
+    return out;
+  }
+  const CompiledKernel compiled = compile_cached(src, arch, cache_dir);
+  out.cache_hit = compiled.cache_hit;
+  out.compile_seconds = compiled.compile_seconds;
+  out.module = Module::get(key, compiled, src.kernels);
+  return out;
+}
+
+int set_dynamic_smem(const Module& module, CUfunction f, const char* kernel, const char* symbol,
+                     const Device& device, const std::string& config_key) {
+  const int bytes = module.read_int(symbol);
+  if (bytes > device.smem_per_block_optin)
+    throw InvalidArgument(
+        "config", fmt::format("{} needs {} bytes of shared memory in {}; {} "
+                              "allows {}",
+                              config_key, bytes, kernel, device.name, device.smem_per_block_optin));
+  FJ_CU(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes));
+  return bytes;
+}
 
 WorkspaceLayout workspace_layout(const Problem& p, const KernelConfig& c) {
   WorkspaceLayout w;

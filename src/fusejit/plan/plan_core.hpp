@@ -57,6 +57,21 @@ struct PlanCore {
   double compile_seconds = 0;
 };
 
+// A generated kernel set in the current context: the process's loaded module when it has one,
+// else compiled or read from the disk cache at `cache_dir` and loaded (what every core does).
+struct LoadedKernelSet {
+  std::shared_ptr<const Module> module;
+  bool cache_hit = false;
+  double compile_seconds = 0;
+};
+LoadedKernelSet load_kernel_set(const KernelSource& src, const Device& device,
+                                const std::string& cache_dir);
+// A kernel's dynamic shared memory as the module's `symbol` says, checked against the device
+// (InvalidArgument("config") naming `config_key` and `kernel`) and set as the function's limit:
+// above 48 KiB it must be raised before launching.
+int set_dynamic_smem(const Module& module, CUfunction f, const char* kernel, const char* symbol,
+                     const Device& device, const std::string& config_key);
+
 // The core of (problem, config) in `context`, with kernels from `cache_dir` (empty: the
 // default): built once per process (codegen, compile or load from the disk cache, module load)
 // and shared by every plan and tuning candidate whose problem and config give the same kernel
