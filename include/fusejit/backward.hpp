@@ -93,7 +93,9 @@ class BackwardPlan {
   void validate(const BackwardTensors& t) const;
 
  private:
+  struct RunState;  // what runs remember between calls (the last stream checked)
   std::shared_ptr<const BackwardCore> core_;
+  std::unique_ptr<RunState> state_;
   Problem problem_;
   bool accumulate_ = false;
   CUdeviceptr own_workspace_ = 0;

@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include <atomic>
+
 #include "fusejit/backward.hpp"
 #include "fusejit/device/context.hpp"
 #include "fusejit/device/driver.hpp"
@@ -9,8 +11,12 @@
 
 namespace fusejit {
 
+struct BackwardPlan::RunState {
+  std::atomic<CUstream> checked_stream{nullptr};
+};
+
 BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& options)
-    : problem_(problem), accumulate_(options.accumulate) {
+    : state_(std::make_unique<RunState>()), problem_(problem), accumulate_(options.accumulate) {
   problem.validate();
   if (problem.mode == Mode::train && problem.M < 2)
     throw InvalidArgument("M", "train mode needs at least two rows for a variance");
@@ -42,6 +48,7 @@ BackwardPlan::~BackwardPlan() {
 
 BackwardPlan::BackwardPlan(BackwardPlan&& o) noexcept
     : core_(std::move(o.core_)),
+      state_(std::move(o.state_)),
       problem_(o.problem_),
       accumulate_(o.accumulate_),
       own_workspace_(o.own_workspace_) {
@@ -52,6 +59,7 @@ BackwardPlan& BackwardPlan::operator=(BackwardPlan&& o) noexcept {
   if (this != &o) {
     if (own_workspace_ && driver_available()) driver().cuMemFree(own_workspace_);
     core_ = std::move(o.core_);
+    state_ = std::move(o.state_);
     problem_ = o.problem_;
     accumulate_ = o.accumulate_;
     own_workspace_ = o.own_workspace_;
@@ -96,7 +104,7 @@ void BackwardPlan::run(CUstream stream, const BackwardTensors& t, std::int64_t r
         "rows", fmt::format("expected {} <= rows <= M = {}; got {}", least, problem_.M, rows));
   validate_backward_tensors(problem_, t);
   validate_workspace(workspace, bytes, workspace_size());
-  launch_backward(*core_, rows, accumulate_, stream, t, workspace);
+  launch_backward(*core_, rows, accumulate_, stream, t, workspace, &state_->checked_stream);
 }
 
 }  // namespace fusejit

@@ -178,12 +178,16 @@ void validate_backward_tensors(const Problem& p, const BackwardTensors& t) {
 }
 
 void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, CUstream stream,
-                     const BackwardTensors& t, void* workspace) {
+                     const BackwardTensors& t, void* workspace,
+                     std::atomic<CUstream>* checked_stream) {
   const Driver& d = driver();
   CUcontext current = nullptr;
   check(d.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
   if (current != c.context) check(d.cuCtxSetCurrent(c.context), "cuCtxSetCurrent");
-  validate_stream(c.context, stream);
+  if (!checked_stream || checked_stream->load(std::memory_order_relaxed) != stream) {
+    validate_stream(c.context, stream);
+    if (checked_stream) checked_stream->store(stream, std::memory_order_relaxed);
+  }
   const Problem& p = c.problem;
   const fj::BackwardSlabs slabs = fj::backward_slabs(rows);
   const BackwardWorkspace w = backward_workspace(p, rows);

@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -51,7 +52,10 @@ BackwardWorkspace backward_workspace(const Problem&, std::int64_t rows);
 void validate_backward_tensors(const Problem&, const BackwardTensors&);
 
 // Enqueues the backward of `rows` rows. Tensors and workspace were checked by the caller.
+// `checked_stream` (the plan's, or null): the last stream found to belong to the core's context,
+// so a loop on one stream asks the driver once (RunCache::checked_stream, plan/launch.hpp).
 void launch_backward(const BackwardCore&, std::int64_t rows, bool accumulate, CUstream stream,
-                     const BackwardTensors&, void* workspace);
+                     const BackwardTensors&, void* workspace,
+                     std::atomic<CUstream>* checked_stream = nullptr);
 
 }  // namespace fusejit
