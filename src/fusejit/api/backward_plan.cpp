@@ -13,6 +13,7 @@ namespace fusejit {
 
 struct BackwardPlan::RunState {
   std::atomic<CUstream> checked_stream{nullptr};
+  std::size_t workspace_bytes = 0;  // for the plan's M, computed once (run checks it every call)
 };
 
 BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& options)
@@ -36,6 +37,7 @@ BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& option
   forced(options.dx_config, dx_gemm_problem(problem), "dx_config", config.dx);
   forced(options.dw_config, dw_gemm_problem(problem), "dw_config", config.dw);
   core_ = backward_core(problem, config, ctx, options.cache_dir);
+  state_->workspace_bytes = backward_workspace(problem, problem.M).total;
   if (const std::size_t bytes = workspace_size(); bytes && options.allocate_workspace) {
     FJ_CU(cuCtxSetCurrent(core_->context));
     FJ_CU(cuMemAlloc(&own_workspace_, bytes));
@@ -72,7 +74,7 @@ const Problem& BackwardPlan::problem() const {
   return problem_;
 }
 std::size_t BackwardPlan::workspace_size() const {
-  return backward_workspace(problem_, problem_.M).total;
+  return state_->workspace_bytes;
 }
 std::string BackwardPlan::config_key() const {
   return core_->config.key();
