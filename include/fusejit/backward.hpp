@@ -55,9 +55,11 @@ struct BackwardOptions {
   bool accumulate = false;
   // False: the plan allocates no workspace; every run() must be given one (workspace_size()).
   bool allocate_workspace = true;
-  // Force the tiles of the gradient GEMMs (testing, benchmarking): tiled configs without split-K
-  // or exact_m (InvalidArgument "dx_config" / "dw_config" otherwise). dx = da W is an M x K GEMM
-  // reducing over N; dW = da^T x an N x K GEMM reducing over the run's M. Unset: the heuristic.
+  // Force the tiles of the gradient GEMMs (testing, benchmarking): tiled configs, or on Hopper
+  // for bf16/fp16 with 16-byte aligned rows warpspec ones without clusters, pingpong or TMA
+  // store; never split-K or exact_m (InvalidArgument "dx_config" / "dw_config" otherwise).
+  // dx = da W is an M x K GEMM reducing over N; dW = da^T x an N x K GEMM reducing over the
+  // run's M. Unset: the heuristic (warpspec where it can run).
   std::optional<KernelConfig> dx_config, dw_config;
 };
 

@@ -19,6 +19,24 @@ __device__ __forceinline__ unsigned long long wgmma_desc_sw128(unsigned smem_add
          (kStride << 32) | (kSwizzle128 << 62);
 }
 
+// Descriptor of an MN-major operand tile (16-bit only: A read M-major, B N-major, with the
+// instruction's transpose bits) that TMA wrote with 128-byte swizzling in slabs of K_ROWS rows
+// along the reduction by 64 elements along M or N (one 128-byte row each): 8 reduction rows make
+// one 1024-byte swizzle atom, atoms follow each other along the reduction (the stride offset,
+// 1024 bytes), and the next 64 M or N elements lie one slab further (the leading offset,
+// K_ROWS x 128 bytes). Stepping the reduction by 16 is an address offset of 2048 bytes, which
+// keeps the 1024-byte alignment the swizzle needs.
+template <int K_ROWS>
+__device__ __forceinline__ unsigned long long wgmma_desc_sw128_mn(unsigned smem_addr) {
+  static_assert(K_ROWS % 8 == 0 && K_ROWS * 128 / 16 < (1 << 14),
+                "the leading offset is 14 bits of 16-byte units");
+  constexpr unsigned long long kLeading = (K_ROWS * 128) >> 4;
+  constexpr unsigned long long kStride = 1024 >> 4;
+  constexpr unsigned long long kSwizzle128 = 1;
+  return static_cast<unsigned long long>((smem_addr & 0x3FFFF) >> 4) | (kLeading << 16) |
+         (kStride << 32) | (kSwizzle128 << 62);
+}
+
 // Orders this warpgroup's earlier register and shared-memory accesses before the wgmma that
 // follow (required before the first wgmma and whenever accumulators were touched in between).
 __device__ __forceinline__ void wgmma_fence() {

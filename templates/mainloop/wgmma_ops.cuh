@@ -1,18 +1,20 @@
 // wgmma.mma_async, one function per (N, input type): D[64 x N] (+)= A[64 x K] * B[N x K]^T with
-// A and B K-major in shared memory behind matrix descriptors and D as N/2 fp32 registers per
-// thread. PTX takes the accumulators as individual operands, so every N needs its own operand
-// list; this file spells them out (mechanically written: same shape for every entry).
-// `scale_d` == 0 makes the instruction overwrite D instead of accumulating into it.
+// A and B in shared memory behind matrix descriptors and D as N/2 fp32 registers per thread.
+// A and B are K-major unless TRANS_A / TRANS_B is 1 (M-major A, N-major B: the instruction's
+// imm-trans operands), which only 16-bit inputs have; tf32 is K-major only. PTX takes the
+// accumulators as individual operands, so every N needs its own operand list; this file spells them
+// out (mechanically written: same shape for every entry). `scale_d` == 0 makes the instruction
+// overwrite D instead of accumulating into it.
 #pragma once
 #include "common/types.cuh"
 
 namespace fj {
 
-template <class T, int N>
+template <class T, int N, int TRANS_A = 0, int TRANS_B = 0>
 struct Wgmma;
 
-template <>
-struct Wgmma<bf16_t, 64> {
+template <int TRANS_A, int TRANS_B>
+struct Wgmma<bf16_t, 64, TRANS_A, TRANS_B> {
   __device__ __forceinline__ static void mma(float (&d)[32], unsigned long long desc_a,
                                              unsigned long long desc_b, int scale_d) {
     asm volatile(
@@ -20,18 +22,18 @@ struct Wgmma<bf16_t, 64> {
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
           "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
           "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
           "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
           "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
   }
 };
 
-template <>
-struct Wgmma<bf16_t, 128> {
+template <int TRANS_A, int TRANS_B>
+struct Wgmma<bf16_t, 128, TRANS_A, TRANS_B> {
   __device__ __forceinline__ static void mma(float (&d)[64], unsigned long long desc_a,
                                              unsigned long long desc_b, int scale_d) {
     asm volatile(
@@ -41,7 +43,7 @@ struct Wgmma<bf16_t, 128> {
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
           "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
           "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
@@ -52,12 +54,12 @@ struct Wgmma<bf16_t, 128> {
           "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
           "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
   }
 };
 
-template <>
-struct Wgmma<bf16_t, 192> {
+template <int TRANS_A, int TRANS_B>
+struct Wgmma<bf16_t, 192, TRANS_A, TRANS_B> {
   __device__ __forceinline__ static void mma(float (&d)[96], unsigned long long desc_a,
                                              unsigned long long desc_b, int scale_d) {
     asm volatile(
@@ -69,7 +71,7 @@ struct Wgmma<bf16_t, 192> {
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
         "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
         "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
-        "}, %96, %97, p, 1, 1, 0, 0;\n}\n"
+        "}, %96, %97, p, 1, 1, %99, %100;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
           "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
           "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
@@ -84,12 +86,12 @@ struct Wgmma<bf16_t, 192> {
           "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
           "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
           "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
   }
 };
 
-template <>
-struct Wgmma<bf16_t, 256> {
+template <int TRANS_A, int TRANS_B>
+struct Wgmma<bf16_t, 256, TRANS_A, TRANS_B> {
   __device__ __forceinline__ static void mma(float (&d)[128], unsigned long long desc_a,
                                              unsigned long long desc_b, int scale_d) {
     asm volatile(
@@ -105,7 +107,7 @@ struct Wgmma<bf16_t, 256> {
         "%111,"
         "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "
         "%127"
-        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
           "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
           "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
@@ -125,12 +127,12 @@ struct Wgmma<bf16_t, 256> {
           "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
           "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
           "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
   }
 };
 
-template <>
-struct Wgmma<half_t, 64> {
+template <int TRANS_A, int TRANS_B>
+struct Wgmma<half_t, 64, TRANS_A, TRANS_B> {
   __device__ __forceinline__ static void mma(float (&d)[32], unsigned long long desc_a,
                                              unsigned long long desc_b, int scale_d) {
     asm volatile(
@@ -138,18 +140,18 @@ struct Wgmma<half_t, 64> {
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
           "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
           "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
           "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
           "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
   }
 };
 
-template <>
-struct Wgmma<half_t, 128> {
+template <int TRANS_A, int TRANS_B>
+struct Wgmma<half_t, 128, TRANS_A, TRANS_B> {
   __device__ __forceinline__ static void mma(float (&d)[64], unsigned long long desc_a,
                                              unsigned long long desc_b, int scale_d) {
     asm volatile(
@@ -159,7 +161,7 @@ struct Wgmma<half_t, 128> {
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
           "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
           "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
@@ -170,12 +172,12 @@ struct Wgmma<half_t, 128> {
           "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
           "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
   }
 };
 
-template <>
-struct Wgmma<half_t, 192> {
+template <int TRANS_A, int TRANS_B>
+struct Wgmma<half_t, 192, TRANS_A, TRANS_B> {
   __device__ __forceinline__ static void mma(float (&d)[96], unsigned long long desc_a,
                                              unsigned long long desc_b, int scale_d) {
     asm volatile(
@@ -187,7 +189,7 @@ struct Wgmma<half_t, 192> {
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
         "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
         "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
-        "}, %96, %97, p, 1, 1, 0, 0;\n}\n"
+        "}, %96, %97, p, 1, 1, %99, %100;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
           "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
           "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
@@ -202,12 +204,12 @@ struct Wgmma<half_t, 192> {
           "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
           "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
           "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
   }
 };
 
-template <>
-struct Wgmma<half_t, 256> {
+template <int TRANS_A, int TRANS_B>
+struct Wgmma<half_t, 256, TRANS_A, TRANS_B> {
   __device__ __forceinline__ static void mma(float (&d)[128], unsigned long long desc_a,
                                              unsigned long long desc_b, int scale_d) {
     asm volatile(
@@ -223,7 +225,7 @@ struct Wgmma<half_t, 256> {
         "%111,"
         "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "
         "%127"
-        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
           "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
           "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
@@ -243,7 +245,7 @@ struct Wgmma<half_t, 256> {
           "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
           "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
           "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
   }
 };
 

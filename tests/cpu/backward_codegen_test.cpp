@@ -99,3 +99,50 @@ TEST_CASE("every backward kernel set compiles for every supported architecture")
   const std::string failures = fusejit::test::compile_jobs(jobs);
   CHECK_MESSAGE(failures.empty(), failures);
 }
+
+TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compiles for sm_90a") {
+  const Device hopper = Device::for_arch("sm_90a");
+  const Problem p = parse_sweep_line("300x72x40 bf16 train").problem;
+  // The heuristic picks them on Hopper for 16-bit types with aligned rows, never elsewhere.
+  CHECK(default_backward_config(p, hopper).dx.variant == Variant::warpspec);
+  CHECK(default_backward_config(p, hopper).dw.variant == Variant::warpspec);
+  CHECK(default_backward_config(p, Device::for_arch("sm_80")).dx.variant == Variant::tiled);
+  for (const char* line : {"300x72x40 tf32 train", "300x60x40 bf16 train", "300x72x40 fp32 eval",
+                           "300x72x40 bf16 eval ldx=44"}) {
+    CAPTURE(line);
+    const Problem q = parse_sweep_line(line).problem;
+    const BackwardConfig c = default_backward_config(q, hopper);
+    CHECK(c.dx.variant == Variant::tiled);
+    CHECK(c.dw.variant == Variant::tiled);
+  }
+  auto why = [&](const Problem& q, const char* key) {
+    return grad_gemm_why_invalid(q, KernelConfig::parse(key), dw_gemm_problem(q), hopper);
+  };
+  CHECK(why(p, "warpspec.128x128x64.c2.s5.g8.cl2.p1").find("clusters") != std::string::npos);
+  CHECK(why(p, "warpspec.128x128x64.c2.s5.g8.cl1.p1.pp").find("pingpong") != std::string::npos);
+  CHECK(why(p, "warpspec.128x256x64.c2.s4.g8.cl1.p1.ts").find("TMA store") != std::string::npos);
+  CHECK(why(parse_sweep_line("300x72x40 tf32 train").problem, "warpspec.128x128x32.c2.s5.g8.cl1.p1")
+            .find("bf16 and fp16") != std::string::npos);
+  CHECK(why(parse_sweep_line("300x60x40 bf16 train").problem, "warpspec.128x128x64.c2.s5.g8.cl1.p1")
+            .find("16-byte") != std::string::npos);
+  // The tile shapes the GPU test forces: accepted, and their sets compile.
+  const std::pair<const char*, const char*> tiles[] = {
+      {"warpspec.128x256x64.c2.s4.g16.cl1.p1", "warpspec.128x256x64.c2.s4.g16.cl1.p0"},
+      {"warpspec.64x128x64.c1.s6.g8.cl1.p0", "warpspec.64x128x64.c1.s6.g8.cl1.p1"},
+      {"warpspec.128x64x64.c2.s6.g8.cl1.p1", "warpspec.128x128x64.c1.s4.g8.cl1.p1"},
+      {"warpspec.256x128x64.c2.s3.g8.cl1.p1", "warpspec.64x64x64.c1.s8.g8.cl1.p1"}};
+  std::vector<fusejit::test::CompileJob> jobs;
+  for (const auto& [dx, dw] : tiles) {
+    CAPTURE(std::string(dx));
+    CAPTURE(std::string(dw));
+    for (const char* line : {"300x72x40 bf16 train", "777x328x520 fp16 eval"}) {
+      const Problem q = parse_sweep_line(line).problem;
+      const BackwardConfig c{KernelConfig::parse(dx), KernelConfig::parse(dw)};
+      CHECK(grad_gemm_why_invalid(q, c.dx, dx_gemm_problem(q), hopper) == "");
+      CHECK(grad_gemm_why_invalid(q, c.dw, dw_gemm_problem(q), hopper) == "");
+      jobs.push_back({"sm_90a", generate_backward(q, c)});
+    }
+  }
+  const std::string failures = fusejit::test::compile_jobs(jobs);
+  CHECK_MESSAGE(failures.empty(), failures);
+}

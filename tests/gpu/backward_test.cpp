@@ -81,17 +81,56 @@ TEST_CASE("backward: forced gradient GEMM tiles, and configs it cannot take") {
   check("1000x200x136 bf16 train", o);
   check("1000x200x136 fp16 eval", o);
   const Problem p = parse_sweep_line("256x64x64 bf16 train").problem;
-  for (const char* key : {"warpspec.128x128x64.c2.s5.g8.cl1.p1", "tiled.64x64x64.w2x2.s3.g8.k2",
-                          "tiled.64x64x64.w2x2.s3.g8.xm"}) {
-    CAPTURE(key);
+  const Problem tf32 = parse_sweep_line("256x64x64 tf32 train").problem;
+  const Problem narrow = parse_sweep_line("256x60x64 bf16 train").problem;  // dA rows 120 bytes
+  struct Refused {
+    const Problem* problem;
+    const char* key;
+  };
+  for (const Refused& r :
+       {Refused{&p, "warpspec.128x128x64.c2.s5.g8.cl2.p1"},
+        Refused{&p, "warpspec.128x128x64.c2.s5.g8.cl1.p1.pp"},
+        Refused{&p, "warpspec.128x256x64.c2.s4.g8.cl1.p1.ts"},
+        Refused{&tf32, "warpspec.128x128x32.c2.s5.g8.cl1.p1"},
+        Refused{&narrow, "warpspec.128x128x64.c2.s5.g8.cl1.p1"},
+        Refused{&p, "tiled.64x64x64.w2x2.s3.g8.k2"}, Refused{&p, "tiled.64x64x64.w2x2.s3.g8.xm"}}) {
+    CAPTURE(r.key);
     BackwardOptions bo;
-    bo.dw_config = KernelConfig::parse(key);
+    bo.dw_config = KernelConfig::parse(r.key);
     try {
-      const BackwardPlan plan(p, bo);
+      const BackwardPlan plan(*r.problem, bo);
       FAIL("no error");
     } catch (const InvalidArgument& e) {
       CHECK(e.argument() == "dw_config");
     }
+  }
+}
+
+TEST_CASE("backward: warpspec gradient GEMMs (sm_90a): tile shapes, tails, persistent or not") {
+  if (Device::get(0).cc() != 90) {
+    MESSAGE("skipped: the warpspec gradient GEMMs need sm_90a");
+    return;
+  }
+  struct Tiles {
+    const char *dx, *dw;
+  };
+  for (const Tiles& t :
+       {Tiles{"warpspec.128x256x64.c2.s4.g16.cl1.p1", "warpspec.128x256x64.c2.s4.g16.cl1.p0"},
+        Tiles{"warpspec.64x128x64.c1.s6.g8.cl1.p0", "warpspec.64x128x64.c1.s6.g8.cl1.p1"},
+        Tiles{"warpspec.128x64x64.c2.s6.g8.cl1.p1", "warpspec.128x128x64.c1.s4.g8.cl1.p1"},
+        Tiles{"warpspec.256x128x64.c2.s3.g8.cl1.p1", "warpspec.64x64x64.c1.s8.g8.cl1.p1"}}) {
+    BackwardCheckOptions o;
+    o.dx_config = KernelConfig::parse(t.dx);
+    o.dw_config = KernelConfig::parse(t.dw);
+    for (const char* line : {"1000x200x136 bf16 train", "300x72x40 fp16 eval", "2x24x16 bf16 train",
+                             "777x328x520 bf16 eval", "1000x64x256 fp16 train non_centred"})
+      check(line, o);
+    BackwardCheckOptions a = o;
+    a.accumulate = true;
+    check("300x136x96 bf16 train", a);
+    BackwardCheckOptions r = o;
+    r.rows = 129;
+    check("1000x64x96 bf16 eval", r);
   }
 }
 

@@ -12,7 +12,7 @@
 namespace fusejit {
 
 struct BackwardPlan::RunState {
-  std::atomic<CUstream> checked_stream{nullptr};
+  BackwardRunCache cache;
   std::size_t workspace_bytes = 0;  // for the plan's M, computed once (run checks it every call)
 };
 
@@ -27,11 +27,8 @@ BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& option
   auto forced = [&](const std::optional<KernelConfig>& c, const Problem& gemm, const char* arg,
                     KernelConfig& out) {
     if (!c) return;
-    std::string why = c->variant != Variant::tiled ? "the gradient GEMMs run the tiled variant"
-                      : c->split_k != 1            ? "the gradient GEMMs have no split-K"
-                      : c->exact_m                 ? "the gradient GEMMs read M at run time"
-                                                   : c->why_invalid(gemm, device);
-    if (!why.empty()) throw InvalidArgument(arg, c->key() + ": " + why);
+    if (const std::string why = grad_gemm_why_invalid(problem, *c, gemm, device); !why.empty())
+      throw InvalidArgument(arg, c->key() + ": " + why);
     out = *c;
   };
   forced(options.dx_config, dx_gemm_problem(problem), "dx_config", config.dx);
@@ -106,7 +103,7 @@ void BackwardPlan::run(CUstream stream, const BackwardTensors& t, std::int64_t r
         "rows", fmt::format("expected {} <= rows <= M = {}; got {}", least, problem_.M, rows));
   validate_backward_tensors(problem_, t);
   validate_workspace(workspace, bytes, workspace_size());
-  launch_backward(*core_, rows, accumulate_, stream, t, workspace, &state_->checked_stream);
+  launch_backward(*core_, rows, accumulate_, stream, t, workspace, &state_->cache);
 }
 
 }  // namespace fusejit

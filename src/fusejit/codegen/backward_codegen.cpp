@@ -23,7 +23,8 @@ int alignment_of(std::int64_t bytes) {
 }
 
 // One gradient GEMM's Spec: C [ROWS][LDC] = sum over RED of A(r, k) B(c, k)
-// (kernels/grad_gemm.cuh).
+// (kernels/grad_gemm.cuh, and kernels/grad_wgmma.cuh for the warpspec variant, which reads
+// CONSUMERS = warps_m and PERSISTENT).
 std::string gemm_spec(const char* name, const Problem& p, const KernelConfig& c, int rows, int cols,
                       int red, bool a_mn, bool b_mn, std::int64_t lda, std::int64_t ldb,
                       std::int64_t ldc, int vec_bytes) {
@@ -36,10 +37,34 @@ std::string gemm_spec(const char* name, const Problem& p, const KernelConfig& c,
       "  static constexpr int LDA = {}, LDB = {}, LDC = {};\n"
       "  static constexpr int BM = {}, BN = {}, BK = {}, WARPS_M = {}, WARPS_N = {};\n"
       "  static constexpr int STAGES = {}, GROUP_M = {}, THREADS = {}, VEC_BYTES = {};\n"
+      "  static constexpr int CONSUMERS = {};\n"
+      "  static constexpr bool PERSISTENT = {};\n"
       "}};\n",
       name, template_type_name(p.dtype), template_math_name(p.dtype), rows, cols, red, b(a_mn),
       b(b_mn), lda, ldb, ldc, c.bm, c.bn, c.bk, c.warps_m, c.warps_n, c.stages, c.group_m,
-      c.threads(), vec_bytes);
+      c.threads(), vec_bytes, c.warps_m, b(c.persistent));
+}
+
+// The kernel template of a gradient GEMM's config.
+const char* gemm_template(const KernelConfig& c) {
+  return c.variant == Variant::warpspec ? "fj::GradWgmma" : "fj::GradGemm";
+}
+
+// fj_bwd_dx / fj_bwd_dw: the tiled kernel takes the parameters; the warpspec one also the
+// operands' tensor maps (plan/tma_descriptor.hpp), by value in parameter space.
+std::string gemm_kernel(const char* name, const char* spec, const KernelConfig& c) {
+  if (c.variant == Variant::warpspec)
+    return fmt::format(
+        "extern \"C\" __global__ void __launch_bounds__({0}::THREADS, 1)\n"
+        "{1}(const __grid_constant__ fj::GemmParams p,\n"
+        "    const __grid_constant__ fj::TmaDescriptor ta,\n"
+        "    const __grid_constant__ fj::TmaDescriptor tb) {{ fj::GradWgmma<{0}>::run(p, ta, tb); "
+        "}}\n",
+        spec, name);
+  return fmt::format(
+      "extern \"C\" __global__ void __launch_bounds__({0}::THREADS)\n"
+      "{1}(const fj::GemmParams p) {{ fj::GradGemm<{0}>::run(p); }}\n",
+      spec, name);
 }
 
 }  // namespace
@@ -107,15 +132,21 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
   t += gemm_spec("DwSpec", p, c.dw, static_cast<int>(p.N), static_cast<int>(p.K), 0, true, true,
                  p.N, p.lda_x(), p.lda_w(), dx_vec);
   t += "#include \"kernels/bn_backward.cuh\"\n#include \"kernels/grad_gemm.cuh\"\n";
+  // sm_90a-only instructions: included only when a config asks for them (KernelConfig::why_invalid
+  // keeps warpspec to Hopper).
+  if (c.dx.variant == Variant::warpspec || c.dw.variant == Variant::warpspec)
+    t += "#include \"kernels/grad_wgmma.cuh\"\n";
   // Launch shapes from the module, the templates being their one source of truth: the
   // elementwise kernels' grid is strips x slabs (the host multiplies by the run's slabs).
-  t +=
-      "extern \"C\" __device__ const int fj_bwd_strips = fj::BackwardShape<Spec>::kStrips;\n"
-      "extern \"C\" __device__ const int fj_bwd_column_blocks =\n"
-      "    fj::BackwardShape<Spec>::kColumnBlocks;\n"
-      "extern \"C\" __device__ const int fj_bwd_dx_smem_bytes = fj::GradGemm<DxSpec>::kSmemBytes;\n"
-      "extern \"C\" __device__ const int fj_bwd_dw_smem_bytes = "
-      "fj::GradGemm<DwSpec>::kSmemBytes;\n";
+  t += "extern \"C\" __device__ const int fj_bwd_strips = fj::BackwardShape<Spec>::kStrips;\n"
+       "extern \"C\" __device__ const int fj_bwd_column_blocks =\n"
+       "    fj::BackwardShape<Spec>::kColumnBlocks;\n";
+  t += fmt::format(
+      "extern \"C\" __device__ const int fj_bwd_dx_smem_bytes = {}<DxSpec>::kSmemBytes;\n",
+      gemm_template(c.dx));
+  t += fmt::format(
+      "extern \"C\" __device__ const int fj_bwd_dw_smem_bytes = {}<DwSpec>::kSmemBytes;\n",
+      gemm_template(c.dw));
   for (const auto& k : src.kernels) {
     if (k == "fj_bwd_reduce")
       t += "extern \"C\" __global__ void __launch_bounds__(fj::kBackwardThreads)\n"
@@ -130,11 +161,9 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
       t += "extern \"C\" __global__ void __launch_bounds__(fj::kBackwardColumnThreads)\n"
            "fj_bwd_params(const fj::BackwardParams p) { fj::bn_backward_params<Spec>(p); }\n";
     else if (k == "fj_bwd_dx")
-      t += "extern \"C\" __global__ void __launch_bounds__(DxSpec::THREADS)\n"
-           "fj_bwd_dx(const fj::GemmParams p) { fj::GradGemm<DxSpec>::run(p); }\n";
+      t += gemm_kernel("fj_bwd_dx", "DxSpec", c.dx);
     else if (k == "fj_bwd_dw")
-      t += "extern \"C\" __global__ void __launch_bounds__(DwSpec::THREADS)\n"
-           "fj_bwd_dw(const fj::GemmParams p) { fj::GradGemm<DwSpec>::run(p); }\n";
+      t += gemm_kernel("fj_bwd_dw", "DwSpec", c.dw);
   }
   src.options = {"--std=c++17", "-DNDEBUG", "--extra-device-vectorization"};
   src.headers = template_headers();

@@ -11,9 +11,10 @@
 
 namespace fusejit {
 
-// The two gradient GEMMs' tiles (tiled variant: mma.sync, or FFMA for strict fp32; no split-K,
-// no exact M). dx = da W (M x K, reduction over N), dW = da^T x (N x K, reduction over the run's
-// M).
+// The two gradient GEMMs' tiles: the tiled variant (mma.sync, or FFMA for strict fp32) or, on
+// Hopper for bf16/fp16, the warpspec one (TMA + wgmma, kernels/grad_wgmma.cuh: no clusters,
+// pingpong or TMA store); no split-K, no exact M. dx = da W (M x K, reduction over N), dW = da^T x
+// (N x K, reduction over the run's M).
 struct BackwardConfig {
   KernelConfig dx, dw;
   // "dx.<key>.dw.<key>": every field of both, for source names, caches and logs.

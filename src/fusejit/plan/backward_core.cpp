@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "common/backward_params.h"
@@ -19,14 +20,18 @@ namespace fusejit {
 
 namespace {
 
-// The heuristic's first tiled config without split-K (the gradient GEMMs have none). tf32 reads
-// its MN-major operands with one 4-byte copy per element, which needs the registers of eight
-// warps: four-warp tiles spill (measured on the compiled kernels), so tf32 takes 256 threads.
-KernelConfig gemm_config(const Problem& g, const Device& d) {
-  for (const KernelConfig& c : candidate_configs(g, d))
-    if (c.variant == Variant::tiled && c.split_k == 1 && !c.exact_m &&
-        (g.dtype != DType::tf32 || c.threads() >= 256))
-      return c;
+// The heuristic's first candidate the gradient GEMMs can run, warpspec before tiled: on Hopper
+// the tiled kernels reach about half of the tensor cores' rate (the forward's measurements).
+// tf32 reads its MN-major operands with one 4-byte copy per element, which needs the registers
+// of eight warps: four-warp tiles spill (measured on the compiled kernels), so tf32 takes 256
+// threads.
+KernelConfig gemm_config(const Problem& p, const Problem& g, const Device& d) {
+  const std::vector<KernelConfig> candidates = candidate_configs(g, d);
+  for (const Variant v : {Variant::warpspec, Variant::tiled})
+    for (const KernelConfig& c : candidates)
+      if (c.variant == v && (g.dtype != DType::tf32 || c.threads() >= 256) &&
+          grad_gemm_why_invalid(p, c, g, d).empty())
+        return c;
   KernelConfig c = default_config(g, d, Variant::tiled);
   c.split_k = 1;
   c.exact_m = false;
@@ -82,6 +87,23 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
 
 }  // namespace
 
+std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& c, const Problem& gemm,
+                                  const Device& d) {
+  if (c.split_k != 1) return "the gradient GEMMs have no split-K";
+  if (c.exact_m) return "the gradient GEMMs read M at run time";
+  if (c.variant == Variant::warpspec) {
+    if (storage_bytes(p.dtype) != 2)
+      return "the warpspec gradient GEMMs read MN-major operands through wgmma's transpose, "
+             "which only bf16 and fp16 have";
+    if (c.cluster_m != 1 || c.pingpong || c.tma_store)
+      return "the warpspec gradient GEMMs have no clusters, pingpong or TMA store";
+    if (p.effective_alignment() < 16 || (p.N * 2) % 16 != 0)
+      return "the warpspec gradient GEMMs load with TMA, which needs 16-byte aligned rows of x, "
+             "W and dA (N a multiple of 8)";
+  }
+  return c.why_invalid(gemm, d);
+}
+
 BackwardConfig default_backward_config(const Problem& p, const Device& d) {
   // dx's rows and dW's reduction are M: rank the tiles at the M class's representative, as the
   // forward's dispatch does (config/candidates.hpp), so every M of a class shares the kernel set.
@@ -89,7 +111,7 @@ BackwardConfig default_backward_config(const Problem& p, const Device& d) {
   Problem dx = dx_gemm_problem(p), dw = dw_gemm_problem(p);
   dx.M = m;
   dw.K = m;
-  return {gemm_config(dx, d), gemm_config(dw, d)};
+  return {gemm_config(p, dx, d), gemm_config(p, dw, d)};
 }
 
 std::shared_ptr<const BackwardCore> backward_core(const Problem& problem,
@@ -177,16 +199,72 @@ void validate_backward_tensors(const Problem& p, const BackwardTensors& t) {
   }
 }
 
+namespace {
+
+// The warpspec gradient GEMMs' operand maps (kernels/grad_wgmma.cuh): a K-major operand in
+// boxes of its tile rows x 64 elements, an MN-major one in boxes of bk reduction rows x 64.
+// dX = dA W: dA K-major [rows][N], W MN-major [N][K]; dW = dA^T x: dA MN-major, x MN-major
+// [rows][K]. Zeros for a tiled GEMM or one the run skips.
+struct GradGemmMaps {
+  CUtensorMap dx_a{}, dx_b{}, dw_a{}, dw_b{};
+};
+
+GradGemmMaps encode_grad_gemm_maps(const BackwardCore& c, std::int64_t rows, const void* da,
+                                   const BackwardTensors& t) {
+  const Problem& p = c.problem;
+  const int atom = static_cast<int>(128 / storage_bytes(p.dtype));
+  GradGemmMaps m;
+  if (t.dx && c.config.dx.variant == Variant::warpspec) {
+    const KernelConfig& k = c.config.dx;
+    m.dx_a = encode_tma_tile_map(p.dtype, da, rows, p.N, p.N, k.bm, atom, "workspace");
+    m.dx_b = encode_tma_tile_map(p.dtype, t.w, p.N, p.K, p.lda_w(), k.bk, atom, "w");
+  }
+  if (t.dw && c.config.dw.variant == Variant::warpspec) {
+    const KernelConfig& k = c.config.dw;
+    m.dw_a = encode_tma_tile_map(p.dtype, da, rows, p.N, p.N, k.bk, atom, "workspace");
+    m.dw_b = encode_tma_tile_map(p.dtype, t.x, rows, p.K, p.lda_x(), k.bk, atom, "x");
+  }
+  return m;
+}
+
+GradGemmMaps grad_gemm_maps(const BackwardCore& c, std::int64_t rows, const void* da,
+                            const BackwardTensors& t, BackwardRunCache* cache) {
+  if (c.config.dx.variant != Variant::warpspec && c.config.dw.variant != Variant::warpspec)
+    return {};
+  const void* w = t.dx ? t.w : nullptr;
+  const void* x = t.dw ? t.x : nullptr;
+  if (!cache || cache->busy.test_and_set(std::memory_order_acquire))
+    return encode_grad_gemm_maps(c, rows, da, t);
+  GradGemmMaps m;
+  try {
+    if (!cache->valid || cache->da != da || cache->w != w || cache->x != x || cache->rows != rows) {
+      cache->valid = false;  // stays so if encoding throws
+      const GradGemmMaps fresh = encode_grad_gemm_maps(c, rows, da, t);
+      cache->dx_a = fresh.dx_a, cache->dx_b = fresh.dx_b;
+      cache->dw_a = fresh.dw_a, cache->dw_b = fresh.dw_b;
+      cache->da = da, cache->w = w, cache->x = x, cache->rows = rows;
+      cache->valid = true;
+    }
+    m = {cache->dx_a, cache->dx_b, cache->dw_a, cache->dw_b};
+  } catch (...) {
+    cache->busy.clear(std::memory_order_release);
+    throw;
+  }
+  cache->busy.clear(std::memory_order_release);
+  return m;
+}
+
+}  // namespace
+
 void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, CUstream stream,
-                     const BackwardTensors& t, void* workspace,
-                     std::atomic<CUstream>* checked_stream) {
+                     const BackwardTensors& t, void* workspace, BackwardRunCache* cache) {
   const Driver& d = driver();
   CUcontext current = nullptr;
   check(d.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
   if (current != c.context) check(d.cuCtxSetCurrent(c.context), "cuCtxSetCurrent");
-  if (!checked_stream || checked_stream->load(std::memory_order_relaxed) != stream) {
+  if (!cache || cache->checked_stream.load(std::memory_order_relaxed) != stream) {
     validate_stream(c.context, stream);
-    if (checked_stream) checked_stream->store(stream, std::memory_order_relaxed);
+    if (cache) cache->checked_stream.store(stream, std::memory_order_relaxed);
   }
   const Problem& p = c.problem;
   const fj::BackwardSlabs slabs = fj::backward_slabs(rows);
@@ -229,31 +307,30 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
     go(c.da, elementwise_grid, fj::kBackwardThreads, 0, bargs, "cuLaunchKernel(fj_bwd_da)");
   }
   go(c.params, columns_grid, fj::kBackwardColumnThreads, 0, bargs, "cuLaunchKernel(fj_bwd_params)");
-  auto tiles = [](std::int64_t r, std::int64_t cols, const KernelConfig& k) {
-    return static_cast<unsigned>(((r + k.bm - 1) / k.bm) * ((cols + k.bn - 1) / k.bn));
+  const GradGemmMaps maps = grad_gemm_maps(c, rows, bp.ws_da, t, cache);
+  auto gemm = [&](CUfunction f, const KernelConfig& k, std::int64_t out_rows, unsigned smem,
+                  const void* b, void* out, bool acc, const CUtensorMap& ta, const CUtensorMap& tb,
+                  const char* what) {
+    fj::GemmParams g{};
+    g.a = bp.ws_da;
+    g.b = b;
+    g.c = out;
+    g.m = bp.m;
+    g.accumulate = acc ? 1 : 0;
+    auto tiles = static_cast<unsigned>(((out_rows + k.bm - 1) / k.bm) * ((p.K + k.bn - 1) / k.bn));
+    if (k.variant == Variant::warpspec && k.persistent)
+      tiles = std::min(tiles, static_cast<unsigned>(c.device.sm_count));
+    void* plain[] = {&g};
+    void* with_maps[] = {&g, const_cast<CUtensorMap*>(&ta), const_cast<CUtensorMap*>(&tb)};
+    go(f, tiles, static_cast<unsigned>(k.threads()), smem,
+       k.variant == Variant::warpspec ? with_maps : plain, what);
   };
-  if (t.dx) {
-    fj::GemmParams g{};
-    g.a = bp.ws_da;
-    g.b = t.w;
-    g.c = t.dx;
-    g.m = bp.m;
-    g.accumulate = 0;
-    void* args[] = {&g};
-    go(c.dx, tiles(rows, p.K, c.config.dx), static_cast<unsigned>(c.config.dx.threads()),
-       static_cast<unsigned>(c.dx_smem_bytes), args, "cuLaunchKernel(fj_bwd_dx)");
-  }
-  if (t.dw) {
-    fj::GemmParams g{};
-    g.a = bp.ws_da;
-    g.b = t.x;
-    g.c = t.dw;
-    g.m = bp.m;
-    g.accumulate = accumulate ? 1 : 0;
-    void* args[] = {&g};
-    go(c.dw, tiles(p.N, p.K, c.config.dw), static_cast<unsigned>(c.config.dw.threads()),
-       static_cast<unsigned>(c.dw_smem_bytes), args, "cuLaunchKernel(fj_bwd_dw)");
-  }
+  if (t.dx)
+    gemm(c.dx, c.config.dx, rows, static_cast<unsigned>(c.dx_smem_bytes), t.w, t.dx, false,
+         maps.dx_a, maps.dx_b, "cuLaunchKernel(fj_bwd_dx)");
+  if (t.dw)
+    gemm(c.dw, c.config.dw, p.N, static_cast<unsigned>(c.dw_smem_bytes), t.x, t.dw, accumulate,
+         maps.dw_a, maps.dw_b, "cuLaunchKernel(fj_bwd_dw)");
 }
 
 }  // namespace fusejit

@@ -13,6 +13,7 @@
 #include "fusejit/codegen/backward_codegen.hpp"
 #include "fusejit/device.hpp"
 #include "fusejit/plan/plan_core.hpp"
+#include "fusejit/plan/tma_descriptor.hpp"
 #include "fusejit/runtime/module.hpp"
 
 namespace fusejit {
@@ -32,9 +33,17 @@ struct BackwardCore {
   double compile_seconds = 0;
 };
 
-// The config the backward plan runs: the heuristic's tiled config for each GEMM's shape
-// (dx_gemm_problem, dw_gemm_problem; dW's reduction taken at the M class's representative M),
-// without split-K. The same for every M of an M class.
+// Why `config` cannot run the gradient GEMM `gemm` (dx_gemm_problem or dw_gemm_problem of the
+// layer `p`) on `device`; empty when it can. Beyond KernelConfig::why_invalid: no split-K or
+// exact M; warpspec only for 16-bit types (MN-major operands through wgmma's transpose bits),
+// without clusters, pingpong or TMA store, and with 16-byte aligned rows of x, W and dA.
+std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& config, const Problem& gemm,
+                                  const Device& device);
+
+// The config the backward plan runs: for each GEMM's shape (dx_gemm_problem, dw_gemm_problem;
+// dW's reduction taken at the M class's representative M) the heuristic's first candidate that
+// grad_gemm_why_invalid accepts, warpspec before tiled where it can run. The same for every M
+// of an M class.
 BackwardConfig default_backward_config(const Problem&, const Device&);
 
 // Built once per (kernel set, context, cache dir) and shared, like plan_core().
@@ -51,11 +60,24 @@ BackwardWorkspace backward_workspace(const Problem&, std::int64_t rows);
 // Throws InvalidArgument naming the first tensor that is missing, misaligned or not wanted.
 void validate_backward_tensors(const Problem&, const BackwardTensors&);
 
+// What a backward plan's runs remember between calls (RunCache's counterpart, plan/launch.hpp):
+// the stream last found to belong to the core's context, and the warpspec gradient GEMMs'
+// tensor maps for the last (dA, W, x, rows), re-encoded only when those change. One run at a
+// time uses the maps (`busy`); a concurrent run encodes its own.
+struct BackwardRunCache {
+  std::atomic<CUstream> checked_stream{nullptr};
+  std::atomic_flag busy;
+  bool valid = false;
+  const void* da = nullptr;
+  const void* w = nullptr;
+  const void* x = nullptr;
+  std::int64_t rows = 0;
+  CUtensorMap dx_a{}, dx_b{}, dw_a{}, dw_b{};
+};
+
 // Enqueues the backward of `rows` rows. Tensors and workspace were checked by the caller.
-// `checked_stream` (the plan's, or null): the last stream found to belong to the core's context,
-// so a loop on one stream asks the driver once (RunCache::checked_stream, plan/launch.hpp).
+// `cache`: the plan's, or null.
 void launch_backward(const BackwardCore&, std::int64_t rows, bool accumulate, CUstream stream,
-                     const BackwardTensors&, void* workspace,
-                     std::atomic<CUstream>* checked_stream = nullptr);
+                     const BackwardTensors&, void* workspace, BackwardRunCache* cache = nullptr);
 
 }  // namespace fusejit

@@ -1,0 +1,267 @@
+// The gradient GEMMs on Hopper tensor cores (sm_90a, bf16/fp16): GradGemm's contract
+// (kernels/grad_gemm.cuh: C [ROWS][LDC] = or += sum over RED of A(r, k) B(c, k), fp32
+// accumulation, ROWS or RED = 0 meaning the run's GemmParams::m) on the forward warpspec
+// variant's pipeline: one producer thread streams A and B k-slices into a STAGES-deep ring with
+// TMA (128-byte swizzle), CONSUMERS warpgroups multiply them with wgmma straight from shared
+// memory. Why a second kernel rather than WarpspecGemm: its operands are both K-major and its
+// epilogue is the BatchNorm's; here each operand may be MN-major and the epilogue is a store.
+//
+// MN-major operands (dX's W, dW's dA^T and x: their reduction index is the row of a row-major
+// matrix) are what wgmma's transpose bits read for 16-bit inputs, so neither GEMM needs a
+// transposed copy: TMA copies boxes of 64 MN-elements (one 128-byte swizzle row) by BK K-rows,
+// and the descriptor says where the next 64 MN-elements (the leading offset) and the next 8
+// K-rows (the stride offset) lie (mainloop/wgmma.cuh). tf32 has no transpose bits: its gradient
+// GEMMs stay on the tiled kernel.
+//
+// The epilogue stores each thread's accumulator pairs straight from registers (the wgmma
+// fragment: 2 adjacent columns per row): the gradients are not re-read by this kernel, so no
+// shared-memory staging is needed for a second pass, and the producer keeps loading the next
+// tile while the consumers store (PERSISTENT).
+//
+// Host launch contract: grid.x = PERSISTENT ? min(tiles, SMs) : tiles with
+// tiles = ceil(rows / BM) * ceil(COLS / BN); block.x = THREADS = 128 * (CONSUMERS + 1);
+// dynamic shared memory kSmemBytes; tensor maps `ta`, `tb` as grad_gemm_tensor_maps encodes
+// them (plan/tma_descriptor.hpp): a K-major operand [rows][red] in boxes of (its tile rows) x
+// 64, an MN-major one [red][rows] in boxes of BK x 64, elements past the matrix read as zero.
+#pragma once
+#include "common/gemm_params.h"
+#include "common/limits.h"
+#include "common/tile.cuh"
+#include "common/tma_descriptor.cuh"
+#include "common/types.cuh"
+#include "kernels/tile_scheduler.cuh"
+#include "mainloop/mbarrier.cuh"
+#include "mainloop/tma.cuh"
+#include "mainloop/wgmma.cuh"
+
+namespace fj {
+
+// One operand's tile of ROWS_ (the tile's M or N extent) x BK in a ring stage, as TMA writes it
+// and wgmma reads it. K-major: BK / 64 slabs of [ROWS_][128 bytes]; MN-major: ROWS_ / 64 slabs
+// of [BK][128 bytes]. Either way a slab is a whole number of 1024-byte swizzle atoms.
+template <class T, bool MN_MAJOR, int ROWS_, int BK>
+struct WgmmaOperandTile {
+  static constexpr int kAtom = 128 / static_cast<int>(sizeof(T));  // elements of a swizzle row
+  static_assert(ROWS_ % 64 == 0 && BK % kAtom == 0, "operand tiles are whole 64 x 64 blocks");
+  static constexpr int kSlabs = MN_MAJOR ? ROWS_ / kAtom : BK / kAtom;
+  static constexpr int kSlabBytes = (MN_MAJOR ? BK : ROWS_) * 128;
+  static constexpr int kBytes = kSlabs * kSlabBytes;
+  static constexpr int kBoxRows = MN_MAJOR ? BK : ROWS_;  // the tensor map's box (x 64 columns)
+
+  // Descriptor of rows [64 * block, ...) of the tile at reduction offset kk (a multiple of the
+  // instruction's 16): the block and kk are plain address offsets in either layout.
+  __device__ __forceinline__ static unsigned long long desc(unsigned tile, int block, int kk) {
+    if constexpr (MN_MAJOR)
+      return wgmma_desc_sw128_mn<BK>(tile + block * kSlabBytes + kk * 128);
+    else
+      return wgmma_desc_sw128(tile + (kk / kAtom) * kSlabBytes + block * 64 * 128 +
+                              (kk % kAtom) * static_cast<int>(sizeof(T)));
+  }
+  // The TMA copies of the tile for rows r0.. and reduction k0.. (the map's innermost coordinate
+  // is the contiguous one: the reduction for K-major, the rows for MN-major).
+  __device__ __forceinline__ static void load(unsigned tile, const TmaDescriptor* map, unsigned bar,
+                                              int r0, int k0) {
+#pragma unroll
+    for (int s = 0; s < kSlabs; ++s) {
+      if constexpr (MN_MAJOR)
+        tma_load_2d(tile + s * kSlabBytes, map, bar, r0 + s * kAtom, k0);
+      else
+        tma_load_2d(tile + s * kSlabBytes, map, bar, k0 + s * kAtom, r0);
+    }
+  }
+};
+
+template <class G>
+struct GradWgmma {
+  using T = typename G::T;
+  static constexpr int BM = G::BM, BN = G::BN, BK = G::BK, STAGES = G::STAGES;
+  static constexpr int CONSUMERS = G::CONSUMERS, COLS = G::COLS, LDC = G::LDC;
+  static_assert(sizeof(T) == 2, "grad wgmma: 16-bit inputs (tf32 has no transposed wgmma)");
+  static_assert(G::THREADS == 128 * (CONSUMERS + 1), "THREADS must be 128 * (CONSUMERS + 1)");
+  static_assert(CONSUMERS == 1 || CONSUMERS == 2, "grad wgmma: 1 or 2 consumer warpgroups");
+  static_assert(G::ROWS >= 0 && G::ROWS <= kMaxDim && G::COLS >= 1 && G::COLS <= kMaxDim &&
+                    G::RED >= 0 && G::RED <= kMaxDim,
+                "ROWS, COLS and RED must be at most kMaxDim (common/limits.h), COLS positive");
+  static_assert(LDC >= COLS && LDC % 2 == 0, "LDC must cover COLS and keep column pairs aligned");
+  static_assert(BN == 64 || BN == 128 || BN == 192 || BN == 256, "grad wgmma: BN in {64..256}");
+  static_assert(BK <= 256, "grad wgmma: a TMA box has at most 256 rows");
+  static constexpr int kWgM = BM / CONSUMERS;  // rows of a tile one consumer owns
+  static constexpr int kMAtoms = kWgM / 64;
+  static_assert(kWgM % 64 == 0 && (kMAtoms == 1 || kMAtoms == 2),
+                "grad wgmma: each consumer owns 64 or 128 rows of a tile");
+
+  using TileA = WgmmaOperandTile<T, G::A_MN_MAJOR, BM, BK>;
+  using TileB = WgmmaOperandTile<T, G::B_MN_MAJOR, BN, BK>;
+  using Mma = Wgmma<T, BN, G::A_MN_MAJOR ? 1 : 0, G::B_MN_MAJOR ? 1 : 0>;
+  static constexpr int kColTiles = (COLS + BN - 1) / BN;
+  using Raster = GroupedRaster<kColTiles, G::GROUP_M>;
+
+  // ---- Shared memory: SharedStorage is the layout. ----
+  struct Stage {
+    alignas(1024) unsigned char a[TileA::kBytes];
+    alignas(1024) unsigned char b[TileB::kBytes];
+  };
+  struct SharedStorage {
+    Stage ring[STAGES];
+    MbarrierSlot full[STAGES];   // the stage's TMA bytes have landed
+    MbarrierSlot empty[STAGES];  // every consumer warp's wgmma that read it completed
+  };
+  static constexpr unsigned kAlign = alignof(SharedStorage);
+  static_assert(kAlign == 1024, "the ring sets the storage's alignment");
+  // The dynamic shared memory base is only 16-byte aligned for sure: run() rounds it up.
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage) + kAlign);
+  static_assert(kSmemBytes <= 232448, "grad wgmma: stages exceed 227 KB of shared memory");
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+
+  __device__ static void run(const GemmParams& p, const TmaDescriptor& ta,
+                             const TmaDescriptor& tb) {
+    extern __shared__ __align__(1024) unsigned char fj_grad_wgmma_smem[];
+    const unsigned raw = shared_addr(fj_grad_wgmma_smem);
+    const unsigned base = (raw + kAlign - 1u) & ~(kAlign - 1u);
+    const Ctx c{base, p.m};
+    if (threadIdx.x == 0) {
+      tma_prefetch(&ta);
+      tma_prefetch(&tb);
+      for (int i = 0; i < STAGES; ++i) {
+        c.full[i].init(1);
+        c.empty[i].init(4 * CONSUMERS);
+      }
+      mbar_fence_init();
+    }
+    __syncthreads();
+    if (threadIdx.x < 128) {
+      if constexpr (CONSUMERS == 2) regs_release<kProducerRegs>();
+      if (threadIdx.x == 0) produce(ta, tb, c);
+    } else {
+      if constexpr (CONSUMERS == 2) regs_acquire<kConsumerRegs>();
+      consume(p, c, threadIdx.x - 128);
+    }
+  }
+
+ private:
+  struct Ctx {
+    unsigned base;
+    int m;
+    __device__ __forceinline__ Ctx(unsigned shared_base, int run_rows)
+        : base(shared_base),
+          m(run_rows),
+          full{shared_base + FJ_OFFSETOF(SharedStorage, full)},
+          empty{shared_base + FJ_OFFSETOF(SharedStorage, empty)} {}
+    MbarrierArray<STAGES> full, empty;
+    __device__ __forceinline__ int rows() const { return G::ROWS > 0 ? G::ROWS : m; }
+    __device__ __forceinline__ int k_tiles() const {
+      return ((G::RED > 0 ? G::RED : m) + BK - 1) / BK;
+    }
+    __device__ __forceinline__ Raster raster() const { return Raster{(rows() + BM - 1) / BM}; }
+    __device__ __forceinline__ unsigned a(unsigned i) const {
+      return base + FJ_OFFSETOF(SharedStorage, ring) + i * unsigned(sizeof(Stage)) +
+             FJ_OFFSETOF(Stage, a);
+    }
+    __device__ __forceinline__ unsigned b(unsigned i) const {
+      return base + FJ_OFFSETOF(SharedStorage, ring) + i * unsigned(sizeof(Stage)) +
+             FJ_OFFSETOF(Stage, b);
+    }
+  };
+  __device__ __forceinline__ static int tile_stride(const Ctx& c) {
+    return G::PERSISTENT ? static_cast<int>(gridDim.x) : c.raster().tiles();
+  }
+
+  __device__ __forceinline__ static void produce(const TmaDescriptor& ta, const TmaDescriptor& tb,
+                                                 const Ctx& c) {
+    PipelineState<STAGES> pipe;
+    const Raster raster = c.raster();
+    const int k_tiles = c.k_tiles();
+    for (int t = blockIdx.x; t < raster.tiles(); t += tile_stride(c)) {
+      const auto tile = raster.tile(t);
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        const Mbarrier full = c.full[pipe.index];
+        c.empty[pipe.index].wait(pipe.phase ^ 1u);
+        full.arrive_expect_tx(static_cast<unsigned>(TileA::kBytes + TileB::kBytes));
+        TileA::load(c.a(pipe.index), &ta, full.addr, tile.row * BM, kt * BK);
+        TileB::load(c.b(pipe.index), &tb, full.addr, tile.col * BN, kt * BK);
+        pipe.advance();
+      }
+    }
+  }
+
+  using Acc = float[kMAtoms][BN / 2];
+
+  __device__ __forceinline__ static void consume(const GemmParams& p, const Ctx& c, int ctid) {
+    const int a_block0 = (ctid / 128) * kMAtoms;  // this group's first 64-row block of A
+    const int lane = ctid % 32;
+    const Raster raster = c.raster();
+    const int k_tiles = c.k_tiles();
+    PipelineCounter<STAGES> slice;
+    Acc acc;
+    for (int t = blockIdx.x; t < raster.tiles(); t += tile_stride(c)) {
+      const auto tile = raster.tile(t);
+#pragma unroll
+      for (int ma = 0; ma < kMAtoms; ++ma) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[ma][i] = 0.f;  // a run with no reduction stores 0
+        wgmma_fence_operands(acc[ma]);
+      }
+      for (int kt = 0; kt < k_tiles; ++kt, slice.advance()) {
+        const unsigned i = slice.index();
+        c.full[i].wait(slice.phase());
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16)
+#pragma unroll
+          for (int ma = 0; ma < kMAtoms; ++ma)
+            Mma::mma(acc[ma], TileA::desc(c.a(i), a_block0 + ma, kk), TileB::desc(c.b(i), 0, kk),
+                     (kt | kk) != 0 ? 1 : 0);
+        wgmma_commit();
+        if (kt > 0) {
+          // The slice before this one is done: hand its stage back to the producer.
+          wgmma_wait<1>();
+          if (lane == 0) c.empty[slice.previous_index()].arrive();
+        }
+      }
+      if (k_tiles > 0) {
+        wgmma_wait<0>();
+        if (lane == 0) c.empty[slice.previous_index()].arrive();
+      }
+#pragma unroll
+      for (int ma = 0; ma < kMAtoms; ++ma) wgmma_fence_operands(acc[ma]);
+      store(p, acc, tile.row * BM + a_block0 * 64, tile.col * BN, c.rows(), ctid % 128);
+    }
+  }
+
+  // The wgmma fragment (PTX's m64nNk16 D layout): warp w of the group holds rows 16 w + lane / 4
+  // and + 8, columns 8 j + 2 (lane % 4) and + 1, as acc[4 j + 2 h + {0, 1}] for row + 8 h.
+  __device__ __forceinline__ static void store(const GemmParams& p, const Acc& acc, int m0, int n0,
+                                               int rows, int wtid) {
+    T* const out = static_cast<T*>(p.c);
+    const bool accumulate = p.accumulate != 0;
+    const int r0 = m0 + 16 * (wtid / 32) + (wtid % 32) / 4;
+    const int c0 = n0 + 2 * (wtid % 4);
+#pragma unroll
+    for (int ma = 0; ma < kMAtoms; ++ma)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = r0 + 64 * ma + 8 * h;
+        if (r >= rows) continue;
+        T* const row = out + static_cast<long long>(r) * LDC;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int col = c0 + 8 * j;
+          if (col >= COLS) continue;
+          float v0 = acc[ma][4 * j + 2 * h], v1 = acc[ma][4 * j + 2 * h + 1];
+          T* const dst = row + col;
+          if (COLS % 2 == 0 || col + 1 < COLS) {
+            if (accumulate) {
+              const unsigned old = *reinterpret_cast<const unsigned*>(dst);
+              v0 += to_float(T{static_cast<unsigned short>(old & 0xffffu)});
+              v1 += to_float(T{static_cast<unsigned short>(old >> 16)});
+            }
+            *reinterpret_cast<unsigned*>(dst) = pack2<T>(v0, v1);
+          } else {
+            dst[0] = from_float<T>(v0 + (accumulate ? to_float(dst[0]) : 0.f));
+          }
+        }
+      }
+  }
+};
+
+}  // namespace fj
