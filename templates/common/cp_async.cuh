@@ -53,4 +53,10 @@ __device__ __forceinline__ void st_shared_v4(unsigned dst, unsigned a, unsigned 
                : "memory");
 }
 
+// 4-byte shared store by shared-window address (where the address is computed, e.g. swizzled,
+// rather than taken from a C++ object).
+__device__ __forceinline__ void st_shared_b32(unsigned dst, unsigned v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst), "r"(v) : "memory");
+}
+
 }  // namespace fj

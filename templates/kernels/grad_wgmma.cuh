@@ -13,19 +13,27 @@
 // K-rows (the stride offset) lie (mainloop/wgmma.cuh). tf32 has no transpose bits: its gradient
 // GEMMs stay on the tiled kernel.
 //
-// The epilogue stores each thread's accumulator pairs straight from registers (the wgmma
-// fragment: 2 adjacent columns per row): the gradients are not re-read by this kernel, so no
-// shared-memory staging is needed for a second pass, and the producer keeps loading the next
-// tile while the consumers store (PERSISTENT).
+// The epilogue, two ways. Thread stores: each thread's accumulator pairs straight from
+// registers (the wgmma fragment: 2 adjacent columns per row). TMA_STORE: each consumer
+// warpgroup writes its rows of the tile, rounded, into its own staging buffer in shared memory
+// (boxes of 64 rows x 128 bytes, 128-byte swizzle: the fragment's 8 rows per store land in 8
+// different banks), one thread hands the boxes to TMA, and the group goes straight on to its
+// next tile's mainloop while the copy engine writes them out: with a short reduction (dW's is
+// the batch) the stores are a large part of a tile's time. Accumulating runs (C += A B) take
+// the thread stores either way, since they read C first. With PERSISTENT the producer keeps
+// loading the next tile meanwhile in both cases.
 //
 // Host launch contract: grid.x = PERSISTENT ? min(tiles, SMs) : tiles with
 // tiles = ceil(rows / BM) * ceil(COLS / BN); block.x = THREADS = 128 * (CONSUMERS + 1);
-// dynamic shared memory kSmemBytes; tensor maps `ta`, `tb` as grad_gemm_tensor_maps encodes
-// them (plan/tma_descriptor.hpp): a K-major operand [rows][red] in boxes of (its tile rows) x
-// 64, an MN-major one [red][rows] in boxes of BK x 64, elements past the matrix read as zero.
+// dynamic shared memory kSmemBytes; tensor maps `ta`, `tb` (plan/backward_core.cpp): a K-major
+// operand [rows][red] in boxes of (its tile rows) x 64, an MN-major one [red][rows] in boxes of
+// BK x 64, elements past the matrix read as zero; with TMA_STORE `tc`, C [rows][COLS] in boxes
+// of 64 rows x 64 columns, 128-byte swizzle (unused otherwise).
 #pragma once
+#include "common/cp_async.cuh"
 #include "common/gemm_params.h"
 #include "common/limits.h"
+#include "common/select.cuh"
 #include "common/tile.cuh"
 #include "common/tma_descriptor.cuh"
 #include "common/types.cuh"
@@ -95,26 +103,38 @@ struct GradWgmma {
   using Mma = Wgmma<T, BN, G::A_MN_MAJOR ? 1 : 0, G::B_MN_MAJOR ? 1 : 0>;
   static constexpr int kColTiles = (COLS + BN - 1) / BN;
   using Raster = GroupedRaster<kColTiles, G::GROUP_M>;
+  static constexpr bool kTmaStore = G::TMA_STORE;
+  static constexpr int kOutBox = 64;  // rows and columns of a TMA store box (128-byte rows)
+  static constexpr int kOutBoxBytes = kOutBox * 128;
 
   // ---- Shared memory: SharedStorage is the layout. ----
   struct Stage {
     alignas(1024) unsigned char a[TileA::kBytes];
     alignas(1024) unsigned char b[TileB::kBytes];
   };
+  // TMA_STORE: each consumer group's rows of the tile as BN / 64 boxes of [64 rows][128 bytes].
+  struct OutStaging {
+    alignas(1024) unsigned char group[CONSUMERS][kMAtoms][BN / kOutBox][kOutBoxBytes];
+  };
+  struct NoStaging {};
   struct SharedStorage {
     Stage ring[STAGES];
     MbarrierSlot full[STAGES];   // the stage's TMA bytes have landed
     MbarrierSlot empty[STAGES];  // every consumer warp's wgmma that read it completed
+    typename Select<kTmaStore, OutStaging, NoStaging>::type out;
   };
   static constexpr unsigned kAlign = alignof(SharedStorage);
   static_assert(kAlign == 1024, "the ring sets the storage's alignment");
   // The dynamic shared memory base is only 16-byte aligned for sure: run() rounds it up.
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage) + kAlign);
   static_assert(kSmemBytes <= 232448, "grad wgmma: stages exceed 227 KB of shared memory");
+  // The host prunes configs and launches with its own count (grad_wgmma_smem_bytes).
+  static_assert(G::SMEM_BYTES == kSmemBytes,
+                "grad wgmma: Spec::SMEM_BYTES (grad_wgmma_smem_bytes) disagrees with the layout");
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 
-  __device__ static void run(const GemmParams& p, const TmaDescriptor& ta,
-                             const TmaDescriptor& tb) {
+  __device__ static void run(const GemmParams& p, const TmaDescriptor& ta, const TmaDescriptor& tb,
+                             const TmaDescriptor& tc) {
     extern __shared__ __align__(1024) unsigned char fj_grad_wgmma_smem[];
     const unsigned raw = shared_addr(fj_grad_wgmma_smem);
     const unsigned base = (raw + kAlign - 1u) & ~(kAlign - 1u);
@@ -122,6 +142,7 @@ struct GradWgmma {
     if (threadIdx.x == 0) {
       tma_prefetch(&ta);
       tma_prefetch(&tb);
+      if constexpr (kTmaStore) tma_prefetch(&tc);
       for (int i = 0; i < STAGES; ++i) {
         c.full[i].init(1);
         c.empty[i].init(4 * CONSUMERS);
@@ -134,7 +155,7 @@ struct GradWgmma {
       if (threadIdx.x == 0) produce(ta, tb, c);
     } else {
       if constexpr (CONSUMERS == 2) regs_acquire<kConsumerRegs>();
-      consume(p, c, threadIdx.x - 128);
+      consume(p, c, threadIdx.x - 128, &tc);
     }
   }
 
@@ -156,6 +177,11 @@ struct GradWgmma {
     __device__ __forceinline__ unsigned a(unsigned i) const {
       return base + FJ_OFFSETOF(SharedStorage, ring) + i * unsigned(sizeof(Stage)) +
              FJ_OFFSETOF(Stage, a);
+    }
+    // TMA_STORE: box `box` of 64-row block `ma` of consumer group g's staging.
+    __device__ __forceinline__ unsigned out(int g, int ma, int box) const {
+      return base + FJ_OFFSETOF(SharedStorage, out) +
+             static_cast<unsigned>(((g * kMAtoms + ma) * (BN / kOutBox) + box) * kOutBoxBytes);
     }
     __device__ __forceinline__ unsigned b(unsigned i) const {
       return base + FJ_OFFSETOF(SharedStorage, ring) + i * unsigned(sizeof(Stage)) +
@@ -186,7 +212,8 @@ struct GradWgmma {
 
   using Acc = float[kMAtoms][BN / 2];
 
-  __device__ __forceinline__ static void consume(const GemmParams& p, const Ctx& c, int ctid) {
+  __device__ __forceinline__ static void consume(const GemmParams& p, const Ctx& c, int ctid,
+                                                 const TmaDescriptor* tc) {
     const int a_block0 = (ctid / 128) * kMAtoms;  // this group's first 64-row block of A
     const int lane = ctid % 32;
     const Raster raster = c.raster();
@@ -224,7 +251,50 @@ struct GradWgmma {
       }
 #pragma unroll
       for (int ma = 0; ma < kMAtoms; ++ma) wgmma_fence_operands(acc[ma]);
-      store(p, acc, tile.row * BM + a_block0 * 64, tile.col * BN, c.rows(), ctid % 128);
+      const int m0 = tile.row * BM + a_block0 * 64, n0 = tile.col * BN;
+      if (kTmaStore && p.accumulate == 0)
+        store_tma(acc, c, tc, m0, n0, ctid);
+      else
+        store(p, acc, m0, n0, c.rows(), ctid % 128);
+    }
+    // The staging must stay valid until the copy engine has read it; the global writes then
+    // complete on their own before the grid is considered done.
+    if (kTmaStore && ctid % 128 == 0) bulk_wait_read<0>();
+  }
+
+  // TMA_STORE: the group's rows of the tile into its staging, then one thread stores the boxes
+  // (rows past the run's and columns past COLS are clipped by the tensor map's bounds).
+  __device__ __forceinline__ static void store_tma(const Acc& acc, const Ctx& c,
+                                                   const TmaDescriptor* tc, int m0, int n0,
+                                                   int ctid) {
+    const int g = ctid / 128, wtid = ctid % 128;
+    // The group's previous boxes must have been read out before they are overwritten.
+    if (wtid == 0) bulk_wait_read<0>();
+    named_barrier_sync(1 + g, 128);
+    const int r = 16 * (wtid / 32) + (wtid % 32) / 4;  // row within the 64-row block (h = 0)
+    const int cb = 4 * (wtid % 4);                     // byte within a 16-byte chunk
+#pragma unroll
+    for (int ma = 0; ma < kMAtoms; ++ma)
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = r + 8 * h;
+          // Column 8 j + 2 (lane % 4): box j / 8, 16-byte chunk j % 8 swizzled by the row.
+          const unsigned addr = c.out(g, ma, j / 8) + static_cast<unsigned>(row * 128) +
+                                static_cast<unsigned>((((j % 8) ^ (row % 8)) * 16) + cb);
+          const unsigned v = pack2<T>(acc[ma][4 * j + 2 * h], acc[ma][4 * j + 2 * h + 1]);
+          st_shared_b32(addr, v);
+        }
+    fence_async_shared();
+    named_barrier_sync(1 + g, 128);
+    if (wtid == 0) {
+#pragma unroll
+      for (int ma = 0; ma < kMAtoms; ++ma)
+#pragma unroll
+        for (int box = 0; box < BN / kOutBox; ++box)
+          tma_store_2d(tc, c.out(g, ma, box), n0 + box * kOutBox, m0 + 64 * ma);
+      bulk_commit();
     }
   }
 

@@ -38,11 +38,13 @@ std::string gemm_spec(const char* name, const Problem& p, const KernelConfig& c,
       "  static constexpr int BM = {}, BN = {}, BK = {}, WARPS_M = {}, WARPS_N = {};\n"
       "  static constexpr int STAGES = {}, GROUP_M = {}, THREADS = {}, VEC_BYTES = {};\n"
       "  static constexpr int CONSUMERS = {};\n"
-      "  static constexpr bool PERSISTENT = {};\n"
+      "  static constexpr bool PERSISTENT = {}, TMA_STORE = {};\n"
+      "  static constexpr int SMEM_BYTES = {};\n"
       "}};\n",
       name, template_type_name(p.dtype), template_math_name(p.dtype), rows, cols, red, b(a_mn),
       b(b_mn), lda, ldb, ldc, c.bm, c.bn, c.bk, c.warps_m, c.warps_n, c.stages, c.group_m,
-      c.threads(), vec_bytes, c.warps_m, b(c.persistent));
+      c.threads(), vec_bytes, c.warps_m, b(c.persistent), b(c.tma_store),
+      c.variant == Variant::warpspec ? grad_wgmma_smem_bytes(c) : -1);
 }
 
 // The kernel template of a gradient GEMM's config.
@@ -51,14 +53,16 @@ const char* gemm_template(const KernelConfig& c) {
 }
 
 // fj_bwd_dx / fj_bwd_dw: the tiled kernel takes the parameters; the warpspec one also the
-// operands' tensor maps (plan/tma_descriptor.hpp), by value in parameter space.
+// operands' and C's tensor maps (plan/backward_core.cpp), by value in parameter space.
 std::string gemm_kernel(const char* name, const char* spec, const KernelConfig& c) {
   if (c.variant == Variant::warpspec)
     return fmt::format(
         "extern \"C\" __global__ void __launch_bounds__({0}::THREADS, 1)\n"
         "{1}(const __grid_constant__ fj::GemmParams p,\n"
         "    const __grid_constant__ fj::TmaDescriptor ta,\n"
-        "    const __grid_constant__ fj::TmaDescriptor tb) {{ fj::GradWgmma<{0}>::run(p, ta, tb); "
+        "    const __grid_constant__ fj::TmaDescriptor tb,\n"
+        "    const __grid_constant__ fj::TmaDescriptor tc) {{ fj::GradWgmma<{0}>::run(p, ta, tb, "
+        "tc); "
         "}}\n",
         spec, name);
   return fmt::format(
@@ -68,6 +72,17 @@ std::string gemm_kernel(const char* name, const char* spec, const KernelConfig& 
 }
 
 }  // namespace
+
+int grad_wgmma_smem_bytes(const KernelConfig& c) {
+  // kernels/grad_wgmma.cuh's SharedStorage: the ring of A and B tiles (1024-byte aligned), a
+  // full and an empty barrier per stage, the TMA store's staging (1024-byte aligned), and the
+  // 1024 bytes run() may skip to align the base.
+  auto up = [](int v, int a) { return (v + a - 1) / a * a; };
+  const int ring = c.stages * (c.bm + c.bn) * c.bk * 2;
+  int bytes = ring + 16 * c.stages;
+  if (c.tma_store) bytes = up(bytes, 1024) + c.bm * c.bn * 2;
+  return up(bytes, 1024) + 1024;
+}
 
 std::string BackwardConfig::key() const {
   return fmt::format("dx.{}.dw.{}", dx.key(), dw.key());

@@ -21,6 +21,11 @@ struct BackwardConfig {
   std::string key() const;
 };
 
+// kernels/grad_wgmma.cuh's dynamic shared memory for a warpspec config (ring, barriers, TMA
+// store staging, alignment slack); the generated Spec passes it as SMEM_BYTES, which the
+// template checks against sizeof(SharedStorage).
+int grad_wgmma_smem_bytes(const KernelConfig&);
+
 // The GEMMs as forward-shaped problems (C = A B^T is M x N with reduction K): what the config
 // rules (KernelConfig::why_invalid, default_config) are asked about. dW's reduction is the
 // problem's M, its largest batch.

@@ -26,7 +26,12 @@ namespace {
 // of eight warps: four-warp tiles spill (measured on the compiled kernels), so tf32 takes 256
 // threads.
 KernelConfig gemm_config(const Problem& p, const Problem& g, const Device& d) {
-  const std::vector<KernelConfig> candidates = candidate_configs(g, d);
+  std::vector<KernelConfig> candidates = candidate_configs(g, d);
+  // A TMA-store candidate's staging (a whole bm x bn tile) takes what the forward's per-warp
+  // boxes do not: it gives up ring stages for it, down to two.
+  for (KernelConfig& c : candidates)
+    if (c.variant == Variant::warpspec && c.tma_store)
+      while (c.stages > 2 && grad_wgmma_smem_bytes(c) > d.smem_per_block_optin) --c.stages;
   for (const Variant v : {Variant::warpspec, Variant::tiled})
     for (const KernelConfig& c : candidates)
       if (c.variant == v && (g.dtype != DType::tf32 || c.threads() >= 256) &&
@@ -95,11 +100,15 @@ std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& c, const
     if (storage_bytes(p.dtype) != 2)
       return "the warpspec gradient GEMMs read MN-major operands through wgmma's transpose, "
              "which only bf16 and fp16 have";
-    if (c.cluster_m != 1 || c.pingpong || c.tma_store)
-      return "the warpspec gradient GEMMs have no clusters, pingpong or TMA store";
+    if (c.cluster_m != 1 || c.pingpong)
+      return "the warpspec gradient GEMMs have no clusters or pingpong";
+    if (c.bm > 256 || c.bn > 256) return "the warpspec gradient GEMMs' TMA boxes have <= 256 rows";
     if (p.effective_alignment() < 16 || (p.N * 2) % 16 != 0)
       return "the warpspec gradient GEMMs load with TMA, which needs 16-byte aligned rows of x, "
              "W and dA (N a multiple of 8)";
+    if (const int bytes = grad_wgmma_smem_bytes(c); bytes > d.smem_per_block_optin)
+      return fmt::format("the warpspec gradient GEMM needs {} bytes of shared memory; {} allows {}",
+                         bytes, d.name, d.smem_per_block_optin);
   }
   return c.why_invalid(gemm, d);
 }
@@ -204,9 +213,10 @@ namespace {
 // The warpspec gradient GEMMs' operand maps (kernels/grad_wgmma.cuh): a K-major operand in
 // boxes of its tile rows x 64 elements, an MN-major one in boxes of bk reduction rows x 64.
 // dX = dA W: dA K-major [rows][N], W MN-major [N][K]; dW = dA^T x: dA MN-major, x MN-major
-// [rows][K]. Zeros for a tiled GEMM or one the run skips.
+// [rows][K]; with tma_store, C (dX [rows][K], dW [N][K]) in boxes of 64 x 64. Zeros for a
+// tiled GEMM or one the run skips.
 struct GradGemmMaps {
-  CUtensorMap dx_a{}, dx_b{}, dw_a{}, dw_b{};
+  CUtensorMap dx_a{}, dx_b{}, dx_c{}, dw_a{}, dw_b{}, dw_c{};
 };
 
 GradGemmMaps encode_grad_gemm_maps(const BackwardCore& c, std::int64_t rows, const void* da,
@@ -218,11 +228,15 @@ GradGemmMaps encode_grad_gemm_maps(const BackwardCore& c, std::int64_t rows, con
     const KernelConfig& k = c.config.dx;
     m.dx_a = encode_tma_tile_map(p.dtype, da, rows, p.N, p.N, k.bm, atom, "workspace");
     m.dx_b = encode_tma_tile_map(p.dtype, t.w, p.N, p.K, p.lda_w(), k.bk, atom, "w");
+    if (k.tma_store)
+      m.dx_c = encode_tma_tile_map(p.dtype, t.dx, rows, p.K, p.lda_x(), atom, atom, "dx");
   }
   if (t.dw && c.config.dw.variant == Variant::warpspec) {
     const KernelConfig& k = c.config.dw;
     m.dw_a = encode_tma_tile_map(p.dtype, da, rows, p.N, p.N, k.bk, atom, "workspace");
     m.dw_b = encode_tma_tile_map(p.dtype, t.x, rows, p.K, p.lda_x(), k.bk, atom, "x");
+    if (k.tma_store)
+      m.dw_c = encode_tma_tile_map(p.dtype, t.dw, p.N, p.K, p.lda_w(), atom, atom, "dw");
   }
   return m;
 }
@@ -233,19 +247,23 @@ GradGemmMaps grad_gemm_maps(const BackwardCore& c, std::int64_t rows, const void
     return {};
   const void* w = t.dx ? t.w : nullptr;
   const void* x = t.dw ? t.x : nullptr;
+  const void* dx = t.dx;
+  const void* dw = t.dw;
   if (!cache || cache->busy.test_and_set(std::memory_order_acquire))
     return encode_grad_gemm_maps(c, rows, da, t);
   GradGemmMaps m;
   try {
-    if (!cache->valid || cache->da != da || cache->w != w || cache->x != x || cache->rows != rows) {
+    if (!cache->valid || cache->da != da || cache->w != w || cache->x != x || cache->dx != dx ||
+        cache->dw != dw || cache->rows != rows) {
       cache->valid = false;  // stays so if encoding throws
       const GradGemmMaps fresh = encode_grad_gemm_maps(c, rows, da, t);
-      cache->dx_a = fresh.dx_a, cache->dx_b = fresh.dx_b;
-      cache->dw_a = fresh.dw_a, cache->dw_b = fresh.dw_b;
-      cache->da = da, cache->w = w, cache->x = x, cache->rows = rows;
+      cache->dx_a = fresh.dx_a, cache->dx_b = fresh.dx_b, cache->dx_c = fresh.dx_c;
+      cache->dw_a = fresh.dw_a, cache->dw_b = fresh.dw_b, cache->dw_c = fresh.dw_c;
+      cache->da = da, cache->w = w, cache->x = x, cache->dx = dx, cache->dw = dw;
+      cache->rows = rows;
       cache->valid = true;
     }
-    m = {cache->dx_a, cache->dx_b, cache->dw_a, cache->dw_b};
+    m = {cache->dx_a, cache->dx_b, cache->dx_c, cache->dw_a, cache->dw_b, cache->dw_c};
   } catch (...) {
     cache->busy.clear(std::memory_order_release);
     throw;
@@ -310,7 +328,7 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   const GradGemmMaps maps = grad_gemm_maps(c, rows, bp.ws_da, t, cache);
   auto gemm = [&](CUfunction f, const KernelConfig& k, std::int64_t out_rows, unsigned smem,
                   const void* b, void* out, bool acc, const CUtensorMap& ta, const CUtensorMap& tb,
-                  const char* what) {
+                  const CUtensorMap& tc, const char* what) {
     fj::GemmParams g{};
     g.a = bp.ws_da;
     g.b = b;
@@ -321,16 +339,17 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
     if (k.variant == Variant::warpspec && k.persistent)
       tiles = std::min(tiles, static_cast<unsigned>(c.device.sm_count));
     void* plain[] = {&g};
-    void* with_maps[] = {&g, const_cast<CUtensorMap*>(&ta), const_cast<CUtensorMap*>(&tb)};
+    void* with_maps[] = {&g, const_cast<CUtensorMap*>(&ta), const_cast<CUtensorMap*>(&tb),
+                         const_cast<CUtensorMap*>(&tc)};
     go(f, tiles, static_cast<unsigned>(k.threads()), smem,
        k.variant == Variant::warpspec ? with_maps : plain, what);
   };
   if (t.dx)
     gemm(c.dx, c.config.dx, rows, static_cast<unsigned>(c.dx_smem_bytes), t.w, t.dx, false,
-         maps.dx_a, maps.dx_b, "cuLaunchKernel(fj_bwd_dx)");
+         maps.dx_a, maps.dx_b, maps.dx_c, "cuLaunchKernel(fj_bwd_dx)");
   if (t.dw)
     gemm(c.dw, c.config.dw, p.N, static_cast<unsigned>(c.dw_smem_bytes), t.x, t.dw, accumulate,
-         maps.dw_a, maps.dw_b, "cuLaunchKernel(fj_bwd_dw)");
+         maps.dw_a, maps.dw_b, maps.dw_c, "cuLaunchKernel(fj_bwd_dw)");
 }
 
 }  // namespace fusejit

@@ -36,7 +36,8 @@ struct BackwardCore {
 // Why `config` cannot run the gradient GEMM `gemm` (dx_gemm_problem or dw_gemm_problem of the
 // layer `p`) on `device`; empty when it can. Beyond KernelConfig::why_invalid: no split-K or
 // exact M; warpspec only for 16-bit types (MN-major operands through wgmma's transpose bits),
-// without clusters, pingpong or TMA store, and with 16-byte aligned rows of x, W and dA.
+// without clusters or pingpong, with 16-byte aligned rows of x, W and dA, and within the
+// device's shared memory (grad_wgmma_smem_bytes).
 std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& config, const Problem& gemm,
                                   const Device& device);
 
@@ -62,8 +63,8 @@ void validate_backward_tensors(const Problem&, const BackwardTensors&);
 
 // What a backward plan's runs remember between calls (RunCache's counterpart, plan/launch.hpp):
 // the stream last found to belong to the core's context, and the warpspec gradient GEMMs'
-// tensor maps for the last (dA, W, x, rows), re-encoded only when those change. One run at a
-// time uses the maps (`busy`); a concurrent run encodes its own.
+// tensor maps for the last (dA, W, x, dX, dW, rows), re-encoded only when those change. One run at
+// a time uses the maps (`busy`); a concurrent run encodes its own.
 struct BackwardRunCache {
   std::atomic<CUstream> checked_stream{nullptr};
   std::atomic_flag busy;
@@ -71,8 +72,10 @@ struct BackwardRunCache {
   const void* da = nullptr;
   const void* w = nullptr;
   const void* x = nullptr;
+  const void* dx = nullptr;
+  const void* dw = nullptr;
   std::int64_t rows = 0;
-  CUtensorMap dx_a{}, dx_b{}, dw_a{}, dw_b{};
+  CUtensorMap dx_a{}, dx_b{}, dx_c{}, dw_a{}, dw_b{}, dw_c{};
 };
 
 // Enqueues the backward of `rows` rows. Tensors and workspace were checked by the caller.
