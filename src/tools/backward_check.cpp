@@ -181,7 +181,9 @@ BackwardCheckResult check_backward_case(const SweepCase& layer, const BackwardCh
                                         added(ref.dw_natural, dw0, p.N, p.K, p.lda_w())));
   else
     r.untouched_ok &= all_nan(got_dw);
-  // dgamma and dbeta by relative error; dbias and dscale against the scale of their terms.
+  // dgamma and dbeta by relative error; dbias and dscale against the scale of their terms
+  // (train's dscale is a sum of dy c that may cancel by chance, with c rounded to the storage
+  // type).
   auto param = [&](const DeviceBuffer& b, const std::vector<double>& want0,
                    const std::vector<double>* scale, double& out) {
     const std::vector<double> got = download(b, pd, 1, p.N, p.N);

@@ -7,7 +7,8 @@
 //   train: dz = g invstd / m (m dy - dbeta - zh dgamma)      eval: dz = g dy / sqrt(rv + eps)
 //   da = s dz, dbias = sum da, dscale = sum dz (a + b); dx = da W, dW = da^T x.
 // What the forward saved (Tensors::saved, laid out like y): train c = a - mean_a (the linear
-// output centred by its batch mean: zh = s invstd c, and dscale = sum dz c because sum dz = 0),
+// output centred by its batch mean: zh = s invstd c, dgamma = s invstd sum dy c, and
+// dscale = g eps invstd^3 sum dy c, the closed form of sum dz (a + b), whose terms cancel),
 // eval u = a + b (zh = (s u - rm) / sqrt(rv + eps)).
 #pragma once
 
@@ -31,8 +32,8 @@ struct BackwardParams {
   void* dbeta;
   // Workspace: per (slab of slab_rows rows, column) partial sums, written in a fixed order and
   // merged in a fixed order (no atomics: the gradients are the same on every run).
-  float* ws_dy_partials;  // [slabs][N] x {sum dy, sum dy zh} (float2)
-  float* ws_dz_partials;  // [slabs][N] x {sum dz, sum dz c} (train) or {sum dz, sum dz u} (eval)
+  float* ws_dy_partials;  // [slabs][N] x {sum dy, sum dy c} (train) or {sum dy, sum dy zh} (eval)
+  float* ws_dz_partials;  // [slabs][N] x {sum dz, unused} (train) or {sum dz, sum dz u} (eval)
   float* ws_coef;         // train: [N] x {g invstd, dbeta / m, dgamma / m, s invstd} (float4)
   void* ws_da;            // [m][N], T: da, the operand of both gradient GEMMs; null: not needed
   int m;                  // rows of this run

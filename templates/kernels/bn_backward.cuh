@@ -138,8 +138,8 @@ struct BackwardBlock {
   }
 };
 
-// Pass 1. Train: per slab and column {sum dy, sum dy zh}. Eval: the same, plus {sum dz, sum dz u}
-// and da = s dz (eval's dz is a column scale of dy).
+// Pass 1. Train: per slab and column {sum dy, sum dy c}. Eval: {sum dy, sum dy zh}, plus
+// {sum dz, sum dz u} and da = s dz (eval's dz is a column scale of dy).
 template <class Spec>
 __device__ void bn_backward_reduce(const BackwardParams& p) {
   using B = BackwardBlock<Spec>;
@@ -173,7 +173,10 @@ __device__ void bn_backward_reduce(const BackwardParams& p) {
         if (p.ws_da) store_da<Spec, VEC>(p, r, blk.c, blk.n_here, da);
     }
   }
-  blk.store_partials(reinterpret_cast<float2*>(p.ws_dy_partials), sdy, sdyz);
+  if constexpr (Spec::TRAIN)
+    blk.store_partials(reinterpret_cast<float2*>(p.ws_dy_partials), sdy, sdyu);
+  else
+    blk.store_partials(reinterpret_cast<float2*>(p.ws_dy_partials), sdy, sdyz);
   if constexpr (!Spec::TRAIN) {
     // Eval: dz = dzk dy, so its sums are the column's scale of dy's.
 #pragma unroll
@@ -204,35 +207,43 @@ __device__ __forceinline__ void store_param(const BackwardParams& p, void* dst, 
   *e = from_float<P>(p.accumulate ? to_float(*e) + v : v);
 }
 
-// Train, pass 2: dbeta and dgamma, and the coefficients of da.
+// Train, pass 2: dbeta, dgamma and dscale, and the coefficients of da. With zh = s invstd c and
+// invstd = (s^2 var(a) + eps)^-1/2, d zh / d s = eps invstd^3 c, so
+// dscale = g eps invstd^3 sum dy c: no cancellation. The same quantity as sum dz (a + b), whose
+// terms cancel to a fraction eps / (var z + eps) of their size, which the rounding of c in the
+// storage type would swamp (bf16: errors of tens of percent).
 template <class Spec>
 __device__ void bn_backward_coef(const BackwardParams& p) {
   using P = typename Spec::P;
   const int n = blockIdx.x * kBackwardColumnThreads + threadIdx.x;
   if (n >= Spec::N) return;
-  const float2 t = merge_slabs(p.ws_dy_partials, n, Spec::N, p.slabs);
+  const float2 t = merge_slabs(p.ws_dy_partials, n, Spec::N, p.slabs);  // {sum dy, sum dy c}
+  const BackwardColumn col = backward_column<Spec>(p, n);
+  const float invstd = p.save_invstd[n];
+  const float dgamma = col.zs * t.y;
   if constexpr (Spec::HAS_AFFINE) {
     store_param<P>(p, p.dbeta, n, t.x);
-    store_param<P>(p, p.dgamma, n, t.y);
+    store_param<P>(p, p.dgamma, n, dgamma);
   }
-  const BackwardColumn col = backward_column<Spec>(p, n);
+  if constexpr (Spec::HAS_SCALE)
+    store_param<P>(p, p.dscale, n, col.g * p.eps * invstd * invstd * invstd * t.y);
   const float inv_m = 1.f / static_cast<float>(p.m);
   reinterpret_cast<float4*>(p.ws_coef)[n] =
-      make_float4(col.g * p.save_invstd[n], t.x * inv_m, t.y * inv_m, col.zs);
+      make_float4(col.g * invstd, t.x * inv_m, dgamma * inv_m, col.zs);
 }
 
 // Train, pass 3: dz = g invstd (dy - dbeta / m - zh dgamma / m), da = s dz, and per slab and
-// column {sum dz, sum dz c}.
+// column sum dz.
 template <class Spec>
 __device__ void bn_backward_da(const BackwardParams& p) {
   using B = BackwardBlock<Spec>;
   constexpr int VEC = B::VEC;
   const B blk(p);
   float4 k[VEC];
-  float s[VEC], sdz[VEC], sdzc[VEC];
+  float s[VEC], sdz[VEC], unused[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    sdz[j] = sdzc[j] = 0.f;
+    sdz[j] = unused[j] = 0.f;
     const bool here = blk.active && j < blk.n_here;
     k[j] = here ? reinterpret_cast<const float4*>(p.ws_coef)[blk.c + j] : make_float4(0, 0, 0, 0);
     s[j] = here && Spec::HAS_SCALE ? load_param<typename Spec::P>(p.scale, blk.c + j, 1.f) : 1.f;
@@ -247,19 +258,17 @@ __device__ void bn_backward_da(const BackwardParams& p) {
         const float zh = k[j].w * sv[j];
         const float dz = k[j].x * (dy[j] - k[j].y - zh * k[j].z);
         sdz[j] += dz;
-        sdzc[j] += dz * sv[j];
         da[j] = s[j] * dz;
       }
       if (p.ws_da) store_da<Spec, VEC>(p, r, blk.c, blk.n_here, da);
     }
   }
-  blk.store_partials(reinterpret_cast<float2*>(p.ws_dz_partials), sdz, sdzc);
+  // Only sum dz (dbias) is read: train's dscale comes from sum dy c (bn_backward_coef).
+  blk.store_partials(reinterpret_cast<float2*>(p.ws_dz_partials), sdz, unused);
 }
 
 // Last pass: the parameter gradients the earlier passes left as partials. dbias = s sum dz;
-// dscale = sum dz c (train: equal to sum dz (a + b) since sum dz = 0, and free of the
-// cancellation a large column mean would bring) or sum dz u (eval). Eval also writes dbeta and
-// dgamma here.
+// eval also dscale = sum dz u, dbeta and dgamma (train wrote those in bn_backward_coef).
 template <class Spec>
 __device__ void bn_backward_params(const BackwardParams& p) {
   using P = typename Spec::P;
@@ -274,7 +283,7 @@ __device__ void bn_backward_params(const BackwardParams& p) {
     const float2 t = merge_slabs(p.ws_dz_partials, n, Spec::N, p.slabs);
     const float s = Spec::HAS_SCALE ? load_param<P>(p.scale, n, 1.f) : 1.f;
     if constexpr (Spec::HAS_BIAS) store_param<P>(p, p.dbias, n, s * t.x);
-    if constexpr (Spec::HAS_SCALE) store_param<P>(p, p.dscale, n, t.y);
+    if constexpr (Spec::HAS_SCALE && !Spec::TRAIN) store_param<P>(p, p.dscale, n, t.y);
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 
@@ -145,13 +146,19 @@ BackwardReferenceOutputs backward_reference(const Problem& p, const ReferenceInp
       // train: sum dz (a + b) = sum dz c + (mean_a + b) sum dz, and sum dz = 0 (the batch mean
       // absorbs any shift of z), so the centred form is the same gradient without the
       // cancellation against a large column mean. eval: saved is a + b itself.
-      double sum = 0, mag = 0;
+      double sum = 0, mag = 0, terms = 0;
       for (std::size_t m = 0; m < M; ++m) {
         sum += dz[m] * out.saved[m * N + n];
         mag += dz_natural[m] * std::abs(out.saved[m * N + n]);
+        terms += std::abs(dy[m * N + n] * out.saved[m * N + n]);
       }
       out.dscale.push_back(sum);
-      out.dscale_scale.push_back(mag);
+      // train: the kernels take the closed form g eps invstd^3 sum dy c (bn_backward_coef), whose
+      // terms are its natural scale; eval: those of sum dz u.
+      // (At least |dscale| itself: the closed form and the sum round differently.)
+      out.dscale_scale.push_back(
+          train ? std::max(std::abs(g) * p.eps * invstd * invstd * invstd * terms, std::abs(sum))
+                : mag);
     }
   }
 

@@ -19,8 +19,9 @@ struct BackwardReferenceOutputs {
   std::vector<double> dbias, dscale, dgamma, dbeta;
   // Natural scale of each parameter gradient per column: the sum of |term| of its reduction,
   // with dz and da at the magnitude of their own terms (dz_natural: train |g| invstd / M (M |dy|
-  // + |dbeta| + |zh dgamma|), eval |dz|): sum_m |s| dz_natural for dbias; sum_m dz_natural |c|
-  // in train, dz_natural |a + b| in eval, for dscale.
+  // + |dbeta| + |zh dgamma|), eval |dz|): sum_m |s| dz_natural for dbias; for dscale in train
+  // |g| eps invstd^3 sum_m |dy c| (the terms of the closed form g eps invstd^3 sum dy c, equal
+  // to sum dz (a + b)), in eval sum_m dz_natural |a + b|.
   // dbias is exactly 0 in train mode in exact math (BatchNorm cancels the bias), and dscale
   // can cancel too, so their errors must be measured against these scales, not their values.
   // Empty when the parameter is absent.
