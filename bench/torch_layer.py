@@ -1,7 +1,8 @@
 """fusejit.torch against the seeds' Model, as a PyTorch user sees it (issue 19's benchmark).
 
 One process, CUDA-event medians: the fused module vs Model eager vs torch.compile(Model) for the
-forward in train and eval mode and for forward + backward (train), bf16; then the host time per
+forward in train and eval mode and for forward + backward (train and eval with the fused backward,
+train with the PyTorch-ops one: "f+b pt"), bf16; then the host time per
 call of the module's forward beside the extension's plan.run alone (the binding's overhead).
     python3 bench/torch_layer.py [--shapes 1024x8192x8192,...] [--runs 20]
 """
@@ -78,17 +79,20 @@ def main():
         x = torch.rand(M, K, device="cuda", dtype=dt)
         xg = x.clone().requires_grad_()
         dy = torch.randn(M, N, device="cuda", dtype=dt)
-        for what in ("train fwd", "eval fwd", "train fwd+bwd"):
+        # fwd+bwd with fusejit's fused backward (the default), and with the PyTorch-ops one.
+        for what in ("train fwd", "eval fwd", "train fwd+bwd", "eval fwd+bwd", "train f+b pt"):
             train = what.startswith("train")
+            backward = what.endswith("bwd") or what.endswith("pt")
+            fjt.set_backward("pytorch" if what.endswith("pt") else "fused")
             for m in (model, ours, compiled):
                 m.train(train)
 
             def step(m):
-                if what.endswith("bwd"):
+                if backward:
                     return lambda: m(xg).backward(dy)
                 return lambda: m(x)
 
-            with torch.set_grad_enabled(what.endswith("bwd")):
+            with torch.set_grad_enabled(backward):
                 t = [median_ms(step(m), a.runs) for m in (ours, model, compiled)]
             print(f"{shape:<18}{what:<14}{t[0]:>12.4f}{t[1]:>10.4f}{t[2]:>12.4f}"
                   f"{t[1] / t[0]:>9.2f}x{t[2] / t[0]:>10.2f}x")
@@ -109,7 +113,7 @@ def main():
     def raw():
         plan.run(stream, x.data_ptr(), w.data_ptr(), y.data_ptr(), p["b"].data_ptr(),
                  p["s"].data_ptr(), p["g"].data_ptr(), p["bt"].data_ptr(), p["rm"].data_ptr(),
-                 p["rv"].data_ptr(), 0, 0, 0, 0, 0)
+                 p["rv"].data_ptr(), 0, 0, 0, 0, 0, 0)
 
     print("\nhost time per call, 128x512x1024 bf16 (thread CPU, 2,000 calls):")
     with torch.no_grad():

@@ -20,7 +20,7 @@ import collections
 import copy
 import threading
 import warnings
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -74,13 +74,16 @@ _plan_cache = collections.OrderedDict()
 _plan_lock = threading.Lock()
 
 
-def _get_plan(key):
+def _get_plan(key, kind=None):
+    """The plan for `key` (the _C.Plan arguments; kind=_C.BackwardPlan: ("backward", its
+    arguments...))."""
     with _plan_lock:
         plan = _plan_cache.get(key)
         if plan is not None:
             _plan_cache.move_to_end(key)
             return plan
-    plan = _C.Plan(*key)  # outside the lock: a first compile takes seconds
+    # Outside the lock: a first compile takes seconds.
+    plan = _C.Plan(*key) if kind is None else kind(*key[1:])
     with _plan_lock:
         _plan_cache[key] = plan
         _plan_cache.move_to_end(key)
@@ -115,12 +118,14 @@ def _signature(mode, x, weight, vectors, nbt, eps, momentum):
     return tuple(sig)
 
 
-def _launch_prepared(plan, train, x, weight, vectors, nbt):
-    """Allocates y, the saved stats (train) and the workspace, and runs `plan` on them: the one
-    launch of both the checked path (_run_kernel) and prepared calls."""
+def _launch_prepared(plan, train, x, weight, vectors, nbt, save=False):
+    """Allocates y, the saved stats (train), `saved` (save=True: what the fused backward reads,
+    laid out like y) and the workspace, and runs `plan` on them: the one launch of both the
+    checked path (_run_kernel) and prepared calls."""
     M, N = x.shape[0], weight.shape[0]
     device = x.device
     y = torch.empty((M, N), dtype=x.dtype, device=device)
+    saved = torch.empty((M, N), dtype=x.dtype, device=device) if save else None
     save_mean = save_invstd = None
     if train:
         save_mean = torch.empty((N,), dtype=torch.float32, device=device)
@@ -135,9 +140,9 @@ def _launch_prepared(plan, train, x, weight, vectors, nbt):
     plan.run(
         _stream(device), x.data_ptr(), weight.data_ptr(), y.data_ptr(), _ptr(bias), _ptr(scale),
         _ptr(gamma), _ptr(beta), _ptr(rm), _ptr(rv), _ptr(nbt), _ptr(save_mean),
-        _ptr(save_invstd), ws_ptr, ws_bytes,
+        _ptr(save_invstd), ws_ptr, ws_bytes, _ptr(saved),
     )
-    return y, save_mean, save_invstd
+    return y, save_mean, save_invstd, saved
 
 
 def plan_cache_size():
@@ -154,7 +159,11 @@ _device_support = {}
 def _device_index(device):
     if device.index is not None:
         return device.index
-    return torch.cuda.current_device() if device.type == "cuda" else 0
+    # torch.cuda.current_device() raises where PyTorch sees no GPU (no driver, a CPU build);
+    # device 0 then lets fusejit's own check say why the kernels cannot run.
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.current_device()
+    return 0
 
 
 def kernel_available(device=None):
@@ -321,7 +330,7 @@ def _stream(device):
 _WORKSPACE_ALIGN = 256
 
 
-def _run_kernel(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum):
+def _run_kernel(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum, save):
     M, K = x.shape
     N = weight.shape[0]
     storage = _STORAGE[x.dtype]
@@ -371,8 +380,8 @@ def _run_kernel(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, mom
         gamma is not None, ldx, ldw, 0, _device_index(device),
     )
     plan = _get_plan(key)
-    y, save_mean, save_invstd = _launch_prepared(
-        plan, mode == "train", x_, w_, (bias_, scale_, gamma_, beta_, rm_, rv_), nbt_
+    out = _launch_prepared(
+        plan, mode == "train", x_, w_, (bias_, scale_, gamma_, beta_, rm_, rv_), nbt_, save
     )
     if mode == "train":
         for dst, src in ((rm, rm_), (rv, rv_), (nbt, nbt_)):
@@ -382,16 +391,22 @@ def _run_kernel(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, mom
     # the same metadata may skip straight to this plan (_prepared).
     direct = (x_ is x and w_ is weight and bias_ is bias and scale_ is scale and gamma_ is gamma
               and beta_ is beta and rm_ is rm and rv_ is rv and nbt_ is nbt)
-    return (y, save_mean, save_invstd), plan if direct else None
+    return out, plan if direct else None
 
 
 # ---------------------------------------------------------------------------------------------
 # The same math as PyTorch ops: fallback inside the ops (CPU tensors, float64, unsupported GPU)
 # ---------------------------------------------------------------------------------------------
-def _reference_op(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum):
+def _reference_op(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum,
+                  save=False):
     ct = torch.float64 if x.dtype == torch.float64 else torch.float32
     with torch.autocast(x.device.type, enabled=False):
-        z = F.linear(x.to(ct), weight.to(ct), None if bias is None else bias.to(ct))
+        a = F.linear(x.to(ct), weight.to(ct))
+    z = a if bias is None else a + bias.to(ct)
+    saved = None
+    if save:
+        # What the kernels save (fusejit::Tensors::saved): train a - mean(a), eval a + b.
+        saved = (a - a.mean(0) if mode == "train" else z).to(x.dtype)
     if scale is not None:
         z = z * scale.to(ct)
     M = z.shape[0]
@@ -415,17 +430,18 @@ def _reference_op(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, m
         y = y * gamma.to(ct)
     if beta is not None:
         y = y + beta.to(ct)
-    return y.to(x.dtype), mean.float(), invstd.float()
+    return y.to(x.dtype), mean.float(), invstd.float(), saved
 
 
-def _impl(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum):
+def _impl(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum, save=False):
+    """(y, save_mean, save_invstd, saved): the stats None in eval, saved None unless `save`."""
     vectors = (bias, scale, gamma, beta, rm, rv)
     sig = _signature(mode, x, weight, vectors, nbt, eps, momentum)
     plan = _prepared.get(sig)
     if plan is not None:
-        return _launch_prepared(plan, mode == "train", x, weight, vectors, nbt)
+        return _launch_prepared(plan, mode == "train", x, weight, vectors, nbt, save)
     out, direct = _impl_checked(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps,
-                                momentum)
+                                momentum, save)
     if direct is not None:
         with _plan_lock:
             if len(_prepared) >= _PREPARED_MAX:
@@ -434,7 +450,7 @@ def _impl(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum)
     return out
 
 
-def _impl_checked(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum):
+def _impl_checked(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum, save):
     """(result, the plan when every tensor went to it unchanged, else None)."""
     _check_args(x, weight, (bias, scale, gamma, beta), (rm, rv))
     _check_nbt(nbt, x)
@@ -456,12 +472,14 @@ def _impl_checked(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, m
         if reason != "empty":
             _warn_once(("fallback", reason), f"fusejit: running PyTorch ops instead ({reason})")
         return (
-            _reference_op(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum),
+            _reference_op(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum,
+                          save),
             None,
         )
     if mode == "train" and momentum is None and nbt is None:
         momentum = 0.0  # nn.BatchNorm1d's factor when it counts no batches
-    return _run_kernel(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum)
+    return _run_kernel(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum,
+                       save)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -492,7 +510,7 @@ def linear_scale_bn_train(
     return _impl(
         "train", x, weight, bias, scale, gamma, beta, running_mean, running_var,
         num_batches_tracked, eps, momentum,
-    )
+    )[:3]
 
 
 @linear_scale_bn_train.register_fake
@@ -532,18 +550,87 @@ def _(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
+# The forward as the fused backward needs it: y and `saved` (train: x W^T less its batch column
+# mean; eval: x W^T + b; laid out like y), which the backward reads instead of recomputing the
+# GEMM. Separate ops rather than a flag on the two above, whose schemas users may hold.
+@torch.library.custom_op(
+    "fusejit::linear_scale_bn_train_saving",
+    mutates_args=("running_mean", "running_var", "num_batches_tracked"),
+)
+def linear_scale_bn_train_saving(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    scale: Optional[torch.Tensor],
+    gamma: Optional[torch.Tensor],
+    beta: Optional[torch.Tensor],
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    num_batches_tracked: Optional[torch.Tensor],
+    eps: float,
+    momentum: Optional[float],
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """linear_scale_bn_train, also returning `saved` [M, N] for the fused backward."""
+    return _impl(
+        "train", x, weight, bias, scale, gamma, beta, running_mean, running_var,
+        num_batches_tracked, eps, momentum, True,
+    )
+
+
+@linear_scale_bn_train_saving.register_fake
+def _(x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked, eps,
+      momentum):
+    _check_args(x, weight, (bias, scale, gamma, beta), (running_mean, running_var))
+    M, N = x.shape[0], weight.shape[0]
+    return (
+        x.new_empty((M, N)),
+        x.new_empty((N,), dtype=torch.float32),
+        x.new_empty((N,), dtype=torch.float32),
+        x.new_empty((M, N)),
+    )
+
+
+@torch.library.custom_op("fusejit::linear_scale_bn_eval_saving", mutates_args=())
+def linear_scale_bn_eval_saving(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    scale: Optional[torch.Tensor],
+    gamma: Optional[torch.Tensor],
+    beta: Optional[torch.Tensor],
+    running_mean: torch.Tensor,
+    running_var: torch.Tensor,
+    eps: float,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """linear_scale_bn_eval, also returning `saved` [M, N] for the fused backward."""
+    y, _, _, saved = _impl(
+        "eval", x, weight, bias, scale, gamma, beta, running_mean, running_var, None, eps, None,
+        True,
+    )
+    return y, saved
+
+
+@linear_scale_bn_eval_saving.register_fake
+def _(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps):
+    _check_args(x, weight, (bias, scale, gamma, beta), (running_mean, running_var))
+    M, N = x.shape[0], weight.shape[0]
+    return x.new_empty((M, N)), x.new_empty((M, N))
+
+
 # ---------------------------------------------------------------------------------------------
 # Backward (PyTorch ops, fp32 statistics; gradients in the inputs' dtypes)
 # ---------------------------------------------------------------------------------------------
 _BACKWARDS = ("pytorch", "fused")
-_backward = "pytorch"
+_backward = "fused"
 _HAS_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")
 
 
 def set_backward(kind):
-    """"pytorch": the backward is PyTorch ops recomputing x W^T + b (the default).
-    "fused": fusejit's fused backward kernels (not there yet: backward raises
-    NotImplementedError)."""
+    """"fused" (the default): the forward also saves x W^T (centred by its batch mean in train)
+    and fusejit's backward kernels compute every gradient from it (BackwardPlan); where no
+    kernel can run, the same math as PyTorch ops. "pytorch": PyTorch ops recomputing x W^T + b
+    from x (no saved tensor; the forward is a little cheaper, the backward much dearer).
+    Read when a forward runs: its backward follows the choice made then."""
     global _backward
     if kind not in _BACKWARDS:
         raise ValueError(f"backward: expected one of {_BACKWARDS}, got {kind!r}")
@@ -576,10 +663,6 @@ def _backward_math(dy, x, weight, bias, scale, gamma, beta_dtype, mean, invstd, 
     y = gamma * (s * (x W^T + b) - mean) * invstd + beta.
     batch_stats: mean and invstd are the batch's own (train), so they depend on z as well.
     z-hat comes from recomputing x W^T + b, never from y: a gamma = 0 column keeps its dgamma."""
-    if _backward == "fused":
-        raise NotImplementedError(
-            "fusejit: the fused backward has not landed yet; use set_backward('pytorch')"
-        )
     nx, nw, nb, ns, ng, nbeta = needs
     with torch.autocast(dy.device.type, enabled=False):
         dyf = dy.float()
@@ -610,6 +693,168 @@ def _backward_math(dy, x, weight, bias, scale, gamma, beta_dtype, mean, invstd, 
         dgamma.to(gamma.dtype) if (gamma is not None and ng) else None,
         dbeta.to(beta_dtype) if (beta_dtype is not None and nbeta) else None,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The fused backward (fusejit::BackwardPlan)
+# ---------------------------------------------------------------------------------------------
+def _get_backward_plan(key):
+    # Same cache as the forward's plans, told apart by the first element.
+    return _get_plan(key, _C.BackwardPlan)
+
+
+def _packed(t, align):
+    """t as packed rows whose base is `align`-byte aligned (the same tensor where it is)."""
+    if not t.is_contiguous() or t.data_ptr() % align:
+        t = t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+def _backward_outputs(x, grads):
+    """The backward op's six outputs: parameter gradients in fp32, a fresh empty tensor for each
+    one not computed (a custom op's outputs may not alias each other)."""
+    return tuple(
+        x.new_empty((0,)) if t is None else (t if i < 2 else t.float())
+        for i, t in enumerate(grads)
+    )
+
+
+def _fused_backward_impl(dy, x, weight, saved, bias, scale, gamma, stat_a, stat_b, training,
+                         has_beta, eps, needs):
+    """Gradients (dx, dW, dbias, dscale, dgamma, dbeta) from the kernels, None for each one not
+    in `needs` (or whose parameter is absent); the parameter gradients in the dtype the kernels
+    took the parameters in. stat_a, stat_b: train save_mean, save_invstd; eval running_mean,
+    running_var."""
+    M, K = x.shape
+    N = weight.shape[0]
+    nx, nw, nb, ns, ng, nbeta = needs
+    reason = _static_fallback_reason(x)
+    if reason is None:
+        ok, why = kernel_available(x.device)
+        reason = None if ok else why
+    if reason is not None or M == 0 or N == 0 or K == 0:
+        # The forward fell back as well (it warned): the same gradients as PyTorch ops.
+        if training:
+            mean, invstd = stat_a, stat_b
+        else:
+            mean, invstd = stat_a.float(), torch.rsqrt(stat_b.float() + eps)
+        return _backward_math(dy, x, weight, bias, scale, gamma,
+                              torch.float32 if has_beta else None, mean, invstd, training, needs)
+
+    storage = _STORAGE[x.dtype]
+    dtype = "tf32" if storage == "fp32" and _tf32_enabled() else storage
+    # Parameters as the forward passed them: all in the storage dtype, or all in fp32.
+    present = [t for t in (bias, scale, gamma) if t is not None]
+    if not training:
+        present += [stat_a, stat_b]
+    pdt = x.dtype if present and {t.dtype for t in present} == {x.dtype} else torch.float32
+    has_affine = gamma is not None or has_beta
+    if has_affine and gamma is None:
+        gamma = torch.ones((N,), dtype=pdt, device=x.device)
+    scale_, gamma_ = _vector(scale, pdt), _vector(gamma, pdt)
+    rm_ = rv_ = mean_ = invstd_ = None
+    if training:
+        mean_, invstd_ = stat_a, stat_b
+    else:
+        rm_, rv_ = _vector(stat_a, pdt), _vector(stat_b, pdt)
+    # Packed rows everywhere (dx and dW are laid out like x and W); bases as aligned as the
+    # rows' widths allow, which is what the plan assumes.
+    eb = x.element_size()
+    align = min(_natural_alignment(0, K * eb), _natural_alignment(0, N * eb))
+    x_, w_ = _packed(x, align), _packed(weight, align)
+    dy_, saved_ = _packed(dy.to(x.dtype), align), _packed(saved, align)
+    key = (
+        "backward", M, N, K, dtype, "train" if training else "eval",
+        _STORAGE[pdt] if pdt != torch.float32 else "fp32", float(eps), None, bias is not None,
+        scale is not None, has_affine, 0, 0, 0, _device_index(x.device),
+    )
+    plan = _get_backward_plan(key)
+    device = x.device
+    dx = torch.empty((M, K), dtype=x.dtype, device=device) if nx else None
+    dw = torch.empty((N, K), dtype=x.dtype, device=device) if nw else None
+
+    def grad(want):
+        return torch.empty((N,), dtype=pdt, device=device) if want else None
+
+    dbias = grad(nb and bias is not None)
+    dscale = grad(ns and scale is not None)
+    dgamma = grad(ng and gamma is not None)
+    dbeta = grad(nbeta and has_beta)
+    ws_bytes = plan.workspace_size
+    ws = torch.empty((ws_bytes + _WORKSPACE_ALIGN,), dtype=torch.uint8, device=device)
+    ws_ptr = -(-ws.data_ptr() // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
+    plan.run(
+        _stream(device), dy_.data_ptr(), x_.data_ptr(), w_.data_ptr(), saved_.data_ptr(),
+        _ptr(scale_), _ptr(gamma_), _ptr(rm_), _ptr(rv_), _ptr(mean_), _ptr(invstd_), _ptr(dx),
+        _ptr(dw), _ptr(dbias), _ptr(dscale), _ptr(dgamma), _ptr(dbeta), ws_ptr, ws_bytes,
+    )
+    return dx, dw, dbias, dscale, dgamma, dbeta
+
+
+@torch.library.custom_op("fusejit::linear_scale_bn_backward", mutates_args=())
+def linear_scale_bn_backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    saved: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    scale: Optional[torch.Tensor],
+    gamma: Optional[torch.Tensor],
+    stat_a: torch.Tensor,
+    stat_b: torch.Tensor,
+    training: bool,
+    has_beta: bool,
+    eps: float,
+    needs: List[bool],
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused backward: (dx, dW, dbias, dscale, dgamma, dbeta) of the layer whose forward
+    (linear_scale_bn_*_saving) returned `saved`; stat_a/stat_b are save_mean/save_invstd
+    (training) or running_mean/running_var (eval). Parameter gradients in fp32, and an empty
+    tensor for each gradient `needs` (six flags, that order) leaves out."""
+    return _backward_outputs(x, _fused_backward_impl(
+        dy, x, weight, saved, bias, scale, gamma, stat_a, stat_b, training, has_beta, eps,
+        tuple(needs)))
+
+
+@linear_scale_bn_backward.register_fake
+def _(dy, x, weight, saved, bias, scale, gamma, stat_a, stat_b, training, has_beta, eps, needs):
+    nx, nw, nb, ns, ng, nbeta = needs
+    N = weight.shape[0]
+    has = (True, True, bias is not None, scale is not None, gamma is not None, has_beta)
+    shapes = (tuple(x.shape), tuple(weight.shape), (N,), (N,), (N,), (N,))
+    out = []
+    for i, (want, present, shape) in enumerate(zip(needs, has, shapes)):
+        if not (want and present):
+            out.append(x.new_empty((0,)))
+        else:
+            out.append(x.new_empty(shape, dtype=x.dtype if i < 2 else torch.float32))
+    return tuple(out)
+
+
+def _fused_backward(ctx, dy, stat_a, stat_b, training):
+    """The autograd formula of both saving forwards: the backward op (called directly outside
+    torch.compile: the dispatcher's custom-op checks cost more host time than the kernels of a
+    small layer), its parameter gradients cast back to the parameters' dtypes."""
+    x, weight, bias, scale, gamma, saved = ctx.saved_tensors[:6]
+    needs = tuple(bool(v) for v in ctx.needs_input_grad[:6])
+    has_beta = ctx.beta_dtype is not None
+    if _eager_call((dy, x, weight, saved, bias, scale, gamma, stat_a, stat_b)):
+        g = _fused_backward_impl(dy, x, weight, saved, bias, scale, gamma, stat_a, stat_b,
+                                 training, has_beta, float(ctx.eps), needs)
+    else:
+        g = torch.ops.fusejit.linear_scale_bn_backward(
+            dy, x, weight, saved, bias, scale, gamma, stat_a, stat_b, training, has_beta,
+            float(ctx.eps), list(needs),
+        )
+    dtypes = (x.dtype, weight.dtype, *(None if t is None else t.dtype for t in (bias, scale, gamma)),
+              ctx.beta_dtype)
+    out = []
+    for want, t, dt in zip(needs, g, dtypes):
+        if not want or dt is None or t is None:
+            out.append(None)
+        else:
+            out.append(t if t.dtype == dt else t.to(dt))
+    return tuple(out)
 
 
 def _eval_setup_context(ctx, inputs, output):
@@ -649,26 +894,67 @@ def _eager_call(tensors):
 class _TrainFunction(torch.autograd.Function):
     # The train op mutates the running stats, and PyTorch registers autograd formulas only for
     # functional ops, so its gradient lives in this Function (torch.compile traces both).
+    # fused: the forward saves what the fused backward reads (the *_saving op) and the backward
+    # is fusejit's; else the backward is PyTorch ops recomputing x W^T.
     @staticmethod
-    def forward(ctx, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum):
+    def forward(ctx, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum, fused):
         args = (x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum)
-        if _eager_call((x, weight, bias, scale, gamma, beta, rm, rv, nbt)):
-            y, save_mean, save_invstd = _impl("train", *args)
+        eager = _eager_call((x, weight, bias, scale, gamma, beta, rm, rv, nbt))
+        if fused:
+            if eager:
+                y, save_mean, save_invstd, saved = _impl("train", *args, True)
+            else:
+                y, save_mean, save_invstd, saved = torch.ops.fusejit.linear_scale_bn_train_saving(
+                    *args
+                )
+            ctx.save_for_backward(x, weight, bias, scale, gamma, saved, save_mean, save_invstd)
         else:
-            y, save_mean, save_invstd = torch.ops.fusejit.linear_scale_bn_train(*args)
-        ctx.save_for_backward(x, weight, bias, scale, gamma, save_mean, save_invstd)
+            if eager:
+                y, save_mean, save_invstd = _impl("train", *args)[:3]
+            else:
+                y, save_mean, save_invstd = torch.ops.fusejit.linear_scale_bn_train(*args)
+            ctx.save_for_backward(x, weight, bias, scale, gamma, save_mean, save_invstd)
+        ctx.fused = fused
+        ctx.eps = eps
         ctx.beta_dtype = None if beta is None else beta.dtype
         ctx.mark_non_differentiable(save_mean, save_invstd)
         return y, save_mean, save_invstd
 
     @staticmethod
     def backward(ctx, dy, _dmean, _dinvstd):
+        if ctx.fused:
+            mean, invstd = ctx.saved_tensors[6:8]
+            return _fused_backward(ctx, dy, mean, invstd, True) + (None,) * 6
         x, weight, bias, scale, gamma, mean, invstd = ctx.saved_tensors
         needs = tuple(ctx.needs_input_grad[:6])
         grads = _backward_math(
             dy, x, weight, bias, scale, gamma, ctx.beta_dtype, mean, invstd, True, needs
         )
-        return grads + (None, None, None, None, None)
+        return grads + (None,) * 6
+
+
+class _EvalFunction(torch.autograd.Function):
+    # Eval with the fused backward: the forward saves x W^T + b for it. (The eval op's own
+    # autograd formula, registered above, is the PyTorch-ops backward.)
+    @staticmethod
+    def forward(ctx, x, weight, bias, scale, gamma, beta, rm, rv, eps):
+        if _eager_call((x, weight, bias, scale, gamma, beta, rm, rv)):
+            y, _, _, saved = _impl(
+                "eval", x, weight, bias, scale, gamma, beta, rm, rv, None, eps, None, True
+            )
+        else:
+            y, saved = torch.ops.fusejit.linear_scale_bn_eval_saving(
+                x, weight, bias, scale, gamma, beta, rm, rv, eps
+            )
+        ctx.save_for_backward(x, weight, bias, scale, gamma, saved, rm, rv)
+        ctx.eps = eps
+        ctx.beta_dtype = None if beta is None else beta.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        rm, rv = ctx.saved_tensors[6:8]
+        return _fused_backward(ctx, dy, rm, rv, False) + (None,) * 3
 
 
 def _needs_grad(tensors):
@@ -728,7 +1014,7 @@ def linear_scale_batch_norm(
         if _needs_grad(tensors) or torch.compiler.is_compiling():
             return _TrainFunction.apply(
                 x, weight, bias, scale, gamma, beta, running_mean, running_var,
-                num_batches_tracked, eps, momentum,
+                num_batches_tracked, eps, momentum, _backward == "fused" and _needs_grad(tensors),
             )[0]
         if _eager_call(tensors):
             return _impl(
@@ -741,6 +1027,10 @@ def linear_scale_batch_norm(
         )[0]
     if running_mean is None or running_var is None:
         raise ValueError("training=False normalizes with running_mean and running_var")
+    if _backward == "fused" and _needs_grad(tensors):
+        return _EvalFunction.apply(
+            x, weight, bias, scale, gamma, beta, running_mean, running_var, eps
+        )
     if not _needs_grad(tensors) and _eager_call(tensors):
         return _impl(
             "eval", x, weight, bias, scale, gamma, beta, running_mean, running_var, None, eps,

@@ -26,6 +26,23 @@ T* ptr(std::uintptr_t v) {
   return reinterpret_cast<T*>(v);
 }
 
+// The layer as fusejit::Problem, from what fusejit.torch reads off the tensors.
+Problem make_problem(std::int64_t M, std::int64_t N, std::int64_t K, const std::string& dtype,
+                     const std::string& mode, const std::string& param_dtype, double eps,
+                     std::optional<double> momentum, bool has_bias, bool has_scale, bool has_affine,
+                     std::int64_t ldx, std::int64_t ldw, std::int64_t ldy) {
+  Problem p;
+  p.M = M, p.N = N, p.K = K;
+  p.dtype = parse_dtype(dtype);
+  p.param_dtype = parse_dtype(param_dtype);
+  p.mode = parse_mode(mode);
+  p.eps = eps;
+  p.momentum = momentum;
+  p.has_bias = has_bias, p.has_scale = has_scale, p.has_affine = has_affine;
+  p.ldx = ldx, p.ldw = ldw, p.ldy = ldy;
+  return p;
+}
+
 // One layer's plan: made for M rows (kernels shared with every other M of the layer's M class),
 // without a workspace of its own; Python passes one from its allocator to every run.
 class PyPlan {
@@ -34,15 +51,15 @@ class PyPlan {
          const std::string& mode, const std::string& param_dtype, double eps,
          std::optional<double> momentum, bool has_bias, bool has_scale, bool has_affine,
          std::int64_t ldx, std::int64_t ldw, std::int64_t ldy, int device)
-      : plan_(problem(M, N, K, dtype, mode, param_dtype, eps, momentum, has_bias, has_scale,
-                      has_affine, ldx, ldw, ldy),
+      : plan_(make_problem(M, N, K, dtype, mode, param_dtype, eps, momentum, has_bias, has_scale,
+                           has_affine, ldx, ldw, ldy),
               options(device)) {}
 
   void run(std::uintptr_t stream, std::uintptr_t x, std::uintptr_t w, std::uintptr_t y,
            std::uintptr_t bias, std::uintptr_t scale, std::uintptr_t gamma, std::uintptr_t beta,
            std::uintptr_t running_mean, std::uintptr_t running_var,
            std::uintptr_t num_batches_tracked, std::uintptr_t save_mean, std::uintptr_t save_invstd,
-           std::uintptr_t workspace, std::size_t workspace_bytes) {
+           std::uintptr_t workspace, std::size_t workspace_bytes, std::uintptr_t saved) {
     Tensors t;
     t.x = ptr<const void>(x);
     t.w = ptr<const void>(w);
@@ -56,6 +73,7 @@ class PyPlan {
     t.num_batches_tracked = ptr<std::int64_t>(num_batches_tracked);
     t.save_mean = ptr<float>(save_mean);
     t.save_invstd = ptr<float>(save_invstd);
+    t.saved = ptr<void>(saved);
     // The launch is host work only (microseconds); no reason to hold other Python threads.
     nb::gil_scoped_release release;
     plan_.run(reinterpret_cast<CUstream>(stream), t, ptr<void>(workspace), workspace_bytes);
@@ -67,21 +85,6 @@ class PyPlan {
   std::string dispatch() const { return plan_.dispatch(); }
 
  private:
-  static Problem problem(std::int64_t M, std::int64_t N, std::int64_t K, const std::string& dtype,
-                         const std::string& mode, const std::string& param_dtype, double eps,
-                         std::optional<double> momentum, bool has_bias, bool has_scale,
-                         bool has_affine, std::int64_t ldx, std::int64_t ldw, std::int64_t ldy) {
-    Problem p;
-    p.M = M, p.N = N, p.K = K;
-    p.dtype = parse_dtype(dtype);
-    p.param_dtype = parse_dtype(param_dtype);
-    p.mode = parse_mode(mode);
-    p.eps = eps;
-    p.momentum = momentum;
-    p.has_bias = has_bias, p.has_scale = has_scale, p.has_affine = has_affine;
-    p.ldx = ldx, p.ldw = ldw, p.ldy = ldy;
-    return p;
-  }
   static PlanOptions options(int device) {
     PlanOptions o;
     o.device = device;
@@ -90,6 +93,61 @@ class PyPlan {
   }
 
   Plan plan_;
+};
+
+// The layer's backward (fusejit::BackwardPlan), made for M rows without a workspace of its own,
+// like PyPlan. Zero pointers are absent tensors: a gradient not wanted, a parameter the layer
+// does not have.
+class PyBackwardPlan {
+ public:
+  PyBackwardPlan(std::int64_t M, std::int64_t N, std::int64_t K, const std::string& dtype,
+                 const std::string& mode, const std::string& param_dtype, double eps,
+                 std::optional<double> momentum, bool has_bias, bool has_scale, bool has_affine,
+                 std::int64_t ldx, std::int64_t ldw, std::int64_t ldy, int device)
+      : plan_(make_problem(M, N, K, dtype, mode, param_dtype, eps, momentum, has_bias, has_scale,
+                           has_affine, ldx, ldw, ldy),
+              options(device)) {}
+
+  void run(std::uintptr_t stream, std::uintptr_t dy, std::uintptr_t x, std::uintptr_t w,
+           std::uintptr_t saved, std::uintptr_t scale, std::uintptr_t gamma,
+           std::uintptr_t running_mean, std::uintptr_t running_var, std::uintptr_t save_mean,
+           std::uintptr_t save_invstd, std::uintptr_t dx, std::uintptr_t dw, std::uintptr_t dbias,
+           std::uintptr_t dscale, std::uintptr_t dgamma, std::uintptr_t dbeta,
+           std::uintptr_t workspace, std::size_t workspace_bytes) {
+    BackwardTensors t;
+    t.dy = ptr<const void>(dy);
+    t.x = ptr<const void>(x);
+    t.w = ptr<const void>(w);
+    t.saved = ptr<const void>(saved);
+    t.scale = ptr<const void>(scale);
+    t.gamma = ptr<const void>(gamma);
+    t.running_mean = ptr<const void>(running_mean);
+    t.running_var = ptr<const void>(running_var);
+    t.save_mean = ptr<const float>(save_mean);
+    t.save_invstd = ptr<const float>(save_invstd);
+    t.dx = ptr<void>(dx);
+    t.dw = ptr<void>(dw);
+    t.dbias = ptr<void>(dbias);
+    t.dscale = ptr<void>(dscale);
+    t.dgamma = ptr<void>(dgamma);
+    t.dbeta = ptr<void>(dbeta);
+    nb::gil_scoped_release release;
+    plan_.run(reinterpret_cast<CUstream>(stream), t, plan_.problem().M, ptr<void>(workspace),
+              workspace_bytes);
+  }
+
+  std::size_t workspace_size() const { return plan_.workspace_size(); }
+  std::string config() const { return plan_.config_key(); }
+
+ private:
+  static BackwardOptions options(int device) {
+    BackwardOptions o;
+    o.device = device;
+    o.allocate_workspace = false;
+    return o;
+  }
+
+  BackwardPlan plan_;
 };
 
 }  // namespace
@@ -135,9 +193,25 @@ NB_MODULE(_C, m) {
            nb::arg("bias"), nb::arg("scale"), nb::arg("gamma"), nb::arg("beta"),
            nb::arg("running_mean"), nb::arg("running_var"), nb::arg("num_batches_tracked"),
            nb::arg("save_mean"), nb::arg("save_invstd"), nb::arg("workspace"),
-           nb::arg("workspace_bytes"))
+           nb::arg("workspace_bytes"), nb::arg("saved") = 0)
       .def_prop_ro("workspace_size", &PyPlan::workspace_size)
       .def_prop_ro("config", &PyPlan::config)
       .def_prop_ro("kernel_names", &PyPlan::kernel_names)
       .def_prop_ro("dispatch", &PyPlan::dispatch);
+  nb::class_<PyBackwardPlan>(m, "BackwardPlan")
+      .def(nb::init<std::int64_t, std::int64_t, std::int64_t, const std::string&,
+                    const std::string&, const std::string&, double, std::optional<double>, bool,
+                    bool, bool, std::int64_t, std::int64_t, std::int64_t, int>(),
+           nb::arg("M"), nb::arg("N"), nb::arg("K"), nb::arg("dtype"), nb::arg("mode"),
+           nb::arg("param_dtype"), nb::arg("eps"), nb::arg("momentum").none(), nb::arg("has_bias"),
+           nb::arg("has_scale"), nb::arg("has_affine"), nb::arg("ldx"), nb::arg("ldw"),
+           nb::arg("ldy"), nb::arg("device"))
+      .def("run", &PyBackwardPlan::run, nb::arg("stream"), nb::arg("dy"), nb::arg("x"),
+           nb::arg("w"), nb::arg("saved"), nb::arg("scale"), nb::arg("gamma"),
+           nb::arg("running_mean"), nb::arg("running_var"), nb::arg("save_mean"),
+           nb::arg("save_invstd"), nb::arg("dx"), nb::arg("dw"), nb::arg("dbias"),
+           nb::arg("dscale"), nb::arg("dgamma"), nb::arg("dbeta"), nb::arg("workspace"),
+           nb::arg("workspace_bytes"))
+      .def_prop_ro("workspace_size", &PyBackwardPlan::workspace_size)
+      .def_prop_ro("config", &PyBackwardPlan::config);
 }
