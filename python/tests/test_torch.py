@@ -33,31 +33,14 @@ if DEVICE == "cuda":
         pytest.skip(f"fusejit cannot run on this GPU: {_why}", allow_module_level=True)
 
 import fusejit.torch as fjt  # noqa: E402
+import layer_reference  # noqa: E402
+from layer_reference import RefModel, assert_stats_match, make_ref, rel_err  # noqa: E402,F401
 
 cuda_only = pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device")
 
 # Relative error (max |a - b| / max |b|) against float64.
 TOL = {torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 GRAD_TOL = {k: 2 * v for k, v in TOL.items()}
-
-
-class RefModel(nn.Module):
-    """The seeds' Model (shared/spec/reference_model.py), with the nn options the fused module
-    takes; forward is the same three calls."""
-
-    def __init__(self, in_features, out_features, scale_shape=None, eps=1e-5, momentum=0.1,
-                 bias=True, affine=True, track_running_stats=True):
-        super().__init__()
-        self.gemm = nn.Linear(in_features, out_features, bias=bias)
-        self.scale = nn.Parameter(torch.randn(scale_shape or (out_features,)))
-        self.bn = nn.BatchNorm1d(out_features, eps=eps, momentum=momentum, affine=affine,
-                                 track_running_stats=track_running_stats)
-
-    def forward(self, x):
-        x = self.gemm(x)
-        x = x * self.scale
-        x = self.bn(x)
-        return x
 
 
 def set_tf32(on):
@@ -80,48 +63,12 @@ def _strict_fp32_and_fresh_state():
     fjt.set_backward("fused")
 
 
-def rel_err(a, b):
-    a, b = a.detach().double(), b.detach().double()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
-
-
 def make_x(M, K, kind="rand", dtype=torch.float32, device=DEVICE):
-    # "rand" is KernelBench's uniform [0, 1): every column of x W^T has a large mean against
-    # its spread. Never zeros either way.
-    if kind == "rand":
-        x = torch.rand(M, K, device=device) * 0.999 + 0.001
-    else:
-        x = torch.randn(M, K, device=device)
-    return x.to(dtype)
-
-
-def make_ref(K, N, seed=0, **kw):
-    torch.manual_seed(seed)
-    m = RefModel(K, N, **kw)
-    with torch.no_grad():
-        if m.bn.affine:
-            m.bn.weight.uniform_(0.5, 1.5)
-            m.bn.bias.normal_(0.0, 0.2)
-        if m.bn.track_running_stats:
-            m.bn.running_mean.normal_(0.0, 0.3)
-            m.bn.running_var.uniform_(0.5, 2.0)
-    return m
+    return layer_reference.make_x(M, K, kind, dtype, device)
 
 
 def pair(K, N, dtype=torch.float32, **kw):
-    """(fused module, float64 reference) holding the same values."""
-    ref = make_ref(K, N, **kw).to(DEVICE, dtype)
-    ours = fjt.LinearScaleBatchNorm1d.from_module(ref)
-    return ours, copy.deepcopy(ref).double()
-
-
-def assert_stats_match(ours, ref64, tol):
-    if ref64.bn.running_mean is None:
-        assert ours.bn.running_mean is None and ours.bn.running_var is None
-        return
-    assert rel_err(ours.bn.running_mean, ref64.bn.running_mean) < tol
-    assert rel_err(ours.bn.running_var, ref64.bn.running_var) < tol
-    assert int(ours.bn.num_batches_tracked) == int(ref64.bn.num_batches_tracked)
+    return layer_reference.pair(K, N, dtype, DEVICE, **kw)
 
 
 def dscale_error(got, ref64, x64, dy):

@@ -29,6 +29,8 @@ import torch.nn as nn  # noqa: E402
 
 import fusejit  # noqa: E402
 import fusejit.torch as fjt  # noqa: E402
+import layer_reference  # noqa: E402
+from layer_reference import RefModel, assert_stats_match, make_ref, rel_err  # noqa: E402,F401
 
 # Relative error (max |a - b| / max |b|) against float64. The CPU fallback computes in fp32
 # (PyTorch's GEMM and reductions); bf16 storage rounds inputs and outputs.
@@ -41,25 +43,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:fusejit. running PyTorch ops ins
 needs_C = pytest.mark.skipif(
     fusejit._C is None, reason=f"fusejit._C does not load: {fusejit._C_import_error}"
 )
-
-
-class RefModel(nn.Module):
-    """The seeds' Model (shared/spec/reference_model.py) with the nn options the fused module
-    takes; forward is the same three calls."""
-
-    def __init__(self, in_features, out_features, scale_shape=None, eps=1e-5, momentum=0.1,
-                 bias=True, affine=True, track_running_stats=True):
-        super().__init__()
-        self.gemm = nn.Linear(in_features, out_features, bias=bias)
-        self.scale = nn.Parameter(torch.randn(scale_shape or (out_features,)))
-        self.bn = nn.BatchNorm1d(out_features, eps=eps, momentum=momentum, affine=affine,
-                                 track_running_stats=track_running_stats)
-
-    def forward(self, x):
-        x = self.gemm(x)
-        x = x * self.scale
-        x = self.bn(x)
-        return x
 
 
 def _seeds_model_class():
@@ -113,48 +96,8 @@ def backward(request, op_path):
     return request.param
 
 
-def rel_err(a, b):
-    a, b = a.detach().double(), b.detach().double()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
-
-
-def make_x(M, K, kind="rand", dtype=torch.float32):
-    # "rand" is KernelBench's uniform [0, 1): every column of x W^T has a large mean against
-    # its spread. Never zeros either way.
-    if kind == "rand":
-        x = torch.rand(M, K) * 0.999 + 0.001
-    else:
-        x = torch.randn(M, K)
-    return x.to(dtype)
-
-
-def make_ref(K, N, seed=0, **kw):
-    torch.manual_seed(seed)
-    m = RefModel(K, N, **kw)
-    with torch.no_grad():
-        if m.bn.affine:
-            m.bn.weight.uniform_(0.5, 1.5)
-            m.bn.bias.normal_(0.0, 0.2)
-        if m.bn.track_running_stats:
-            m.bn.running_mean.normal_(0.0, 0.3)
-            m.bn.running_var.uniform_(0.5, 2.0)
-    return m
-
-
-def pair(K, N, dtype=torch.float32, **kw):
-    """(fused module, float64 reference) holding the same values."""
-    ref = make_ref(K, N, **kw).to(dtype)
-    ours = fjt.LinearScaleBatchNorm1d.from_module(ref)
-    return ours, copy.deepcopy(ref).double()
-
-
-def assert_stats_match(ours, ref64, tol):
-    if ref64.bn.running_mean is None:
-        assert ours.bn.running_mean is None and ours.bn.running_var is None
-        return
-    assert rel_err(ours.bn.running_mean, ref64.bn.running_mean) < tol
-    assert rel_err(ours.bn.running_var, ref64.bn.running_var) < tol
-    assert int(ours.bn.num_batches_tracked) == int(ref64.bn.num_batches_tracked)
+make_x = layer_reference.make_x
+pair = layer_reference.pair
 
 
 def op_args(M, K, N, dtype=torch.float32, requires_grad=False):
