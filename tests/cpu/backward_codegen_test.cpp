@@ -134,9 +134,11 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
       {"warpspec.256x128x64.c2.s3.g8.cl1.p1", "warpspec.64x64x64.c1.s8.g8.cl1.p1"},
       {"warpspec.128x256x64.c2.s3.g16.cl1.p1.ts", "warpspec.64x128x64.c1.s6.g8.cl1.p0.ts"}};
   std::vector<fusejit::test::CompileJob> jobs;
-  for (const auto& [dx, dw] : tiles) {
-    CAPTURE(std::string(dx));
-    CAPTURE(std::string(dw));
+  for (const auto& pair : tiles) {
+    // Named copies, not structured bindings: CAPTURE's lambda cannot capture those (clang 14).
+    const std::string dx = pair.first, dw = pair.second;
+    CAPTURE(dx);
+    CAPTURE(dw);
     for (const char* line : {"300x72x40 bf16 train", "777x328x520 fp16 eval"}) {
       const Problem q = parse_sweep_line(line).problem;
       const BackwardConfig c{KernelConfig::parse(dx), KernelConfig::parse(dw)};
