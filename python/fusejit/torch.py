@@ -131,11 +131,7 @@ def _launch_prepared(plan, train, x, weight, vectors, nbt, save=False):
         save_mean = torch.empty((N,), dtype=torch.float32, device=device)
         save_invstd = torch.empty((N,), dtype=torch.float32, device=device)
     ws_bytes = plan.workspace_size
-    ws, ws_ptr = None, 0
-    if ws_bytes:
-        # CUDA's caching allocator hands out 512-byte aligned blocks; the slack covers others.
-        ws = torch.empty((ws_bytes + _WORKSPACE_ALIGN,), dtype=torch.uint8, device=device)
-        ws_ptr = -(-ws.data_ptr() // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
+    ws, ws_ptr = _workspace(ws_bytes, device)
     bias, scale, gamma, beta, rm, rv = vectors
     plan.run(
         _stream(device), x.data_ptr(), weight.data_ptr(), y.data_ptr(), _ptr(bias), _ptr(scale),
@@ -330,19 +326,34 @@ def _stream(device):
 _WORKSPACE_ALIGN = 256
 
 
+def _workspace(nbytes, device):
+    """(tensor, address rounded up to _WORKSPACE_ALIGN) of a plan's workspace from torch's
+    allocator, stream-ordered like the run; (None, 0) for none. CUDA's caching allocator hands
+    out 512-byte aligned blocks; the slack covers others."""
+    if not nbytes:
+        return None, 0
+    ws = torch.empty((nbytes + _WORKSPACE_ALIGN,), dtype=torch.uint8, device=device)
+    return ws, -(-ws.data_ptr() // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
+
+
+def _kernel_dtype(x):
+    """The kernels' dtype for x's storage: fp32 runs as tf32 where PyTorch allows tf32."""
+    storage = _STORAGE[x.dtype]
+    return "tf32" if storage == "fp32" and _tf32_enabled() else storage
+
+
+def _param_dtype(x, params):
+    """The dtype the kernels take the per-feature tensors in: the storage dtype when every one
+    present has it, else fp32 (a mix runs them all in fp32)."""
+    present = {t.dtype for t in params if t is not None}
+    return x.dtype if present and present == {x.dtype} else torch.float32
+
+
 def _run_kernel(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum, save):
     M, K = x.shape
     N = weight.shape[0]
-    storage = _STORAGE[x.dtype]
-    dtype = "tf32" if storage == "fp32" and _tf32_enabled() else storage
-
-    # Parameters: all in fp32 or all in the storage dtype; any other mix runs them in fp32.
-    present = [t for t in (bias, scale, gamma, beta, rm, rv) if t is not None]
-    pdtypes = {t.dtype for t in present}
-    if pdtypes and pdtypes == {x.dtype}:
-        pdt = x.dtype
-    else:
-        pdt = torch.float32
+    dtype = _kernel_dtype(x)
+    pdt = _param_dtype(x, (bias, scale, gamma, beta, rm, rv))
     if (gamma is None) != (beta is None):
         ref = gamma if gamma is not None else beta
         gamma = gamma if gamma is not None else torch.ones_like(ref)
@@ -741,13 +752,8 @@ def _fused_backward_impl(dy, x, weight, saved, bias, scale, gamma, stat_a, stat_
         return _backward_math(dy, x, weight, bias, scale, gamma,
                               torch.float32 if has_beta else None, mean, invstd, training, needs)
 
-    storage = _STORAGE[x.dtype]
-    dtype = "tf32" if storage == "fp32" and _tf32_enabled() else storage
-    # Parameters as the forward passed them: all in the storage dtype, or all in fp32.
-    present = [t for t in (bias, scale, gamma) if t is not None]
-    if not training:
-        present += [stat_a, stat_b]
-    pdt = x.dtype if present and {t.dtype for t in present} == {x.dtype} else torch.float32
+    dtype = _kernel_dtype(x)
+    pdt = _param_dtype(x, (bias, scale, gamma) + (() if training else (stat_a, stat_b)))
     has_affine = gamma is not None or has_beta
     if has_affine and gamma is None:
         gamma = torch.ones((N,), dtype=pdt, device=x.device)
@@ -781,8 +787,7 @@ def _fused_backward_impl(dy, x, weight, saved, bias, scale, gamma, stat_a, stat_
     dgamma = grad(ng and gamma is not None)
     dbeta = grad(nbeta and has_beta)
     ws_bytes = plan.workspace_size
-    ws = torch.empty((ws_bytes + _WORKSPACE_ALIGN,), dtype=torch.uint8, device=device)
-    ws_ptr = -(-ws.data_ptr() // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
+    ws, ws_ptr = _workspace(ws_bytes, device)
     plan.run(
         _stream(device), dy_.data_ptr(), x_.data_ptr(), w_.data_ptr(), saved_.data_ptr(),
         _ptr(scale_), _ptr(gamma_), _ptr(rm_), _ptr(rv_), _ptr(mean_), _ptr(invstd_), _ptr(dx),
