@@ -72,3 +72,14 @@ def assert_stats_match(ours, ref64, tol):
     assert rel_err(ours.bn.running_mean, ref64.bn.running_mean) < tol
     assert rel_err(ours.bn.running_var, ref64.bn.running_var) < tol
     assert int(ours.bn.num_batches_tracked) == int(ref64.bn.num_batches_tracked)
+
+
+def grads(module):
+    """The layer's parameter gradients by role (the fused module and RefModel share the names)."""
+    return {
+        "weight": module.gemm.weight.grad,
+        "bias": module.gemm.bias.grad,
+        "scale": module.scale.grad,
+        "gamma": module.bn.weight.grad,
+        "beta": module.bn.bias.grad,
+    }

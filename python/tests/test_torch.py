@@ -35,6 +35,7 @@ if DEVICE == "cuda":
 import fusejit.torch as fjt  # noqa: E402
 import layer_reference  # noqa: E402
 from layer_reference import RefModel, assert_stats_match, make_ref, rel_err  # noqa: E402,F401
+from layer_reference import grads as _grads  # noqa: E402
 
 cuda_only = pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device")
 
@@ -258,16 +259,6 @@ def test_from_module_copies_or_shares():
 # ------------------------------------------------------------------------------------------------
 # Backward
 # ------------------------------------------------------------------------------------------------
-def _grads(module):
-    return {
-        "weight": module.gemm.weight.grad,
-        "bias": module.gemm.bias.grad,
-        "scale": module.scale.grad,
-        "gamma": module.bn.weight.grad,
-        "beta": module.bn.bias.grad,
-    }
-
-
 @pytest.mark.parametrize("backward", ["fused", "pytorch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("train", [True, False])

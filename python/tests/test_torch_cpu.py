@@ -31,6 +31,7 @@ import fusejit  # noqa: E402
 import fusejit.torch as fjt  # noqa: E402
 import layer_reference  # noqa: E402
 from layer_reference import RefModel, assert_stats_match, make_ref, rel_err  # noqa: E402,F401
+from layer_reference import grads as _grads  # noqa: E402
 
 # Relative error (max |a - b| / max |b|) against float64. The CPU fallback computes in fp32
 # (PyTorch's GEMM and reductions); bf16 storage rounds inputs and outputs.
@@ -450,16 +451,6 @@ def test_from_module_copies_or_shares(op_path):
 # ------------------------------------------------------------------------------------------------
 # Autograd
 # ------------------------------------------------------------------------------------------------
-def _grads(module):
-    return {
-        "weight": module.gemm.weight.grad,
-        "bias": module.gemm.bias.grad,
-        "scale": module.scale.grad,
-        "gamma": module.bn.weight.grad,
-        "beta": module.bn.bias.grad,
-    }
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("train", [True, False])
 @pytest.mark.parametrize("kind", ["rand", "randn"])
