@@ -96,8 +96,9 @@ def main():
                 t = [median_ms(step(m), a.runs) for m in (ours, model, compiled)]
             print(f"{shape:<18}{what:<14}{t[0]:>12.4f}{t[1]:>10.4f}{t[2]:>12.4f}"
                   f"{t[1] / t[0]:>9.2f}x{t[2] / t[0]:>10.2f}x")
-    # Host time per call: the module's forward (Python, autograd off, the op, the binding) and
-    # the extension's plan.run alone on the same tensors.
+    # Host time per call: the module's forward (no grad: the recorded call; autograd on: the
+    # checked call and the autograd Function), the functional form, and the extension's plan.run
+    # alone on the same tensors, with PyTorch's own module call and torch.empty for scale.
     M, N, K = 128, 512, 1024
     torch.manual_seed(0)
     ours = fjt.LinearScaleBatchNorm1d.from_module(Model(K, N).cuda().to(dt))
@@ -109,18 +110,38 @@ def main():
               rm=ours.bn.running_mean, rv=ours.bn.running_var).items()}
     w = ours.gemm.weight.detach()
     stream = torch.cuda.current_stream().cuda_stream
+    ident = nn.Identity()
 
     def raw():
         plan.run(stream, x.data_ptr(), w.data_ptr(), y.data_ptr(), p["b"].data_ptr(),
                  p["s"].data_ptr(), p["g"].data_ptr(), p["bt"].data_ptr(), p["rm"].data_ptr(),
                  p["rv"].data_ptr(), 0, 0, 0, 0, 0, 0)
 
+    def functional():
+        bn = ours.bn
+        return fjt.linear_scale_batch_norm(
+            x, ours.gemm.weight, ours.gemm.bias, ours.scale, bn.weight, bn.bias,
+            bn.running_mean, bn.running_var, training=False)
+
     print("\nhost time per call, 128x512x1024 bf16 (thread CPU, 2,000 calls):")
+    rows = []
+    for mode in ("eval", "train"):
+        ours.train(mode == "train")
+        with torch.no_grad():
+            rows.append((f"module forward, {mode}, no grad (recorded call)",
+                         host_us(lambda: ours(x))))
+        rows.append((f"module forward, {mode}, autograd on (recorded, Function)",
+                     host_us(lambda: ours(x))))
+    ours.eval()
     with torch.no_grad():
-        for mode in ("eval", "train"):
-            ours.train(mode == "train")
-            print(f"  module forward, {mode}: {host_us(lambda: ours(x)):.1f} us")
-    print(f"  _C.Plan.run alone (eval, the op's own host time): {host_us(raw):.1f} us")
+        rows.append(("linear_scale_batch_norm, eval, no grad", host_us(functional)))
+        rows.append(("nn.Identity module call (PyTorch's own)", host_us(lambda: ident(x))))
+        rows.append(("torch.empty of y",
+                     host_us(lambda: torch.empty(M, N, device="cuda", dtype=dt))))
+    run = host_us(raw)
+    rows.append(("_C.Plan.run alone (eval, the op's own host time)", run))
+    for what, us in rows:
+        print(f"  {what:<54}{us:>7.1f} us  (beyond Plan.run: {us - run:5.1f})")
     if a.profile:
         import cProfile
         import pstats

@@ -18,6 +18,7 @@ math runs as PyTorch ops and a warning says why, once per reason.
 """
 import collections
 import copy
+import operator
 import threading
 import warnings
 from typing import List, Optional, Tuple
@@ -94,9 +95,11 @@ def _get_plan(key, kind=None):
 
 def clear_plan_cache():
     """Drop every cached plan (kernels stay loaded in fusejit's own bounded cache)."""
+    global _plan_generation
     with _plan_lock:
         _plan_cache.clear()
         _prepared.clear()
+        _plan_generation += 1
 
 
 # Prepared calls: the checks and decisions of a call (argument checks, dtypes, strides,
@@ -105,6 +108,8 @@ def clear_plan_cache():
 # pointers. A training loop pays the checks once per layer and batch shape.
 _PREPARED_MAX = 1024
 _prepared = {}
+# Bumped by clear_plan_cache: modules' recorded calls (_RecordedCall) made before it lapse.
+_plan_generation = 0
 
 
 def _signature(mode, x, weight, vectors, nbt, eps, momentum):
@@ -118,27 +123,35 @@ def _signature(mode, x, weight, vectors, nbt, eps, momentum):
     return tuple(sig)
 
 
-def _launch_prepared(plan, train, x, weight, vectors, nbt, save=False):
-    """Allocates y, the saved stats (train), `saved` (save=True: what the fused backward reads,
-    laid out like y) and the workspace, and runs `plan` on them: the one launch of both the
-    checked path (_run_kernel) and prepared calls."""
-    M, N = x.shape[0], weight.shape[0]
-    device = x.device
-    y = torch.empty((M, N), dtype=x.dtype, device=device)
-    saved = torch.empty((M, N), dtype=x.dtype, device=device) if save else None
+def _launch(plan, ws_bytes, stream, x, x_ptr, ptrs, N, train, save, stats):
+    """Allocates y, the saved stats (train and `stats`), `saved` (what the fused backward reads,
+    laid out like y) and the workspace (ws_bytes: plan.workspace_size), and runs `plan` on x
+    (at x_ptr) and `ptrs` (the addresses of weight, bias, scale, gamma, beta, running_mean,
+    running_var and num_batches_tracked, 0 for absent): the one launch of the checked path,
+    prepared calls and a module's recorded call. new_empty: y like x, with less argument
+    parsing than torch.empty."""
+    size = (x.shape[0], N)
+    y = x.new_empty(size)
+    saved = x.new_empty(size) if save else None
     save_mean = save_invstd = None
-    if train:
-        save_mean = torch.empty((N,), dtype=torch.float32, device=device)
-        save_invstd = torch.empty((N,), dtype=torch.float32, device=device)
-    ws_bytes = plan.workspace_size
-    ws, ws_ptr = _workspace(ws_bytes, device)
-    bias, scale, gamma, beta, rm, rv = vectors
+    if train and stats:
+        save_mean = x.new_empty((N,), dtype=torch.float32)
+        save_invstd = x.new_empty((N,), dtype=torch.float32)
+    ws, ws_ptr = _workspace(ws_bytes, x.device)
+    w, bias, scale, gamma, beta, rm, rv, nbt = ptrs
     plan.run(
-        _stream(device), x.data_ptr(), weight.data_ptr(), y.data_ptr(), _ptr(bias), _ptr(scale),
-        _ptr(gamma), _ptr(beta), _ptr(rm), _ptr(rv), _ptr(nbt), _ptr(save_mean),
+        stream, x_ptr, w, y.data_ptr(), bias, scale, gamma, beta, rm, rv, nbt, _ptr(save_mean),
         _ptr(save_invstd), ws_ptr, ws_bytes, _ptr(saved),
     )
     return y, save_mean, save_invstd, saved
+
+
+def _launch_prepared(plan, train, x, weight, vectors, nbt, save=False, stats=True):
+    """_launch on tensors: (y, save_mean, save_invstd, saved), the stats None unless train and
+    `stats`, saved None unless `save`."""
+    ptrs = (weight.data_ptr(),) + tuple(_ptr(t) for t in vectors) + (_ptr(nbt),)
+    return _launch(plan, plan.workspace_size, _stream(x.device), x, x.data_ptr(), ptrs,
+                   weight.shape[0], train, save, stats)
 
 
 def plan_cache_size():
@@ -349,7 +362,8 @@ def _param_dtype(x, params):
     return x.dtype if present and present == {x.dtype} else torch.float32
 
 
-def _run_kernel(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum, save):
+def _run_kernel(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum, save,
+                stats):
     M, K = x.shape
     N = weight.shape[0]
     dtype = _kernel_dtype(x)
@@ -392,7 +406,7 @@ def _run_kernel(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, mom
     )
     plan = _get_plan(key)
     out = _launch_prepared(
-        plan, mode == "train", x_, w_, (bias_, scale_, gamma_, beta_, rm_, rv_), nbt_, save
+        plan, mode == "train", x_, w_, (bias_, scale_, gamma_, beta_, rm_, rv_), nbt_, save, stats
     )
     if mode == "train":
         for dst, src in ((rm, rm_), (rv, rv_), (nbt, nbt_)):
@@ -444,15 +458,17 @@ def _reference_op(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, m
     return y.to(x.dtype), mean.float(), invstd.float(), saved
 
 
-def _impl(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum, save=False):
-    """(y, save_mean, save_invstd, saved): the stats None in eval, saved None unless `save`."""
+def _impl(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum, save=False,
+          stats=True):
+    """(y, save_mean, save_invstd, saved): the stats None in eval or unless `stats` (where the
+    kernels run), saved None unless `save`."""
     vectors = (bias, scale, gamma, beta, rm, rv)
     sig = _signature(mode, x, weight, vectors, nbt, eps, momentum)
     plan = _prepared.get(sig)
     if plan is not None:
-        return _launch_prepared(plan, mode == "train", x, weight, vectors, nbt, save)
+        return _launch_prepared(plan, mode == "train", x, weight, vectors, nbt, save, stats)
     out, direct = _impl_checked(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps,
-                                momentum, save)
+                                momentum, save, stats)
     if direct is not None:
         with _plan_lock:
             if len(_prepared) >= _PREPARED_MAX:
@@ -461,7 +477,8 @@ def _impl(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum,
     return out
 
 
-def _impl_checked(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum, save):
+def _impl_checked(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum, save,
+                  stats):
     """(result, the plan when every tensor went to it unchanged, else None)."""
     _check_args(x, weight, (bias, scale, gamma, beta), (rm, rv))
     _check_nbt(nbt, x)
@@ -490,7 +507,7 @@ def _impl_checked(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, m
     if mode == "train" and momentum is None and nbt is None:
         momentum = 0.0  # nn.BatchNorm1d's factor when it counts no batches
     return _run_kernel(mode, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum,
-                       save)
+                       save, stats)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -902,22 +919,22 @@ class _TrainFunction(torch.autograd.Function):
     # fused: the forward saves what the fused backward reads (the *_saving op) and the backward
     # is fusejit's; else the backward is PyTorch ops recomputing x W^T.
     @staticmethod
-    def forward(ctx, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum, fused):
+    def forward(ctx, x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum, fused,
+                replay=None):
+        # replay: from a module's recorded call (_RecordedCall.replay), which has checked
+        # everything: _launch's arguments up to `save`.
         args = (x, weight, bias, scale, gamma, beta, rm, rv, nbt, eps, momentum)
-        eager = _eager_call((x, weight, bias, scale, gamma, beta, rm, rv, nbt))
+        if replay is not None:
+            y, save_mean, save_invstd, saved = _launch(*replay, fused, True)
+        elif _eager_call((x, weight, bias, scale, gamma, beta, rm, rv, nbt)):
+            y, save_mean, save_invstd, saved = _impl("train", *args, fused)
+        elif fused:
+            y, save_mean, save_invstd, saved = torch.ops.fusejit.linear_scale_bn_train_saving(*args)
+        else:
+            y, save_mean, save_invstd = torch.ops.fusejit.linear_scale_bn_train(*args)
         if fused:
-            if eager:
-                y, save_mean, save_invstd, saved = _impl("train", *args, True)
-            else:
-                y, save_mean, save_invstd, saved = torch.ops.fusejit.linear_scale_bn_train_saving(
-                    *args
-                )
             ctx.save_for_backward(x, weight, bias, scale, gamma, saved, save_mean, save_invstd)
         else:
-            if eager:
-                y, save_mean, save_invstd = _impl("train", *args)[:3]
-            else:
-                y, save_mean, save_invstd = torch.ops.fusejit.linear_scale_bn_train(*args)
             ctx.save_for_backward(x, weight, bias, scale, gamma, save_mean, save_invstd)
         ctx.fused = fused
         ctx.eps = eps
@@ -929,21 +946,23 @@ class _TrainFunction(torch.autograd.Function):
     def backward(ctx, dy, _dmean, _dinvstd):
         if ctx.fused:
             mean, invstd = ctx.saved_tensors[6:8]
-            return _fused_backward(ctx, dy, mean, invstd, True) + (None,) * 6
+            return _fused_backward(ctx, dy, mean, invstd, True) + (None,) * 7
         x, weight, bias, scale, gamma, mean, invstd = ctx.saved_tensors
         needs = tuple(ctx.needs_input_grad[:6])
         grads = _backward_math(
             dy, x, weight, bias, scale, gamma, ctx.beta_dtype, mean, invstd, True, needs
         )
-        return grads + (None,) * 6
+        return grads + (None,) * 7
 
 
 class _EvalFunction(torch.autograd.Function):
     # Eval with the fused backward: the forward saves x W^T + b for it. (The eval op's own
     # autograd formula, registered above, is the PyTorch-ops backward.)
     @staticmethod
-    def forward(ctx, x, weight, bias, scale, gamma, beta, rm, rv, eps):
-        if _eager_call((x, weight, bias, scale, gamma, beta, rm, rv)):
+    def forward(ctx, x, weight, bias, scale, gamma, beta, rm, rv, eps, replay=None):
+        if replay is not None:  # see _TrainFunction
+            y, _, _, saved = _launch(*replay, True, False)
+        elif _eager_call((x, weight, bias, scale, gamma, beta, rm, rv)):
             y, _, _, saved = _impl(
                 "eval", x, weight, bias, scale, gamma, beta, rm, rv, None, eps, None, True
             )
@@ -959,7 +978,7 @@ class _EvalFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         rm, rv = ctx.saved_tensors[6:8]
-        return _fused_backward(ctx, dy, rm, rv, False) + (None,) * 3
+        return _fused_backward(ctx, dy, rm, rv, False) + (None,) * 4
 
 
 def _needs_grad(tensors):
@@ -1022,9 +1041,10 @@ def linear_scale_batch_norm(
                 num_batches_tracked, eps, momentum, _backward == "fused" and _needs_grad(tensors),
             )[0]
         if _eager_call(tensors):
+            # Nothing reads the batch statistics: the kernels skip writing them.
             return _impl(
                 "train", x, weight, bias, scale, gamma, beta, running_mean, running_var,
-                num_batches_tracked, eps, momentum,
+                num_batches_tracked, eps, momentum, stats=False,
             )[0]
         return torch.ops.fusejit.linear_scale_bn_train(
             x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
@@ -1049,6 +1069,127 @@ def linear_scale_batch_norm(
 # ---------------------------------------------------------------------------------------------
 # The module
 # ---------------------------------------------------------------------------------------------
+# Whether autocast is on for any device (one C call; an unknown PyTorch: ask the public API).
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
+
+
+def _autocast_on(device_type):
+    return _any_autocast() if _any_autocast is not None else torch.is_autocast_enabled(device_type)
+
+
+_bn_flags = operator.attrgetter("training", "track_running_stats", "momentum", "eps")
+_data_ptr = torch.Tensor.data_ptr
+_dtype_of = operator.attrgetter("dtype")
+_requires_grad = operator.attrgetter("requires_grad")
+
+
+def _layer_tensors(gemm, bn, module):
+    """(weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked), read
+    from the modules' own dictionaries: nn.Module.__getattr__, which `self.gemm.weight` goes
+    through, costs ~0.5 us per name on a training loop's hot path."""
+    gp, bp, bb = gemm._parameters, bn._parameters, bn._buffers
+    return (
+        gp.get("weight"), gp.get("bias"), module._parameters.get("scale"), bp.get("weight"),
+        bp.get("bias"), bb.get("running_mean"), bb.get("running_var"),
+        bb.get("num_batches_tracked"),
+    )
+
+
+class _RecordedCall:
+    """A module's forward without autograd, as its checked calls decided it, replayed while
+    nothing the decision read has changed. The checks of a call (arguments, dtypes, strides,
+    alignment, the plan's signature) cost ~25 us of Python against ~5 us for the launch; this
+    re-reads only what can change between two calls of a loop: the same submodule, parameter
+    and buffer objects, each at the same address with the same dtype (a move, a cast, `.data =`
+    or load_state_dict(assign=True) change the address or the dtype), the weight's shape and
+    strides, the BatchNorm's flags, momentum and eps, and x's type, shape, strides, dtype,
+    device and alignment (one plan per such x). Autocast, grad mode and torch.compile take the
+    checked path, and so does everything after clear_plan_cache(). The loops run in C
+    (map, attrgetter): a Python loop over the eight tensors costs more than the launch."""
+
+    __slots__ = ("gemm", "bn", "tensors", "args", "used", "state", "launch_ptrs", "N", "train",
+                 "eps", "momentum", "device_type", "stream_index", "fp32", "generation", "plans")
+    _MAX_PLANS = 64  # x layouts per record (a loop over batch sizes adds one per size)
+
+    def __init__(self, module, train, args, eps, momentum):
+        """args: the eight tensors as the call gave them to the kernels (None for each the
+        BatchNorm's decisions left out, e.g. num_batches_tracked in eval); eps, momentum: as
+        it gave them."""
+        mods = module._modules
+        self.gemm, self.bn = mods["gemm"], mods["bn"]
+        # Held, so that the ids stay theirs while the record lives.
+        self.tensors = _layer_tensors(self.gemm, self.bn, module)
+        self.args = args
+        self.used = tuple(t for t in args if t is not None)
+        self.state = self._state(self.tensors, self.bn)
+        self.launch_ptrs = tuple(_ptr(t) for t in args)
+        w = args[0]
+        self.N = w.shape[0]
+        self.train = train
+        self.eps, self.momentum = eps, momentum
+        self.device_type = w.device.type
+        # The raw stream hook where it applies (CUDA tensors), else _stream.
+        cuda = w.device.type == "cuda" and _raw_stream is not None
+        self.stream_index = _device_index(w.device) if cuda else None
+        self.fp32 = w.dtype == torch.float32
+        self.generation = _plan_generation
+        self.plans = {}
+
+    def _x_key(self, x, x_ptr):
+        key = (x.shape, x.stride(), x.dtype, x.device, x_ptr & 15)
+        return key + (_tf32_enabled(),) if self.fp32 else key
+
+    def _state(self, tensors, bn):
+        """Everything a replay depends on, as one flat tuple (one comparison): the layer's
+        tensor objects (ids: the record holds them), the BatchNorm's flags, the used tensors'
+        addresses and dtypes, the weight's shape and strides. The addresses and dtypes are read
+        from the record's own tensors: they are the layer's while the ids match."""
+        used = self.used
+        w = used[0]
+        return (*map(id, tensors), *_bn_flags(bn), *map(_data_ptr, used),
+                *map(_dtype_of, used), w.shape, w.stride())
+
+    def matches(self, module):
+        """Whether the layer is as recorded."""
+        if self.generation != _plan_generation:
+            return False
+        mods = module._modules
+        gemm, bn = mods.get("gemm"), mods.get("bn")
+        if gemm is not self.gemm or bn is not self.bn:
+            return False
+        return self._state(_layer_tensors(gemm, bn, module), bn) == self.state
+
+    def add(self, x, plan):
+        if len(self.plans) >= self._MAX_PLANS:
+            self.plans.clear()
+        self.plans[self._x_key(x, x.data_ptr())] = (plan, plan.workspace_size)
+
+    def replay(self, module, x):
+        """y, or None where the checked path must decide."""
+        if type(x) is not torch.Tensor or _autocast_on(self.device_type):
+            return None
+        if not self.matches(module):
+            return None
+        x_ptr = x.data_ptr()
+        got = self.plans.get(self._x_key(x, x_ptr))
+        if got is None:
+            return None
+        index = self.stream_index
+        stream = _stream(x.device) if index is None else _raw_stream(index)
+        # Addresses as recorded: matches() found each used tensor still at its own.
+        launch = (got[0], got[1], stream, x, x_ptr, self.launch_ptrs, self.N, self.train)
+        if torch.is_grad_enabled() and (x.requires_grad or any(map(_requires_grad, self.used))):
+            # linear_scale_batch_norm's autograd routes, with the checks done.
+            fused = _backward == "fused"
+            if self.train:
+                return _TrainFunction.apply(x, *self.args, self.eps, self.momentum, fused,
+                                            launch)[0]
+            if not fused:
+                return None  # the eval op's own autograd formula: the checked path
+            return _EvalFunction.apply(x, *self.args[:7], self.eps, launch)
+        return _launch(*launch, False, False)[0]
+
+
 class LinearScaleBatchNorm1d(nn.Module):
     """y = BatchNorm1d(scale * Linear(x)) in one fused kernel: the seeds' `Model`, same
     parameters, buffers and state_dict keys (gemm.weight, gemm.bias, scale, bn.weight, bn.bias,
@@ -1077,6 +1218,14 @@ class LinearScaleBatchNorm1d(nn.Module):
             out_features, eps=eps, momentum=momentum, affine=affine,
             track_running_stats=track_running_stats, **factory,
         )
+        self._recorded = None  # _RecordedCall: the no-grad forward's checks, done once
+
+    def __getstate__(self):
+        # Copies and pickles re-check their first call (the record holds plans, which do not
+        # pickle, and the original's tensors).
+        state = self.__dict__.copy()
+        state["_recorded"] = None
+        return state
 
     @property
     def in_features(self):
@@ -1121,6 +1270,11 @@ class LinearScaleBatchNorm1d(nn.Module):
         return None
 
     def forward(self, x):
+        recorded = self.__dict__.get("_recorded")  # absent in modules pickled before it
+        if recorded is not None and not torch.compiler.is_compiling():
+            y = recorded.replay(self, x)
+            if y is not None:
+                return y
         if x.dim() != 2:
             raise ValueError(
                 f"LinearScaleBatchNorm1d expects a 2-D [M, in_features] input (BatchNorm1d over "
@@ -1163,10 +1317,37 @@ class LinearScaleBatchNorm1d(nn.Module):
         rv = bn.running_var if use_running else None
         if batch_stats and x.shape[0] == 1:
             _check_train_rows(1)
-        return linear_scale_batch_norm(
+        y = linear_scale_batch_norm(
             x, weight, gemm.bias, scale, bn.weight, bn.bias, rm, rv, nbt, batch_stats, momentum,
             bn.eps,
         )
+        if weight is gemm.weight and scale is self.scale:
+            self._record(x, batch_stats, momentum, nbt, rm, rv)
+        return y
+
+    def _record(self, x, train, momentum, nbt, rm, rv):
+        """After a checked call: remember its plan where the call went to the kernels with
+        every tensor as it is (the same condition as a prepared call, _impl)."""
+        if torch.compiler.is_compiling():
+            return
+        if not train and _backward != "fused" and torch.is_grad_enabled():
+            return  # the eval op's autograd formula: replay() leaves it to the checked path
+        gemm, bn = self.gemm, self.bn
+        vectors = (gemm.bias, self.scale, bn.weight, bn.bias, rm, rv)
+        if not _eager_call((x, gemm.weight) + vectors + (nbt,)):
+            return
+        mode = "train" if train else "eval"
+        plan = _prepared.get(_signature(mode, x, gemm.weight, vectors, nbt, bn.eps,
+                                        momentum if train else None))
+        if plan is None:
+            return
+        recorded = self.__dict__.get("_recorded")
+        if recorded is None or recorded.train != train or not recorded.matches(self):
+            momentum = momentum if train else None
+            recorded = _RecordedCall(self, train, (gemm.weight,) + vectors + (nbt,), bn.eps,
+                                     momentum)
+            self._recorded = recorded
+        recorded.add(x, plan)
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}"

@@ -615,6 +615,97 @@ def test_cuda_graph_captures_forward_and_backward(backward):
     assert rel_err(ours.bn.weight.grad, eager.bn.weight.grad) < tol
 
 
+@cuda_only
+@pytest.mark.parametrize("train", [True, False])
+def test_recorded_calls_follow_every_change(train):
+    # A no-grad forward replays the module's checked call (fjt._RecordedCall) while the layer
+    # and x's layout are as recorded. Each step changes one thing the replay must not miss;
+    # every result is checked against float64: a stale plan or address gives a wrong y or
+    # running stat.
+    fjt.clear_plan_cache()
+    ours, ref64 = pair(96, 80, torch.float32)
+    ours.train(train)
+    ref64.train(train)
+
+    def check(M=200, step=""):
+        x = make_x(M, ours.in_features, "randn", ours.gemm.weight.dtype)
+        with torch.no_grad():
+            y = ours(x)
+            want = ref64(x.double())
+        tol = TOL[x.dtype]
+        assert rel_err(y, want) < tol, step
+        assert_stats_match(ours, ref64, tol)
+        return ours._recorded
+
+    first = check(step="first")
+    assert first is not None and len(first.plans) == 1
+    assert check(step="replay") is first  # same record, replayed
+    check(M=64, step="new batch size")
+    assert len(first.plans) == 2
+    with torch.no_grad():
+        for m in (ours, ref64):
+            m.bn.eps = 1e-2
+            m.bn.momentum = 0.3
+    assert check(step="eps and momentum") is not first
+    with torch.no_grad():
+        w = torch.randn_like(ref64.gemm.weight) * 0.1
+        ours.gemm.weight.data = w.to(ours.gemm.weight.dtype)  # new address, same object
+        ref64.gemm.weight.data = w.clone()
+    check(step="weight.data =")
+    with torch.no_grad():
+        b = nn.Parameter(torch.randn_like(ref64.gemm.bias))
+        ours.gemm.bias = nn.Parameter(b.detach().float())  # a new object
+        ref64.gemm.bias = b
+    check(step="new bias parameter")
+    fjt.clear_plan_cache()
+    check(step="after clear_plan_cache")
+    ours.train(not train)
+    ref64.train(not train)
+    check(step="mode switched")
+    ours.to(torch.bfloat16)  # casts in place: same objects, new addresses and dtype
+    check(step="bf16")
+    assert ours._recorded.plans  # the bf16 call recorded again
+
+
+@cuda_only
+@pytest.mark.parametrize("backward", ["fused", "pytorch"])
+@pytest.mark.parametrize("train", [True, False])
+def test_recorded_calls_with_autograd_match_float64(train, backward):
+    # Three training steps on fresh inputs: the first checked and recorded, the others
+    # replayed through the autograd Functions; outputs, gradients and running stats against
+    # float64 each step.
+    fjt.set_backward(backward)
+    fjt.clear_plan_cache()
+    M, K, N = 200, 96, 80
+    ours, ref64 = pair(K, N, torch.float32)
+    ours.train(train)
+    ref64.train(train)
+    tol = GRAD_TOL[torch.float32]
+    records = set()
+    for step in range(3):
+        x = make_x(M, K, "randn").requires_grad_()
+        x64 = x.detach().double().requires_grad_()
+        dy = torch.randn(M, N, device=DEVICE)
+        for m in (ours, ref64):
+            m.zero_grad()
+        y = ours(x)
+        y64 = ref64(x64)
+        assert rel_err(y, y64) < TOL[torch.float32], step
+        y.backward(dy)
+        y64.backward(dy.double())
+        assert rel_err(x.grad, x64.grad) < tol, step
+        got, want = _grads(ours), _grads(ref64)
+        for name in ("weight", "scale", "gamma", "beta"):
+            if name == "scale" and train and backward == "fused":
+                assert dscale_error(got[name], ref64, x64, dy) < tol, step
+            else:
+                assert rel_err(got[name], want[name]) < tol, (name, step)
+        assert_stats_match(ours, ref64, TOL[torch.float32])
+        records.add(id(ours._recorded))
+    if train or backward == "fused":
+        assert len(records) == 1 and ours._recorded.plans  # recorded once, then replayed
+
+
 @pytest.mark.parametrize("train", [True, False])
 def test_prepared_calls_reuse_checks_not_results(train):
     # A call whose metadata was seen goes straight to its plan (fjt._prepared); new pointers,

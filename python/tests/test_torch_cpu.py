@@ -371,6 +371,107 @@ def test_functional_form_matches_module(request, path):
 
 
 # ------------------------------------------------------------------------------------------------
+# The module's recorded no-grad call (fjt._RecordedCall), down to plan.run
+# ------------------------------------------------------------------------------------------------
+class _PlanSpy:
+    """Stands in for fusejit._C.Plan on CPU tensors: no kernel runs (y keeps what torch.empty
+    gave); each run's arguments are kept, so a test sees which addresses reached the kernels."""
+
+    workspace_size = 0
+    made = 0
+
+    def __init__(self, *key):
+        type(self).made += 1
+        self.runs = []
+
+    def run(self, *args):
+        self.runs.append(args)
+
+
+@pytest.fixture
+def plan_spy(monkeypatch):
+    """The kernel path on CPU tensors, with _PlanSpy for plans and a count of the checked
+    path's signatures (a replayed call computes none)."""
+    import types
+
+    _PlanSpy.made = 0
+    monkeypatch.setattr(fjt, "_KERNEL_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(fjt, "kernel_available", lambda device=None: (True, ""))
+    monkeypatch.setattr(fjt, "_C", types.SimpleNamespace(Plan=_PlanSpy))
+    checked = []
+    signature = fjt._signature
+
+    def counted(*args):
+        checked.append(args[0])
+        return signature(*args)
+
+    monkeypatch.setattr(fjt, "_signature", counted)
+    fjt.clear_plan_cache()
+    yield checked
+    fjt.clear_plan_cache()
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_recorded_call_passes_current_addresses_and_rechecks_changes(plan_spy, train):
+    checked = plan_spy
+    m = fjt.LinearScaleBatchNorm1d(16, 8).train(train)
+    gemm, bn = m.gemm, m.bn
+
+    def call(M=6, grad=False):
+        """Runs the module on a fresh x; asserts that the run got the current addresses;
+        returns whether the checked path decided the call."""
+        x = make_x(M, 16, "randn")
+        n = len(checked)
+        with torch.set_grad_enabled(grad):
+            y = m(x)
+        assert y.requires_grad == grad
+        plan = m._recorded.plans[m._recorded._x_key(x, x.data_ptr())][0]
+        # run(stream, x, w, y, bias, scale, gamma, beta, running_mean, running_var, nbt, ...)
+        args = plan.runs[-1]
+        got = dict(zip(("x", "w", "bias", "scale", "gamma", "beta", "rm", "rv", "nbt"),
+                       args[1:3] + args[4:11]))
+        assert got == {
+            "x": x.data_ptr(), "w": gemm.weight.data_ptr(), "bias": gemm.bias.data_ptr(),
+            "scale": m.scale.data_ptr(), "gamma": bn.weight.data_ptr(),
+            "beta": bn.bias.data_ptr(), "rm": bn.running_mean.data_ptr(),
+            "rv": bn.running_var.data_ptr(),
+            "nbt": bn.num_batches_tracked.data_ptr() if bn.training else 0,
+        }
+        # With autograd, the backward's inputs are saved: in train the batch statistics, and
+        # for the fused backward `saved`; without, neither is written.
+        assert (args[15] != 0) == (grad and fjt.get_backward() == "fused")
+        assert (args[11] != 0 and args[12] != 0) == (grad and bn.training)
+        return len(checked) > n
+
+    assert call()  # first call: checked, recorded
+    assert not call() and not call()  # replayed, each with the new x's address
+    assert call(M=10) and not call(M=10)  # a new batch size: checked once
+    gemm.weight.data = torch.randn(8, 16)  # same parameter object, new address
+    assert call() and not call()
+    gemm.bias = nn.Parameter(torch.randn(8))  # a new parameter object
+    assert call() and not call()
+    made = _PlanSpy.made
+    bn.eps = 1e-3
+    assert call() and not call()
+    assert _PlanSpy.made > made  # eps is in the plan's key: a new plan
+    m.to(torch.bfloat16)
+    with pytest.raises(ValueError, match="dtype"):
+        call()  # x is fp32, the layer now bf16: the checked path says so
+    m.float()
+    assert call() and not call()
+    fjt.clear_plan_cache()
+    assert call() and not call()
+    assert not call(grad=True) and not call()  # autograd replays too
+    m.train(not train)
+    assert call() and not call() and not call(grad=True)
+    fjt.set_backward("pytorch")
+    assert call(grad=True) == (not m.training)  # eval: the PyTorch-ops backward is its own op
+    fjt.set_backward("fused")
+    copied = copy.deepcopy(m)  # copies re-check: the record is not copied
+    assert copied._recorded is None
+
+
+# ------------------------------------------------------------------------------------------------
 # state_dict
 # ------------------------------------------------------------------------------------------------
 def _round_trip(model_class):
