@@ -1136,7 +1136,9 @@ class _RecordedCall:
         self.plans = {}
 
     def _x_key(self, x, x_ptr):
-        key = (x.shape, x.stride(), x.dtype, x.device, x_ptr & 15)
+        # get_device(): the device as an int (-1: CPU), cheaper than a torch.device to make
+        # and hash.
+        key = (x.shape, x.stride(), x.dtype, x.get_device(), x_ptr & 15)
         return key + (_tf32_enabled(),) if self.fp32 else key
 
     def _state(self, tensors, bn):
