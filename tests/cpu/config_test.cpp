@@ -51,6 +51,23 @@ TEST_CASE("config keys round-trip and are distinct") {
   CHECK(!KernelConfig::parse("warpspec.128x256x64.c2.s4.g8.cl1.p1").tma_store);
 }
 
+TEST_CASE("tf32 on Hopper: train takes 128x256 tiles where they fit, eval 128x128 with 6 stages") {
+  const Device h100 = Device::for_arch("sm_90a");
+  const std::int64_t shapes[][3] = {{1024, 8192, 8192}, {4096, 4096, 4096}, {65536, 256, 64}};
+  for (const auto& s : shapes) {
+    const std::int64_t M = s[0];
+    CAPTURE(M);
+    CHECK(default_config(problem(DType::tf32, Mode::train, M, s[1], s[2]), h100).key() ==
+          "warpspec.128x256x32.c2.s3.g16.cl1.p1");
+    CHECK(default_config(problem(DType::tf32, Mode::eval, M, s[1], s[2]), h100).key() ==
+          "warpspec.128x128x32.c2.s6.g8.cl1.p1");
+  }
+  // Eval never offers the wide tile (measured slower on memory-bound shapes), not even to the
+  // tuner.
+  for (const auto& c : candidate_configs(problem(DType::tf32, Mode::eval, 4096, 4096, 4096), h100))
+    CHECK(!(c.variant == Variant::warpspec && c.bn == 256));
+}
+
 TEST_CASE(
     "TMA stores: warpspec, 16-bit y, N a multiple of 8, not pingpong; the ring keeps 4 stages") {
   const Device h100 = Device::for_arch("sm_90a");

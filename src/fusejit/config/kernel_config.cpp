@@ -394,9 +394,23 @@ std::vector<KernelConfig> warpspec_candidates(const Problem& p) {
   // Persistent cooperative kernels (two consumer warpgroups on one 128-row tile) measured best
   // on H100; 64-row tiles with one consumer for small M.
   const int bk = p.dtype == DType::tf32 ? 32 : 64;
-  if (p.dtype == DType::tf32)
-    return {warpspec(128, 128, bk, 2, 5, true), warpspec(64, 128, bk, 1, 6, true),
-            warpspec(128, 64, bk, 2, 6, true)};
+  if (p.dtype == DType::tf32) {
+    // tf32 on H100, each config forced (docs/performance.md, "tf32 tiles"): 6 stages beat 5 on
+    // 128x128 tiles everywhere measured. Train also takes 128x256 tiles (3 stages; 4 need
+    // 228 KiB): 0.365 / 0.408 ms against 0.391 / 0.432 at 1024x8192x8192 / 4096^3, equal at
+    // 2048x2048x512 and 65536x256x64. Eval does not: +3% at 4096^3, +20% at 2048x2048x512,
+    // +63% at 65536x256x64, -2% at 1024x8192x8192 only.
+    std::vector<KernelConfig> out;
+    if (p.mode == Mode::train) {
+      KernelConfig wide = warpspec(128, 256, bk, 2, 3, true);
+      wide.group_m = 16;
+      out.push_back(wide);
+    }
+    for (const auto& c : {warpspec(128, 128, bk, 2, 6, true), warpspec(64, 128, bk, 1, 6, true),
+                          warpspec(128, 64, bk, 2, 6, true)})
+      out.push_back(c);
+    return out;
+  }
   // Pingpong (whole 128x128 or 64x256 tiles per warpgroup) for the tuner to weigh: it hides
   // the epilogue, which matters most for train's column statistics.
   // The two cooperative favourites come first with TMA stores (16-bit y with N % 8 == 0 only;
