@@ -1086,7 +1086,6 @@ def _autocast_on(device_type):
 _bn_flags = operator.attrgetter("training", "track_running_stats", "momentum", "eps")
 _data_ptr = torch.Tensor.data_ptr
 _dtype_of = operator.attrgetter("dtype")
-_requires_grad = operator.attrgetter("requires_grad")
 
 
 def _layer_tensors(gemm, bn, module):
@@ -1186,7 +1185,7 @@ class _RecordedCall:
         stream = _stream(x.device) if index is None else _raw_stream(index)
         # Addresses as recorded: matches() found each used tensor still at its own.
         launch = (got[0], got[1], stream, x, x_ptr, self.launch_ptrs, self.N, self.train)
-        if torch.is_grad_enabled() and (x.requires_grad or any(map(_requires_grad, self.used))):
+        if _needs_grad((x,) + self.used):
             # linear_scale_batch_norm's autograd routes, with the checks done.
             fused = _backward == "fused"
             if self.train:
