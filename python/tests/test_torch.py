@@ -72,6 +72,15 @@ def pair(K, N, dtype=torch.float32, **kw):
     return layer_reference.pair(K, N, dtype, DEVICE, **kw)
 
 
+def fresh_pair(K, N, dtype=torch.float32, train=True):
+    """pair() in train or eval mode, with no plan cached from an earlier test."""
+    fjt.clear_plan_cache()
+    ours, ref64 = pair(K, N, dtype)
+    ours.train(train)
+    ref64.train(train)
+    return ours, ref64
+
+
 def dscale_error(got, ref64, x64, dy):
     """Train-mode dscale's error against the size of its terms. It is g eps invstd^3 sum dy c
     (c = x W^T less its batch column mean), and the fused backward reads c as the forward saved
@@ -548,10 +557,7 @@ def test_functional_form_matches_module():
 @cuda_only
 @pytest.mark.parametrize("train", [True, False])
 def test_cuda_forward_runs_fusejit_kernels(train):
-    fjt.clear_plan_cache()
-    ours, ref64 = pair(128, 96, torch.bfloat16)
-    ours.train(train)
-    ref64.train(train)
+    ours, ref64 = fresh_pair(128, 96, torch.bfloat16, train=train)
     x = make_x(200, 128, "rand", torch.bfloat16)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a fallback would warn
@@ -622,10 +628,7 @@ def test_recorded_calls_follow_every_change(train):
     # and x's layout are as recorded. Each step changes one thing the replay must not miss;
     # every result is checked against float64: a stale plan or address gives a wrong y or
     # running stat.
-    fjt.clear_plan_cache()
-    ours, ref64 = pair(96, 80, torch.float32)
-    ours.train(train)
-    ref64.train(train)
+    ours, ref64 = fresh_pair(96, 80, torch.float32, train=train)
 
     def check(M=200, step=""):
         x = make_x(M, ours.in_features, "randn", ours.gemm.weight.dtype)
@@ -675,11 +678,8 @@ def test_recorded_calls_with_autograd_match_float64(train, backward):
     # replayed through the autograd Functions; outputs, gradients and running stats against
     # float64 each step.
     fjt.set_backward(backward)
-    fjt.clear_plan_cache()
     M, K, N = 200, 96, 80
-    ours, ref64 = pair(K, N, torch.float32)
-    ours.train(train)
-    ref64.train(train)
+    ours, ref64 = fresh_pair(K, N, torch.float32, train=train)
     tol = GRAD_TOL[torch.float32]
     records = set()
     for step in range(3):
@@ -710,10 +710,7 @@ def test_recorded_calls_with_autograd_match_float64(train, backward):
 def test_prepared_calls_reuse_checks_not_results(train):
     # A call whose metadata was seen goes straight to its plan (fjt._prepared); new pointers,
     # a new batch size or a strided x must still give the reference's results.
-    fjt.clear_plan_cache()
-    ours, ref64 = pair(96, 80, torch.float32)
-    ours.train(train)
-    ref64.train(train)
+    ours, ref64 = fresh_pair(96, 80, torch.float32, train=train)
     for step, (M, strided) in enumerate([(200, False), (200, False), (200, True), (64, False)]):
         if strided:
             x = make_x(M, 96 + 32, "randn")[:, :96]
