@@ -145,25 +145,25 @@ def main():
         while time.time() < t_end:
             host_us(lambda: ours(x), bursts=1)
     rows = []
+
+    def measure(what, fn):
+        rows.append((what, host_us(fn), median_ms(fn, 10)))
+
+    forward = lambda: ours(x)  # noqa: E731
     for mode in ("eval", "train"):
         ours.train(mode == "train")
         with torch.no_grad():
-            rows.append((f"module forward, {mode}, no grad (recorded call)", lambda: ours(x)))
-            rows[-1] += (host_us(rows[-1][1]), median_ms(rows[-1][1], 10))
-        rows.append((f"module forward, {mode}, autograd on (recorded, Function)", lambda: ours(x)))
-        rows[-1] += (host_us(rows[-1][1]), median_ms(rows[-1][1], 10))
+            measure(f"module forward, {mode}, no grad (recorded call)", forward)
+        measure(f"module forward, {mode}, autograd on (recorded, Function)", forward)
     ours.eval()
     with torch.no_grad():
-        for what, fn in (
-            ("linear_scale_batch_norm, eval, no grad", functional),
-            ("nn.Identity module call (PyTorch's own)", lambda: ident(x)),
-            ("torch.empty of y", lambda: torch.empty(M, N, device="cuda", dtype=dt)),
-            ("_C.Plan.run, eval, writing saved too", raw_saved),
-            ("_C.Plan.run alone (eval, the op's own host time)", raw),
-        ):
-            rows.append((what, fn, host_us(fn), median_ms(fn, 10)))
-    run = rows[-1][2]
-    for what, _, us, ms in rows:
+        measure("linear_scale_batch_norm, eval, no grad", functional)
+        measure("nn.Identity module call (PyTorch's own)", lambda: ident(x))
+        measure("torch.empty of y", lambda: torch.empty(M, N, device="cuda", dtype=dt))
+        measure("_C.Plan.run, eval, writing saved too", raw_saved)
+        measure("_C.Plan.run alone (eval, the op's own host time)", raw)
+    run = rows[-1][1]
+    for what, us, ms in rows:
         print(f"  {what:<58}{us:>7.1f} us  (beyond Plan.run: {us - run:5.1f})  "
               f"loop {ms * 1e3:7.1f} us/call")
     if a.profile:
