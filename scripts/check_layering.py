@@ -22,6 +22,7 @@ LAYERS = [
     ("src/fusejit/types", "the public value types' code: dtype, problem, version"),
     ("src/fusejit/util", "hashing, logging, fault hooks, durable files, single flight, timers"),
     ("src/fusejit/device", "the driver table (dlopen), devices, contexts, device memory"),
+    ("src/fusejit/comm", "NCCL loaded at run time: the statistics exchange of synchronized ranks"),
     ("src/fusejit/cache", "the disk cache of compiled kernels"),
     ("src/fusejit/config", "kernel configs, validity rules, candidates, the heuristic"),
     ("src/fusejit/codegen", "generated sources: Spec preludes, schedules, embedded templates"),

@@ -15,6 +15,10 @@
 #include "fusejit/problem.hpp"
 #include "fusejit/tensors.hpp"
 
+// NCCL's communicator, as nccl.h declares it (`typedef struct ncclComm* ncclComm_t`): an
+// ncclComm_t converts to ncclComm* as it is, and this header needs no NCCL to compile.
+struct ncclComm;
+
 // The installed API: exported from libfusejit.so, which hides everything else.
 #pragma GCC visibility push(default)
 namespace fusejit {
@@ -48,6 +52,14 @@ struct PlanOptions {
   // (workspace_size() bytes). Planning then allocates nothing, which is what makes a plan whose
   // kernels are loaded cost microseconds (cuMemAlloc costs tens).
   bool allocate_workspace = true;
+  // Required exactly when problem.stat_ranks > 0: the caller's NCCL communicator (an
+  // ncclComm_t) of problem.stat_ranks ranks, this process's GPU among them. The caller owns it;
+  // it must outlive the plan. run() enqueues one ncclAllGather of the per-column statistics
+  // (N x 8 bytes + 16 per rank) on its stream, between the GEMM and the apply pass: no host
+  // sync, capturable in a CUDA graph. Every rank must run its plans in the same order, as
+  // with any NCCL collective. NCCL is loaded when the first such plan is made (libnccl.so.2,
+  // the process's own if it has one); a fusejit built without nccl.h refuses the option.
+  ::ncclComm* stats_comm = nullptr;
 };
 
 struct PlanCore;  // compiled + loaded kernels, shared by every plan of the same kernel set
@@ -81,6 +93,10 @@ class Plan {
   // needs rows >= 2) with this plan's kernels, so a plan made for the largest batch serves
   // every smaller one with no compile and no new plan. Batch statistics, running stats and
   // num_batches_tracked are those of the `rows` rows, exactly as a plan made for M = rows.
+  // With problem().stat_ranks > 0 the statistics are the global batch's and a rank may run
+  // 0 <= rows <= M (an empty rank still takes part in the exchange and updates its running
+  // stats); a global batch of fewer than 2 rows leaves NaN in running_var (0/0, the unbiased
+  // variance of one value), as the kernels cannot raise an error after the exchange.
   void run(CUstream stream, const Tensors& t, std::int64_t rows) const;
   void run(CUstream stream, const Tensors& t, std::int64_t rows, void* workspace,
            std::size_t workspace_bytes) const;

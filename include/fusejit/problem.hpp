@@ -16,6 +16,10 @@ namespace fusejit {
 // up to 2^31 - 1; products such as M x N and row offsets are 64-bit in the kernels.
 inline constexpr std::int64_t kMaxDim = (std::int64_t{1} << 31) - 257;
 
+// The most ranks Problem::stat_ranks may name (the gathered statistics are R x (8 N + 16) bytes
+// of workspace).
+inline constexpr int kMaxStatRanks = 65536;
+
 struct Shape {
   std::int64_t M = 0, N = 0, K = 0;
 };
@@ -43,6 +47,14 @@ struct Problem {
   // alignment the row strides allow, up to 16. Wider alignment lets the kernels use wider loads;
   // run() checks every pointer against it.
   int alignment = 0;
+  // Train, data-parallel: the number of ranks whose rows form one BatchNorm batch (what
+  // nn.SyncBatchNorm computes). 0 (the default): the statistics are this run's rows alone.
+  // R >= 1: every rank runs a plan of this problem over its own rows (any count from 0 to M,
+  // ragged allowed) and the plans exchange per-column (count, mean, M2) over
+  // PlanOptions::stats_comm, a communicator of exactly R ranks; y, the saved stats and the
+  // running stats (updated with the global unbiased variance) are those of the global batch,
+  // bit-identical on every rank. Eval mode takes 0 (it normalizes with the running stats).
+  int stat_ranks = 0;
 
   std::int64_t lda_x() const { return ldx ? ldx : K; }
   std::int64_t lda_w() const { return ldw ? ldw : K; }

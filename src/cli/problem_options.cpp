@@ -32,6 +32,9 @@ void ProblemOptions::add_to(CLI::App& cmd, bool lists) {
   cmd.add_option("--momentum", momentum, "BatchNorm momentum, or none (cumulative)")
       ->capture_default_str();
   cmd.add_option("--eps", eps, "BatchNorm eps")->capture_default_str();
+  cmd.add_option("--stat-ranks", stat_ranks,
+                 "Train problems: statistics synchronized over this many ranks (0: none)")
+      ->capture_default_str();
 }
 
 std::vector<Problem> ProblemOptions::problems() const {
@@ -56,6 +59,7 @@ std::vector<Problem> ProblemOptions::problems() const {
         p.param_dtype = param_dtype == "same" ? storage_type(p.dtype) : parse_dtype(param_dtype);
         p.momentum = mom;
         p.eps = eps;
+        if (p.mode == Mode::train) p.stat_ranks = stat_ranks;
         p.validate();
         out.push_back(p);
       }

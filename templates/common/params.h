@@ -32,6 +32,11 @@ struct Params {
   // Workspace (tiled, split-K): the GEMM's fp32 partial sums, [SPLIT_K][tiles][BM * BN], which
   // the reduce kernel adds up (see kernels/splitk_reduce.cuh).
   float* ws_splitk;
+  // Workspace (train, synchronized statistics: Spec::RANKS > 0): every rank's record of its
+  // rows' column statistics, side by side in rank order (common/column_stats.h), and this
+  // rank's own slot among them, which the all-gather fills in place on the other ranks.
+  const unsigned char* ws_ranks;
+  unsigned char* ws_rank_record;
   // Rows of this run: x is [m][ldx], y [m][ldy]. Kernels compiled for an exact M ignore it
   // (common/rows.cuh).
   int m;

@@ -4,6 +4,7 @@
 //   train: y = A a + B, A = g s / sqrt(s^2 var_a + eps), B = beta - A mean_a
 // (the bias cancels out of y in train mode; it still moves running_mean).
 #pragma once
+#include "common/column_stats.h"
 #include "common/params.h"
 #include "common/rows.cuh"
 #include "common/types.cuh"
@@ -37,12 +38,14 @@ __device__ __forceinline__ float momentum_factor(const Params& p) {
     return p.momentum;
 }
 
-// Train mode, one column with its batch statistics of a (biased variance over all M rows):
-// returns the folded affine and, when `record`, updates the running stats (with the unbiased
-// variance) and writes the saved stats. Exactly one call per column per run records.
+// Train mode, one column with its batch statistics of a (biased variance over `rows` rows, the
+// batch: this run's, or the global batch of synchronized ranks): returns the folded affine and,
+// when `record`, updates the running stats (with the unbiased variance) and writes the saved
+// stats. Exactly one call per column per run records.
 template <class Spec>
-__device__ __forceinline__ Affine train_column(const Params& p, int n, float mean_a, float var_a,
-                                               float factor, bool record) {
+__device__ __forceinline__ Affine train_column_of(const Params& p, int n, float mean_a,
+                                                  float var_a, float factor, bool record,
+                                                  float rows) {
   using P = typename Spec::P;
   const float b = Spec::HAS_BIAS ? load_param<P>(p.bias, n, 0.f) : 0.f;
   const float s = Spec::HAS_SCALE ? load_param<P>(p.scale, n, 1.f) : 1.f;
@@ -54,8 +57,7 @@ __device__ __forceinline__ Affine train_column(const Params& p, int n, float mea
   if (record && p.running_mean) {
     P* rm = static_cast<P*>(p.running_mean);
     P* rv = static_cast<P*>(p.running_var);
-    const int m = rows_of<Spec>(p);
-    const float unbias = static_cast<float>(m) / static_cast<float>(m - 1);
+    const float unbias = rows / (rows - 1.f);
     rm[n] = from_float<P>((1.f - factor) * to_float(rm[n]) + factor * mean_z);
     rv[n] = from_float<P>((1.f - factor) * to_float(rv[n]) + factor * var_z * unbias);
   }
@@ -65,16 +67,12 @@ __device__ __forceinline__ Affine train_column(const Params& p, int n, float mea
   return {A, beta - A * mean_a};
 }
 
-// Chan et al.'s pairwise update: merges (nb, mean_b, m2_b) into (na, mean_a, m2_a). Stable
-// where E[x^2] - E[x]^2 would cancel (columns whose mean is large against their spread).
-__device__ __forceinline__ void chan_merge(float& na, float& mean_a, float& m2_a, float nb,
-                                           float mean_b, float m2_b) {
-  const float n = na + nb;
-  const float delta = mean_b - mean_a;
-  const float wb = nb / n;
-  mean_a += delta * wb;
-  m2_a += m2_b + delta * delta * na * wb;
-  na = n;
+// The same over this run's rows.
+template <class Spec>
+__device__ __forceinline__ Affine train_column(const Params& p, int n, float mean_a, float var_a,
+                                               float factor, bool record) {
+  return train_column_of<Spec>(p, n, mean_a, var_a, factor, record,
+                               static_cast<float>(rows_of<Spec>(p)));
 }
 
 }  // namespace fj

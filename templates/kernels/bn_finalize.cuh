@@ -61,24 +61,37 @@ __device__ __forceinline__ Affine finalize_column(const Params& p, int n, bool r
                             momentum_factor<Spec>(p), record);
 }
 
+// Block-wide: the column this thread's lane covers, merged over every row tile into (cnt, mean,
+// m2). The groups merge disjoint sets of tiles in parallel, then group 0 merges the groups; true
+// in the one thread per column that holds the result (group 0, n < N). Every thread must call it
+// (it synchronizes the block).
 template <class Spec>
-__device__ void bn_finalize(const Params& p) {
+__device__ __forceinline__ bool merge_column_partials(const Params& p, int& n, float& cnt,
+                                                      float& mean, float& m2) {
   using S = FinalizeShape<Spec>;
   __shared__ float s_n[S::kGroups][S::kCols], s_mean[S::kGroups][S::kCols],
       s_m2[S::kGroups][S::kCols];
-  wait_for_prior_grid();
   const int cx = threadIdx.x % S::kCols;
   const int g = threadIdx.x / S::kCols;
-  const int n = blockIdx.x * S::kCols + cx;
-  float cnt = 0.f, mean = 0.f, m2 = 0.f;
+  n = blockIdx.x * S::kCols + cx;
+  cnt = 0.f, mean = 0.f, m2 = 0.f;
   if (n < Spec::N) merge_row_tiles<Spec>(p, n, g, S::kGroups, cnt, mean, m2);
   s_n[g][cx] = cnt;
   s_mean[g][cx] = mean;
   s_m2[g][cx] = m2;
   __syncthreads();
-  if (g != 0 || n >= Spec::N) return;
+  if (g != 0 || n >= Spec::N) return false;
   for (int k = 1; k < S::kGroups; ++k)
     if (s_n[k][cx] > 0.f) chan_merge(cnt, mean, m2, s_n[k][cx], s_mean[k][cx], s_m2[k][cx]);
+  return true;
+}
+
+template <class Spec>
+__device__ void bn_finalize(const Params& p) {
+  wait_for_prior_grid();
+  int n;
+  float cnt, mean, m2;
+  if (!merge_column_partials<Spec>(p, n, cnt, mean, m2)) return;
   const Affine f = train_column<Spec>(p, n, mean, m2 / static_cast<float>(rows_of<Spec>(p)),
                                       momentum_factor<Spec>(p), true);
   reinterpret_cast<float4*>(p.ws_coef)[n] = make_float4(f.a, f.b, mean, 0.f);

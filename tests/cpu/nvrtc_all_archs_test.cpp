@@ -20,8 +20,8 @@ using namespace fusejit;
 
 namespace {
 
-// One problem per schedule: eval, train two-pass, train single-pass, single-pass cumulative;
-// odd sizes so the tail paths are instantiated too.
+// One problem per schedule: eval, train two-pass, train single-pass, single-pass cumulative,
+// synchronized; odd sizes so the tail paths are instantiated too.
 std::vector<Problem> problems(DType d) {
   std::vector<Problem> out;
   for (int i = 0; i < 4; ++i) {
@@ -39,6 +39,15 @@ std::vector<Problem> problems(DType d) {
   odd.dtype = d, odd.M = 100, odd.N = 7, odd.K = 5, odd.mode = Mode::eval;
   odd.alignment = static_cast<int>(storage_bytes(d));
   out.push_back(odd);
+  // Synchronized statistics (fj_rank_stats, fj_rank_finalize, fj_bump), with M below a row
+  // tile (still two-pass) and momentum=None; one 16-bit and the SIMT mainloop are enough for
+  // the BatchNorm kernels, which do not depend on the math.
+  if (d == DType::bf16 || d == DType::fp32) {
+    Problem synced;
+    synced.dtype = d, synced.M = 50, synced.N = 200, synced.K = 72, synced.stat_ranks = 3;
+    synced.momentum = std::nullopt;
+    out.push_back(synced);
+  }
   return out;
 }
 

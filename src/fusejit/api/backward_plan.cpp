@@ -19,6 +19,12 @@ struct BackwardPlan::RunState {
 BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& options)
     : state_(std::make_unique<RunState>()), problem_(problem), accumulate_(options.accumulate) {
   problem.validate();
+  // The batch-statistic gradients of synchronized ranks (sum dy, sum dy zh) are global sums:
+  // without their exchange the gradients would be silently those of this rank's rows.
+  if (problem.stat_ranks > 0)
+    throw InvalidArgument("stat_ranks",
+                          "the backward pass of synchronized statistics is not implemented "
+                          "(its column sums would need an all-reduce); expected 0");
   if (problem.mode == Mode::train && problem.M < 2)
     throw InvalidArgument("M", "train mode needs at least two rows for a variance");
   const CUcontext ctx = context_for(options.device);

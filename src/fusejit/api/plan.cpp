@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "fusejit/cache/disk_cache.hpp"
+#include "fusejit/comm/nccl_exchange.hpp"
 #include "fusejit/device/context.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
@@ -39,6 +40,7 @@ struct Plan::RunState {
   bool cache_hit = false;
   double compile_seconds = 0;
   RunCache cache;
+  std::optional<StatsExchange> exchange;  // problem.stat_ranks > 0: the caller's communicator
 };
 
 namespace {
@@ -72,7 +74,8 @@ std::string recipe_key(const Problem& p, const PlanOptions& o, CUcontext ctx) {
     append_bytes(key, v);
   for (const int v : {static_cast<int>(p.dtype), static_cast<int>(p.param_dtype),
                       static_cast<int>(p.mode), p.effective_alignment(), int(p.has_bias),
-                      int(p.has_scale), int(p.has_affine), int(p.momentum.has_value())})
+                      int(p.has_scale), int(p.has_affine), int(p.momentum.has_value()),
+                      p.stat_ranks})
     append_bytes(key, v);
   append_bytes(key, p.eps);
   append_bytes(key, p.momentum.value_or(0.0));
@@ -102,6 +105,12 @@ std::shared_ptr<const PlanRecipe> make_recipe(const Problem& problem, const Plan
   auto r = std::make_shared<PlanRecipe>();
   // context_for made ctx current; the device is read once (its attributes are driver calls).
   const Device device = Device::current();
+  // Synchronized statistics change the BatchNorm passes, not the GEMM: the configs are chosen
+  // (and tuned) as for the same problem unsynchronized. The cuBLASLt reference op has no
+  // exchange, so it is never chosen.
+  Problem choice_problem = problem;
+  choice_problem.stat_ranks = 0;
+  const bool synced = problem.stat_ranks > 0;
   KernelConfig config;
   bool reference = false;
   if (options.config) {
@@ -111,15 +120,16 @@ std::shared_ptr<const PlanRecipe> make_recipe(const Problem& problem, const Plan
     config = *options.config;
     r->dispatch = "config";
   } else if (options.variant || !options.use_tuning_db) {
-    config = default_config(problem, device, options.variant);
+    config = default_config(choice_problem, device, options.variant);
     r->dispatch = options.variant ? "variant" : "heuristic";
     // Without the database the dispatch's last step decides, the same rule as with it.
-    reference = !options.variant && heuristic_prefers_reference(problem);
+    reference = !synced && !options.variant && heuristic_prefers_reference(problem);
   } else {
-    const KernelChoice choice = choose_kernel(problem, device, options.cache_dir, options.autotune);
+    const KernelChoice choice =
+        choose_kernel(choice_problem, device, options.cache_dir, options.autotune);
     FJ_CU(cuCtxSetCurrent(ctx));  // tuning may have worked in another context
     config = choice.config;
-    reference = choice.reference;
+    reference = !synced && choice.reference;
     r->dispatch = std::string(name(choice.source));
   }
   r->core = plan_core(problem, config, ctx, options.cache_dir, &r->built_core);
@@ -145,9 +155,21 @@ std::shared_ptr<const PlanRecipe> make_recipe(const Problem& problem, const Plan
 
 Plan::Plan(const Problem& problem, const PlanOptions& options) {
   problem.validate();
+  if (problem.stat_ranks > 0 && !options.stats_comm)
+    throw InvalidArgument("stats_comm",
+                          fmt::format("problem.stat_ranks = {} synchronizes the statistics over "
+                                      "an NCCL communicator of that many ranks; got null",
+                                      problem.stat_ranks));
+  if (problem.stat_ranks == 0 && options.stats_comm)
+    throw InvalidArgument("stats_comm",
+                          "expected null: problem.stat_ranks is 0 (statistics of this run's rows "
+                          "alone); set it to the communicator's rank count to synchronize");
   if (options.cache_max_bytes) DiskCache::set_default_max_bytes(options.cache_max_bytes);
   if (options.max_kernel_sets) Module::set_max_loaded(options.max_kernel_sets);
   const CUcontext ctx = context_for(options.device);
+  // Before anything is compiled: a communicator that does not fit fails the plan at once.
+  std::optional<StatsExchange> exchange;
+  if (problem.stat_ranks > 0) exchange.emplace(options.stats_comm, problem.stat_ranks);
   // The choice is made before the core cache is consulted and becomes part of its key, so a
   // tuning recorded since an earlier plan of the same problem takes effect (within a second,
   // see recipe_key).
@@ -170,6 +192,7 @@ Plan::Plan(const Problem& problem, const PlanOptions& options) {
   state_->workspace = recipe->workspace;
   state_->shape = recipe->shape;
   state_->kernel_names = recipe->kernel_names;
+  state_->exchange = std::move(exchange);
   // This plan's own story: kernels another plan loaded (any M of the kernel set) cost nothing.
   const bool built = made && recipe->built_core;
   state_->cache_hit = !built || core_->cache_hit;
@@ -250,7 +273,8 @@ void Plan::run(CUstream stream, const Tensors& t, void* workspace, std::size_t b
   }
   validate_tensors(state_->problem, t);
   validate_workspace(workspace, bytes, state_->workspace.total);
-  launch(*core_, state_->shape, stream, t, workspace, &state_->cache);
+  launch(*core_, state_->shape, stream, t, workspace, &state_->cache,
+         state_->exchange ? &*state_->exchange : nullptr);
 }
 
 void Plan::run(CUstream stream, const Tensors& t, std::int64_t rows) const {
@@ -264,13 +288,15 @@ void Plan::run(CUstream stream, const Tensors& t, std::int64_t rows, void* works
     run(stream, t, workspace, bytes);
     return;
   }
-  const std::int64_t least = p.mode == Mode::train ? 2 : 1;
+  // Synchronized ranks may hold any share of the batch, none included.
+  const std::int64_t least = p.stat_ranks > 0 ? 0 : p.mode == Mode::train ? 2 : 1;
   if (rows < least || rows > p.M)
     throw InvalidArgument(
-        "rows",
-        fmt::format("expected {} <= rows <= M = {} (the plan's M{}); got {}", least, p.M,
-                    p.mode == Mode::train ? "; train mode needs two rows for a variance" : "",
-                    rows));
+        "rows", fmt::format("expected {} <= rows <= M = {} (the plan's M{}); got {}", least, p.M,
+                            p.mode == Mode::train && least == 2
+                                ? "; train mode needs two rows for a variance"
+                                : "",
+                            rows));
   if (reference_)
     throw InvalidArgument("rows",
                           fmt::format("this plan runs the cuBLASLt reference op, planned for M = "
@@ -282,7 +308,8 @@ void Plan::run(CUstream stream, const Tensors& t, std::int64_t rows, void* works
                                               p.M, core_->config.key(), rows));
   validate_tensors(p, t, rows);
   validate_workspace(workspace, bytes, state_->workspace.total);
-  launch(*core_, run_shape(*core_, rows, state_->workspace), stream, t, workspace, &state_->cache);
+  launch(*core_, run_shape(*core_, rows, state_->workspace), stream, t, workspace, &state_->cache,
+         state_->exchange ? &*state_->exchange : nullptr);
 }
 
 }  // namespace fusejit

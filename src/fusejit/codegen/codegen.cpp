@@ -33,7 +33,7 @@ const char* b(bool v) {
 }  // namespace
 
 bool single_pass_class(const Problem& p, const KernelConfig& c) {
-  return p.mode == Mode::train && p.M <= c.bm;
+  return p.mode == Mode::train && p.M <= c.bm && p.stat_ranks == 0;
 }
 
 KernelSchedule schedule_flags(const Problem& p, const KernelConfig& c, std::int64_t rows) {
@@ -41,6 +41,15 @@ KernelSchedule schedule_flags(const Problem& p, const KernelConfig& c, std::int6
   s.split_k = c.variant == Variant::tiled && c.split_k > 1;
   if (p.mode != Mode::train) return s;
   s.single_pass = single_pass_class(p, c);
+  if (p.stat_ranks > 0) {
+    // The merge happens in fj_rank_finalize; a rank with no rows has no GEMM and no y to
+    // apply to, so fj_bump counts its batch.
+    s.exchange = true;
+    s.gemm = rows > 0;
+    s.apply = rows > 0;
+    s.bump = rows == 0;
+    return s;
+  }
   s.fold_finalize = !s.single_pass && (rows + c.bm - 1) / c.bm <= kFoldMaxRowTiles;
   s.finalize = !s.single_pass && !s.fold_finalize;
   s.apply = !s.single_pass;
@@ -52,8 +61,10 @@ KernelSchedule schedule_flags(const Problem& p, const KernelConfig& c, std::int6
 
 KernelSchedule schedule(const Problem& p, const KernelConfig& c, std::int64_t rows) {
   KernelSchedule s = schedule_flags(p, c, rows);
-  s.kernels.push_back("fj_gemm");
-  if (s.split_k) s.kernels.push_back("fj_splitk_reduce");
+  if (s.gemm) s.kernels.push_back("fj_gemm");
+  if (s.gemm && s.split_k) s.kernels.push_back("fj_splitk_reduce");
+  // The all-gather between them is NCCL's kernel, not one of the set's.
+  if (s.exchange) s.kernels.insert(s.kernels.end(), {"fj_rank_stats", "fj_rank_finalize"});
   if (s.finalize) s.kernels.push_back("fj_finalize");
   if (s.apply) s.kernels.push_back(s.fold_finalize ? "fj_apply_fold" : "fj_apply");
   if (s.bump) s.kernels.push_back("fj_bump");
@@ -61,6 +72,13 @@ KernelSchedule schedule(const Problem& p, const KernelConfig& c, std::int64_t ro
 }
 
 std::vector<std::string> kernel_set(const Problem& p, const KernelConfig& c) {
+  if (p.stat_ranks > 0) {
+    // Runs of any rows, an empty rank's included (fj_bump).
+    std::vector<std::string> k{"fj_gemm"};
+    if (c.variant == Variant::tiled && c.split_k > 1) k.push_back("fj_splitk_reduce");
+    k.insert(k.end(), {"fj_rank_stats", "fj_rank_finalize", "fj_apply", "fj_bump"});
+    return k;
+  }
   if (c.exact_m || p.mode != Mode::train || single_pass_class(p, c)) return schedule(p, c).kernels;
   // Two-pass, dynamic M: both apply paths, the finalize and (cumulative) the bump.
   std::vector<std::string> k{"fj_gemm"};
@@ -90,8 +108,9 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   const bool ws = c.variant == Variant::warpspec;
   KernelSource src;
   const std::string rows = c.exact_m ? std::to_string(p.M) : std::string("M");
-  src.name = fmt::format("fj.{}.{}.{}x{}x{}.{}{}", name(p.dtype), name(p.mode), rows, p.N, p.K,
-                         c.key(), p.mode != Mode::train ? "" : (single_pass ? ".1pass" : ".2pass"));
+  src.name = fmt::format("fj.{}.{}.{}x{}x{}.{}{}{}", name(p.dtype), name(p.mode), rows, p.N, p.K,
+                         c.key(), p.mode != Mode::train ? "" : (single_pass ? ".1pass" : ".2pass"),
+                         p.stat_ranks ? fmt::format(".ranks{}", p.stat_ranks) : std::string());
   std::string& t = src.text;
   t += fmt::format("// fusejit generated kernel: {}\n// problem: {}\n", src.name,
                    kernel_set_problem_key(p, c));
@@ -125,6 +144,8 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
       "  static constexpr bool HAS_BIAS = {}, HAS_SCALE = {}, HAS_AFFINE = {};\n",
       b(p.mode == Mode::train), b(single_pass), b(!p.momentum), b(p.has_bias), b(p.has_scale),
       b(p.has_affine));
+  // Only synchronized sets name it: the others' text, hence their cache keys, stay as they were.
+  if (p.stat_ranks > 0) t += fmt::format("  static constexpr int RANKS = {};\n", p.stat_ranks);
   t += "};\n";
   const char* gemm = ws ? "fj::WarpspecGemm<Spec>" : "fj::TiledGemm<Spec>";
   t += ws ? "#include \"kernels/warpspec_gemm.cuh\"\n" : "#include \"kernels/tiled_gemm.cuh\"\n";
@@ -136,6 +157,7 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   const bool bn_passes =
       has("fj_finalize") || has("fj_apply") || has("fj_apply_fold") || has("fj_bump");
   if (bn_passes) t += "#include \"kernels/bn_apply.cuh\"\n";
+  if (has("fj_rank_stats")) t += "#include \"kernels/bn_ranks.cuh\"\n";
   // The host reads the exact dynamic shared memory size and the launch shapes of the BatchNorm
   // passes from the module: the templates are their one source of truth. Grids that grow with
   // M are given per unit (launch[0]): the split-K reduce's per output tile, fj_apply's per slab
@@ -146,9 +168,13 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
          "    fj::SplitKReduce<Spec>::kSmemBytes;\n"
          "extern \"C\" __device__ const int fj_splitk_reduce_launch[3] = {\n"
          "    1, 1, fj::SplitKReduce<Spec>::kThreads};\n";
-  if (has("fj_finalize"))
+  // fj_rank_stats runs on fj_finalize's grid (it merges the row tiles the same way).
+  if (has("fj_finalize") || has("fj_rank_stats"))
     t += "extern \"C\" __device__ const int fj_finalize_launch[3] = {\n"
          "    fj::FinalizeShape<Spec>::kGridX, 1, fj::FinalizeShape<Spec>::kThreads};\n";
+  if (has("fj_rank_finalize"))
+    t += "extern \"C\" __device__ const int fj_rank_finalize_launch[3] = {\n"
+         "    fj::RankFinalizeShape<Spec>::kGridX, 1, fj::RankFinalizeShape<Spec>::kThreads};\n";
   if (has("fj_apply") || has("fj_apply_fold"))
     t += "extern \"C\" __device__ const int fj_apply_launch[3] = {\n"
          "    fj::ApplyShape<Spec>::kStrips, 1, fj::kApplyThreads};\n";
@@ -169,6 +195,12 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
     } else if (k == "fj_splitk_reduce") {
       t += "extern \"C\" __global__ void __launch_bounds__(fj::SplitKReduce<Spec>::kThreads)\n"
            "fj_splitk_reduce(const fj::Params p) { fj::SplitKReduce<Spec>::run(p); }\n";
+    } else if (k == "fj_rank_stats") {
+      t += "extern \"C\" __global__ void __launch_bounds__(fj::FinalizeShape<Spec>::kThreads)\n"
+           "fj_rank_stats(const fj::Params p) { fj::bn_rank_stats<Spec>(p); }\n";
+    } else if (k == "fj_rank_finalize") {
+      t += "extern \"C\" __global__ void __launch_bounds__(fj::RankFinalizeShape<Spec>::kThreads)\n"
+           "fj_rank_finalize(const fj::Params p) { fj::bn_rank_finalize<Spec>(p); }\n";
     } else if (k == "fj_finalize") {
       t += "extern \"C\" __global__ void __launch_bounds__(fj::FinalizeShape<Spec>::kThreads)\n"
            "fj_finalize(const fj::Params p) { fj::bn_finalize<Spec>(p); }\n";

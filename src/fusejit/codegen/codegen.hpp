@@ -17,7 +17,8 @@ namespace fusejit {
 // the GEMM's epilogue differs: single-pass (M <= BM: one row tile holds whole columns, the
 // epilogue normalizes y itself) and two-pass (M > BM: the epilogue leaves per-row-tile
 // partials, fj_apply normalizes). A two-pass set holds both apply kernels, folded and not, and
-// each run picks one by its row tiles. Eval mode has one class. With config.exact_m, M is a
+// each run picks one by its row tiles. Synchronized statistics (stat_ranks > 0) are always
+// two-pass (nothing of y is final before the ranks exchange). Eval mode has one class. With config.exact_m, M is a
 // compile-time constant instead and the set serves that M only.
 bool single_pass_class(const Problem&, const KernelConfig&);
 
@@ -32,6 +33,10 @@ struct KernelSchedule {
   // What goes out after the GEMM (and the split-K reduce): fj_finalize; fj_apply or, with
   // fold_finalize, fj_apply_fold; fj_bump.
   bool finalize = false, apply = false, bump = false;
+  // Synchronized statistics (Problem::stat_ranks > 0): fj_rank_stats, the all-gather and
+  // fj_rank_finalize stand where fj_finalize stands; a run of no rows (an empty rank) launches
+  // no GEMM (`gemm` false) and no apply, only the exchange and fj_bump.
+  bool exchange = false, gemm = true;
   std::vector<std::string> kernels;  // e.g. {"fj_gemm", "fj_splitk_reduce", "fj_finalize", ...}
 };
 KernelSchedule schedule(const Problem&, const KernelConfig&, std::int64_t rows);

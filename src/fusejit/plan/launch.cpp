@@ -35,7 +35,9 @@ RunShape run_shape(const PlanCore& c, std::int64_t rows, const WorkspaceLayout& 
   if (c.splitk_reduce) r.splitk_grid = c.splitk_reduce_shape.grid_x * tiles;
   // Which kernels go out: codegen's schedule, the one rule for it.
   const KernelSchedule s = schedule_flags(c.problem, c.config, rows);
+  r.gemm = s.gemm;
   r.finalize = s.finalize;
+  r.exchange = s.exchange;
   r.bump = s.bump;
   if (s.apply) {
     r.apply = s.fold_finalize ? c.apply_fold : c.apply;
@@ -135,7 +137,7 @@ void validate_stream(CUcontext context, CUstream stream) {
 }
 
 void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Tensors& t,
-            void* workspace, RunCache* cache) {
+            void* workspace, RunCache* cache, const StatsExchange* exchange) {
   const Driver& d = driver();
   CUcontext current = nullptr;
   check(d.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
@@ -154,6 +156,12 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   prm.ws_partials = ws ? reinterpret_cast<float*>(ws + shape.workspace.partials_offset) : nullptr;
   prm.ws_coef = ws ? reinterpret_cast<float*>(ws + shape.workspace.coef_offset) : nullptr;
   prm.ws_splitk = ws ? reinterpret_cast<float*>(ws + shape.workspace.splitk_offset) : nullptr;
+  unsigned char* ranks =
+      shape.exchange ? reinterpret_cast<unsigned char*>(ws + shape.workspace.ranks_offset) : nullptr;
+  prm.ws_ranks = ranks;
+  prm.ws_rank_record =
+      ranks ? ranks + static_cast<std::size_t>(exchange->rank()) * shape.workspace.rank_record_bytes
+            : nullptr;
   prm.m = shape.rows;
   prm.eps = static_cast<float>(c.problem.eps);
   prm.momentum = static_cast<float>(c.problem.momentum.value_or(0.0));
@@ -162,7 +170,9 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   // Test-only (util/fault.hpp): the first launch failing, so nothing of this run is enqueued.
   if (fault::fire(Fault::kernel_launch))
     check(CUDA_ERROR_LAUNCH_FAILED, "cuLaunchKernel(fj_gemm) [injected fault kernel_launch]");
-  if (c.config.variant == Variant::warpspec) {
+  if (!shape.gemm) {
+    // A synchronized rank with no rows: nothing to multiply (a grid of 0 blocks would not launch).
+  } else if (c.config.variant == Variant::warpspec) {
     launch_warpspec(c, shape, stream, prm, t, cache);
   } else {
     check(d.cuLaunchKernel(c.gemm, shape.gemm_grid, shape.gemm_splits, 1, threads, 1, 1,
@@ -187,9 +197,18 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
     cfg.numAttrs = c.device.cc() >= 90 ? 1 : 0;
     check(d.cuLaunchKernelEx(&cfg, f, args, nullptr), what);
   };
-  if (c.splitk_reduce)
+  if (c.splitk_reduce && shape.gemm)
     dependent(c.splitk_reduce, shape.splitk_grid, c.splitk_reduce_shape.threads,
               "cuLaunchKernelEx(fj_splitk_reduce)", c.splitk_reduce_smem_bytes);
+  if (shape.exchange) {
+    dependent(c.rank_stats, c.finalize_shape.grid_x, c.finalize_shape.threads,
+              "cuLaunchKernelEx(fj_rank_stats)");
+    exchange->all_gather(ranks, shape.workspace.rank_record_bytes, stream);
+    // After NCCL's kernel: an ordinary launch (it starts when the all-gather has finished).
+    check(d.cuLaunchKernel(c.rank_finalize, c.rank_finalize_shape.grid_x, 1, 1,
+                           c.rank_finalize_shape.threads, 1, 1, 0, stream, args, nullptr),
+          "cuLaunchKernel(fj_rank_finalize)");
+  }
   if (shape.finalize)
     dependent(c.finalize, c.finalize_shape.grid_x, c.finalize_shape.threads,
               "cuLaunchKernelEx(fj_finalize)");

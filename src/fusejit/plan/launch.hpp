@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "common/params.h"
+#include "fusejit/comm/nccl_exchange.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/plan/plan_core.hpp"
 #include "fusejit/plan/tma_descriptor.hpp"
@@ -40,7 +41,8 @@ struct RunShape {
   unsigned gemm_splits = 1;  // the GEMM's grid y: split-K's S
   unsigned splitk_grid = 0, apply_grid = 0;
   CUfunction apply = nullptr;  // fj_apply, fj_apply_fold, or none
-  bool finalize = false, bump = false;
+  bool gemm = true;  // false: a synchronized rank with no rows (only the exchange and fj_bump)
+  bool finalize = false, exchange = false, bump = false;
   WorkspaceLayout workspace;  // the plan's: sized for its M, of which a run uses a prefix
 };
 // `rows` must lie within what `workspace` was laid out for (Plan::run checks).
@@ -97,9 +99,10 @@ void validate_workspace(const void* workspace, std::size_t bytes, std::size_t ne
 // made `context`, so they pass.
 void validate_stream(CUcontext context, CUstream stream);
 // Enqueues a run of shape.rows rows on `stream`. `workspace` was checked by the caller, and
-// sized for at least shape.rows rows. `cache`: the plan's, or null.
+// sized for at least shape.rows rows. `cache`: the plan's, or null. `exchange`: required when
+// shape.exchange (the plan's communicator), else unused.
 void launch(const PlanCore&, const RunShape& shape, CUstream stream, const Tensors&,
-            void* workspace, RunCache* cache = nullptr);
+            void* workspace, RunCache* cache = nullptr, const StatsExchange* exchange = nullptr);
 // The warpspec GEMM's launch: its TMA descriptors name the run's x, W and y and its rows, so
 // they are encoded on the host (a pure host call: no sync, no allocation) when those change.
 void launch_warpspec(const PlanCore&, const RunShape& shape, CUstream stream,

@@ -4,6 +4,7 @@
 
 #include <atomic>
 
+#include "common/column_stats.h"
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
@@ -46,9 +47,13 @@ std::shared_ptr<const PlanCore> build_plan_core(const Problem& problem, const Ke
       core->splitk_reduce_smem_bytes =
           dynamic_smem(core->splitk_reduce, "fj_splitk_reduce", "fj_splitk_reduce_smem_bytes");
     }
-    if (k == "fj_finalize") {
-      core->finalize = core->module->function(k);
+    if (k == "fj_finalize" || k == "fj_rank_stats") {
+      (k == "fj_finalize" ? core->finalize : core->rank_stats) = core->module->function(k);
       core->finalize_shape = launch_shape("fj_finalize_launch");
+    }
+    if (k == "fj_rank_finalize") {
+      core->rank_finalize = core->module->function(k);
+      core->rank_finalize_shape = launch_shape("fj_rank_finalize_launch");
     }
     if (k == "fj_apply" || k == "fj_apply_fold") {
       (k == "fj_apply" ? core->apply : core->apply_fold) = core->module->function(k);
@@ -113,6 +118,10 @@ WorkspaceLayout workspace_layout(const Problem& p, const KernelConfig& c) {
   region(slices * row_tiles * col_tiles * static_cast<std::size_t>(c.bm) *
              static_cast<std::size_t>(c.bn) * 4,
          w.splitk_offset, w.splitk_bytes);
+  w.rank_record_bytes =
+      p.stat_ranks > 0 ? static_cast<std::size_t>(fj::rank_record_bytes(p.N)) : 0;
+  region(w.rank_record_bytes * static_cast<std::size_t>(p.stat_ranks), w.ranks_offset,
+         w.ranks_bytes);
   return w;
 }
 

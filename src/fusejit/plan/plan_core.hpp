@@ -28,6 +28,9 @@ struct WorkspaceLayout {
   std::size_t partials_offset = 0, partials_bytes = 0;  // train, two-pass: [row_tiles][N] float2
   std::size_t coef_offset = 0, coef_bytes = 0;          // train, two-pass: [N] float4
   std::size_t splitk_offset = 0, splitk_bytes = 0;      // split-K: [S][tiles][BM * BN] float
+  // Synchronized statistics: [stat_ranks] rank records (common/column_stats.h), rank order.
+  std::size_t ranks_offset = 0, ranks_bytes = 0;
+  std::size_t rank_record_bytes = 0;
   std::size_t total = 0;
 };
 // For runs of up to p.M rows (a run of fewer rows uses a prefix of each region's layout).
@@ -46,11 +49,11 @@ struct PlanCore {
   CUcontext context = nullptr;
   std::shared_ptr<const Module> module;
   CUfunction gemm = nullptr, splitk_reduce = nullptr, finalize = nullptr, apply = nullptr,
-             apply_fold = nullptr, bump = nullptr;
+             apply_fold = nullptr, bump = nullptr, rank_stats = nullptr, rank_finalize = nullptr;
   int smem_bytes = 0;
   // From the module (templates/kernels/splitk_reduce.cuh, bn_*.cuh). grid_x of the split-K
   // reduce is per output tile and of fj_apply per kApplyBlockRows-row slab.
-  LaunchShape splitk_reduce_shape, finalize_shape, apply_shape;
+  LaunchShape splitk_reduce_shape, finalize_shape, apply_shape, rank_finalize_shape;
   int splitk_reduce_smem_bytes = 0;
   // How the kernels were obtained (for logs, `fusejit bench`, tests of the cache).
   bool cache_hit = false;

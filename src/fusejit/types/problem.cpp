@@ -70,9 +70,17 @@ void Problem::validate() const {
             "expected 1 <= {} <= {} (2^31 - 257: the kernels count tiles in 32-bit "
             "int), got {}",
             arg, kMaxDim, v);
-  require(mode == Mode::eval || M >= 2, "M",
+  // A synchronized rank may hold a single row: the statistics are the global batch's.
+  require(mode == Mode::eval || M >= 2 || stat_ranks > 0, "M",
           "train mode needs at least 2 rows per feature (batch statistics of 1 row are "
           "undefined, as in PyTorch); got M=1");
+  require(stat_ranks >= 0 && stat_ranks <= kMaxStatRanks, "stat_ranks",
+          "expected 0 (unsynchronized) or a rank count in 1..{}, got {}", kMaxStatRanks,
+          stat_ranks);
+  require(stat_ranks == 0 || mode == Mode::train, "stat_ranks",
+          "expected 0 in eval mode (it normalizes with the running stats: there are no batch "
+          "statistics to synchronize), got {}",
+          stat_ranks);
   require(param_dtype == DType::fp32 || param_dtype == storage_type(dtype), "param_dtype",
           "expected fp32 or {} (the storage type of x), got {}", name(storage_type(dtype)),
           name(param_dtype));
@@ -119,7 +127,10 @@ std::string Problem::key() const {
                      N, K, name(dtype), name(param_dtype), name(mode), int(has_bias),
                      int(has_scale), int(has_affine), lda_x(), lda_w(), lda_y(),
                      effective_alignment(), eps,
-                     momentum ? fmt::format("{:a}", *momentum) : std::string("none"));
+                     momentum ? fmt::format("{:a}", *momentum) : std::string("none")) +
+         // Only when set, so unsynchronized problems keep the keys (tuning database, caches)
+         // they had before the field existed.
+         (stat_ranks ? fmt::format(":ranks{}", stat_ranks) : std::string());
 }
 
 int natural_alignment(std::uintptr_t address, std::int64_t row_stride_bytes) {
