@@ -53,8 +53,10 @@ __device__ void bn_rank_finalize(const Params& p) {
   if (n >= Spec::N) return;
   float cnt, mean, m2;
   merge_rank_records(p.ws_ranks, Spec::RANKS, Spec::N, n, cnt, mean, m2);
-  // cnt = 0 (no rank had a row) gives NaN statistics: 0/0, as the math says; nothing of y
-  // exists to be normalized with them.
+  // No rank had a row: the batch mean is 0/0 as much as the variance, so both are NaN (the
+  // merge's 0 would quietly pull running_mean towards scale * bias); nothing of y exists to be
+  // normalized with them. PyTorch raises here; a kernel after the exchange cannot.
+  if (cnt == 0.f) mean = __int_as_float(0x7fc00000);
   const Affine f = train_column_of<Spec>(p, n, mean, m2 / cnt, momentum_factor<Spec>(p), true, cnt);
   reinterpret_cast<float4*>(p.ws_coef)[n] = make_float4(f.a, f.b, mean, 0.f);
 }
