@@ -9,8 +9,8 @@ namespace fj {
 // Chan et al.'s pairwise update: merges (nb, mean_b, m2_b) into (na, mean_a, m2_a). Stable
 // where E[x^2] - E[x]^2 would cancel (columns whose mean is large against their spread).
 // nb > 0, or na > 0 (0/0 otherwise).
-FJ_HOST_DEVICE inline void chan_merge(float& na, float& mean_a, float& m2_a, float nb,
-                                      float mean_b, float m2_b) {
+FJ_HOST_DEVICE inline void chan_merge(float& na, float& mean_a, float& m2_a, float nb, float mean_b,
+                                      float m2_b) {
   const float n = na + nb;
   const float delta = mean_b - mean_a;
   const float wb = nb / n;
@@ -35,8 +35,9 @@ FJ_HOST_DEVICE constexpr long long rank_record_bytes(long long n) {
 // so that every rank, reading the same bytes, computes the same bits whatever order the
 // messages arrived in. Empty ranks are skipped (they carry no mean); with no rows at all the
 // result is (0, 0, 0).
-FJ_HOST_DEVICE inline void merge_rank_records(const unsigned char* records, int ranks, long long n_cols,
-                                              long long n, float& count, float& mean, float& m2) {
+FJ_HOST_DEVICE inline void merge_rank_records(const unsigned char* records, int ranks,
+                                              long long n_cols, long long n, float& count,
+                                              float& mean, float& m2) {
   count = 0.f;
   mean = 0.f;
   m2 = 0.f;

@@ -43,9 +43,8 @@ __device__ __forceinline__ float momentum_factor(const Params& p) {
 // when `record`, updates the running stats (with the unbiased variance) and writes the saved
 // stats. Exactly one call per column per run records.
 template <class Spec>
-__device__ __forceinline__ Affine train_column_of(const Params& p, int n, float mean_a,
-                                                  float var_a, float factor, bool record,
-                                                  float rows) {
+__device__ __forceinline__ Affine train_column_of(const Params& p, int n, float mean_a, float var_a,
+                                                  float factor, bool record, float rows) {
   using P = typename Spec::P;
   const float b = Spec::HAS_BIAS ? load_param<P>(p.bias, n, 0.f) : 0.f;
   const float s = Spec::HAS_SCALE ? load_param<P>(p.scale, n, 1.f) : 1.f;

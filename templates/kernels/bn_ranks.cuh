@@ -41,8 +41,7 @@ __device__ void bn_rank_stats(const Params& p) {
     *reinterpret_cast<RankRecordHeader*>(p.ws_rank_record) = h;
   }
   if (!holder) return;
-  reinterpret_cast<float2*>(p.ws_rank_record + sizeof(RankRecordHeader))[n] =
-      make_float2(mean, m2);
+  reinterpret_cast<float2*>(p.ws_rank_record + sizeof(RankRecordHeader))[n] = make_float2(mean, m2);
 }
 
 template <class Spec>

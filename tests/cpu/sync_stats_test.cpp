@@ -36,7 +36,8 @@ std::vector<unsigned char> records_of(const std::vector<double>& column,
     double mean = 0, m2 = 0;
     for (std::size_t i = 0; i < sizes[r]; ++i) mean += column[row + i];
     if (sizes[r]) mean /= static_cast<double>(sizes[r]);
-    for (std::size_t i = 0; i < sizes[r]; ++i) m2 += (column[row + i] - mean) * (column[row + i] - mean);
+    for (std::size_t i = 0; i < sizes[r]; ++i)
+      m2 += (column[row + i] - mean) * (column[row + i] - mean);
     row += sizes[r];
     unsigned char* rec = out.data() + r * static_cast<std::size_t>(stride);
     const fj::RankRecordHeader h{static_cast<long long>(sizes[r]), 0};
@@ -126,8 +127,8 @@ TEST_CASE("a synchronized problem is always two-pass, exchanges, and sizes its r
   CHECK(s.apply);
   CHECK_FALSE(s.finalize);
   CHECK_FALSE(s.fold_finalize);
-  CHECK(s.kernels == std::vector<std::string>{"fj_gemm", "fj_rank_stats", "fj_rank_finalize",
-                                              "fj_apply"});
+  CHECK(s.kernels ==
+        std::vector<std::string>{"fj_gemm", "fj_rank_stats", "fj_rank_finalize", "fj_apply"});
   // An empty rank: no GEMM, no apply; fj_bump counts its batch.
   const KernelSchedule empty = schedule(p, c, 0);
   CHECK(empty.kernels == std::vector<std::string>{"fj_rank_stats", "fj_rank_finalize", "fj_bump"});

@@ -72,10 +72,10 @@ std::string recipe_key(const Problem& p, const PlanOptions& o, CUcontext ctx) {
   key.reserve(160 + o.cache_dir.size());
   for (const std::int64_t v : {p.M, p.N, p.K, p.lda_x(), p.lda_w(), p.lda_y()})
     append_bytes(key, v);
-  for (const int v : {static_cast<int>(p.dtype), static_cast<int>(p.param_dtype),
-                      static_cast<int>(p.mode), p.effective_alignment(), int(p.has_bias),
-                      int(p.has_scale), int(p.has_affine), int(p.momentum.has_value()),
-                      p.stat_ranks})
+  for (const int v :
+       {static_cast<int>(p.dtype), static_cast<int>(p.param_dtype), static_cast<int>(p.mode),
+        p.effective_alignment(), int(p.has_bias), int(p.has_scale), int(p.has_affine),
+        int(p.momentum.has_value()), p.stat_ranks})
     append_bytes(key, v);
   append_bytes(key, p.eps);
   append_bytes(key, p.momentum.value_or(0.0));
@@ -292,11 +292,11 @@ void Plan::run(CUstream stream, const Tensors& t, std::int64_t rows, void* works
   const std::int64_t least = p.stat_ranks > 0 ? 0 : p.mode == Mode::train ? 2 : 1;
   if (rows < least || rows > p.M)
     throw InvalidArgument(
-        "rows", fmt::format("expected {} <= rows <= M = {} (the plan's M{}); got {}", least, p.M,
-                            p.mode == Mode::train && least == 2
-                                ? "; train mode needs two rows for a variance"
-                                : "",
-                            rows));
+        "rows",
+        fmt::format(
+            "expected {} <= rows <= M = {} (the plan's M{}); got {}", least, p.M,
+            p.mode == Mode::train && least == 2 ? "; train mode needs two rows for a variance" : "",
+            rows));
   if (reference_)
     throw InvalidArgument("rows",
                           fmt::format("this plan runs the cuBLASLt reference op, planned for M = "

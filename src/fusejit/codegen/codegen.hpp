@@ -18,8 +18,8 @@ namespace fusejit {
 // epilogue normalizes y itself) and two-pass (M > BM: the epilogue leaves per-row-tile
 // partials, fj_apply normalizes). A two-pass set holds both apply kernels, folded and not, and
 // each run picks one by its row tiles. Synchronized statistics (stat_ranks > 0) are always
-// two-pass (nothing of y is final before the ranks exchange). Eval mode has one class. With config.exact_m, M is a
-// compile-time constant instead and the set serves that M only.
+// two-pass (nothing of y is final before the ranks exchange). Eval mode has one class. With
+// config.exact_m, M is a compile-time constant instead and the set serves that M only.
 bool single_pass_class(const Problem&, const KernelConfig&);
 
 // Which kernels a run of `rows` rows (1 <= rows <= p.M; rows == p.M for exact_m) launches, in

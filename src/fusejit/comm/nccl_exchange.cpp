@@ -32,9 +32,10 @@ Nccl load() {
   void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
   if (!lib) lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
   if (!lib) {
-    n.error = fmt::format("NCCL could not be loaded (libnccl.so.2: {}); synchronized statistics "
-                          "need it on the library path",
-                          dlerror());
+    n.error = fmt::format(
+        "NCCL could not be loaded (libnccl.so.2: {}); synchronized statistics "
+        "need it on the library path",
+        dlerror());
     return n;
   }
   auto resolve = [&](auto& fn, const char* symbol) {

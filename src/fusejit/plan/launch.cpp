@@ -156,8 +156,9 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   prm.ws_partials = ws ? reinterpret_cast<float*>(ws + shape.workspace.partials_offset) : nullptr;
   prm.ws_coef = ws ? reinterpret_cast<float*>(ws + shape.workspace.coef_offset) : nullptr;
   prm.ws_splitk = ws ? reinterpret_cast<float*>(ws + shape.workspace.splitk_offset) : nullptr;
-  unsigned char* ranks =
-      shape.exchange ? reinterpret_cast<unsigned char*>(ws + shape.workspace.ranks_offset) : nullptr;
+  unsigned char* ranks = shape.exchange
+                             ? reinterpret_cast<unsigned char*>(ws + shape.workspace.ranks_offset)
+                             : nullptr;
   prm.ws_ranks = ranks;
   prm.ws_rank_record =
       ranks ? ranks + static_cast<std::size_t>(exchange->rank()) * shape.workspace.rank_record_bytes

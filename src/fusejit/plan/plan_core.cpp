@@ -118,8 +118,7 @@ WorkspaceLayout workspace_layout(const Problem& p, const KernelConfig& c) {
   region(slices * row_tiles * col_tiles * static_cast<std::size_t>(c.bm) *
              static_cast<std::size_t>(c.bn) * 4,
          w.splitk_offset, w.splitk_bytes);
-  w.rank_record_bytes =
-      p.stat_ranks > 0 ? static_cast<std::size_t>(fj::rank_record_bytes(p.N)) : 0;
+  w.rank_record_bytes = p.stat_ranks > 0 ? static_cast<std::size_t>(fj::rank_record_bytes(p.N)) : 0;
   region(w.rank_record_bytes * static_cast<std::size_t>(p.stat_ranks), w.ranks_offset,
          w.ranks_bytes);
   return w;

@@ -1,0 +1,180 @@
+// Synchronized statistics on one GPU: a communicator of one rank. Its exchange is real (the
+// records go through ncclAllGather and fj_rank_finalize), so this checks the whole synchronized
+// schedule against the unsynchronized one, which one rank must reproduce:
+//  - bit for bit where the unsynchronized run merges its row tiles with fj_finalize (more than
+//    8 row tiles): y, saved, running and saved stats, the counter;
+//  - against float64 where it does not (one row tile: single-pass; at most 8: fj_apply_fold);
+//  - a rank with no rows: no GEMM, the counter counts the batch, and statistics of an empty
+//    global batch are NaN, as documented;
+//  - under CUDA graph capture, the all-gather included: two replays equal two direct runs.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <nccl.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "fusejit/device/context.hpp"
+#include "fusejit/device/device_memory.hpp"
+#include "fusejit/device/driver.hpp"
+#include "fusejit/error.hpp"
+#include "fusejit/plan.hpp"
+#include "fusejit/verify/verification.hpp"
+#include "gpu_required.hpp"
+
+FUSEJIT_GPU_TEST_EXECUTABLE;
+
+using namespace fusejit;
+
+namespace {
+
+void check_nccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) FAIL(what << " failed: " << ncclGetErrorString(r));
+}
+
+// A one-rank communicator on device 0 (the tests' primary context), destroyed with the test.
+struct OneRankComm {
+  ncclComm_t comm = nullptr;
+  OneRankComm() {
+    int dev = 0;
+    check_nccl(ncclCommInitAll(&comm, 1, &dev), "ncclCommInitAll");
+  }
+  ~OneRankComm() {
+    if (comm) ncclCommDestroy(comm);
+  }
+};
+
+// Bitwise equality of two decoded outputs (the decoding is one-to-one on the stored values).
+bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
+}
+
+Problem synced(Problem p) {
+  p.stat_ranks = 1;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("one rank: bit-identical to the unsynchronized fj_finalize schedule, every dtype") {
+  primary_context(0);
+  OneRankComm comm;
+  const Stream s;
+  for (const char* dtype : {"bf16", "fp16", "tf32", "fp32"})
+    for (const char* momentum : {"0.3", "none"}) {
+      // 2000 rows: more than 8 row tiles for every config, so the unsynchronized run merges with
+      // fj_finalize, whose order fj_rank_stats repeats.
+      const SweepCase c =
+          parse_sweep_line(fmt::format("2000x384x136 {} train momentum={}", dtype, momentum));
+      CAPTURE(c.text());
+      const CaseInputs in = make_case_inputs(c);
+      CAPTURE(in.seed);
+      const Plan plain(c.problem);
+      PlanOptions o;
+      o.config = plain.config();
+      o.stats_comm = comm.comm;
+      const Plan sync(synced(c.problem), o);
+      CAPTURE(plain.config().key());
+      REQUIRE((c.problem.M + plain.config().bm - 1) / plain.config().bm > 8);
+      DeviceCase a(in, true), b(in, true);
+      plain.run(s, a.tensors());
+      sync.run(s, b.tensors());
+      s.synchronize();
+      const CaseOutputs ga = a.download(), gb = b.download();
+      CHECK(same_bits(ga.y, gb.y));
+      CHECK(same_bits(ga.saved, gb.saved));
+      CHECK(same_bits(ga.running_mean, gb.running_mean));
+      CHECK(same_bits(ga.running_var, gb.running_var));
+      CHECK(same_bits(ga.save_mean, gb.save_mean));
+      CHECK(same_bits(ga.save_invstd, gb.save_invstd));
+      CHECK(ga.num_batches_tracked == gb.num_batches_tracked);
+      const ReferenceOutputs ref = reference_forward(
+          reference_inputs(in), reference_settings(c.problem, in.num_batches_tracked));
+      std::string why;
+      CHECK_MESSAGE(passes(compare(in, gb, ref), sweep_threshold(c.problem.dtype), &why), why);
+    }
+}
+
+TEST_CASE("one rank: one row tile and few row tiles (other merge orders) match float64") {
+  primary_context(0);
+  OneRankComm comm;
+  const Stream s;
+  for (const char* dtype : {"bf16", "fp32"})
+    for (const int m : {2, 100, 600}) {
+      const SweepCase c =
+          parse_sweep_line(fmt::format("{}x200x72 {} train momentum=0.1", m, dtype));
+      CAPTURE(c.text());
+      const CaseInputs in = make_case_inputs(c);
+      CAPTURE(in.seed);
+      PlanOptions o;
+      o.stats_comm = comm.comm;
+      const Plan sync(synced(c.problem), o);
+      DeviceCase dev(in, true);
+      sync.run(s, dev.tensors());
+      s.synchronize();
+      const ReferenceOutputs ref = reference_forward(
+          reference_inputs(in), reference_settings(c.problem, in.num_batches_tracked));
+      std::string why;
+      CHECK_MESSAGE(
+          passes(compare(in, dev.download(), ref), sweep_threshold(c.problem.dtype), &why), why);
+    }
+}
+
+TEST_CASE("one rank with no rows: no GEMM, the batch counted, NaN statistics of an empty batch") {
+  primary_context(0);
+  OneRankComm comm;
+  const Stream s;
+  const SweepCase c = parse_sweep_line("300x96x64 bf16 train momentum=0.1");
+  const CaseInputs in = make_case_inputs(c);
+  PlanOptions o;
+  o.stats_comm = comm.comm;
+  const Plan sync(synced(c.problem), o);
+  const std::vector<std::string> names = sync.kernel_names();
+  DeviceCase dev(in, true);
+  sync.run(s, dev.tensors(), 0);
+  s.synchronize();
+  const CaseOutputs got = dev.download();
+  CHECK(got.num_batches_tracked == in.num_batches_tracked + 1);
+  for (std::size_t n = 0; n < got.running_mean.size(); ++n) {
+    CAPTURE(n);
+    CHECK(std::isnan(got.running_mean[n]));
+    CHECK(std::isnan(got.running_var[n]));
+  }
+  // y was not touched: still the poison DeviceCase wrote.
+  for (const double v : got.y) REQUIRE(std::isnan(v));
+}
+
+TEST_CASE("one rank under CUDA graph capture: two replays equal two direct runs") {
+  primary_context(0);
+  OneRankComm comm;
+  const Stream s;
+  const SweepCase c = parse_sweep_line("1500x256x128 bf16 train momentum=none");
+  const CaseInputs in = make_case_inputs(c);
+  PlanOptions o;
+  o.stats_comm = comm.comm;
+  const Plan sync(synced(c.problem), o);
+  DeviceCase direct(in, true), replayed(in, true);
+  sync.run(s, direct.tensors());
+  sync.run(s, direct.tensors());
+  s.synchronize();
+  CUgraph graph = nullptr;
+  FJ_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  sync.run(s, replayed.tensors());
+  FJ_CU(cuStreamEndCapture(s, &graph));
+  CUgraphExec exec = nullptr;
+  FJ_CU(cuGraphInstantiate(&exec, graph, 0));
+  FJ_CU(cuGraphLaunch(exec, s));
+  FJ_CU(cuGraphLaunch(exec, s));
+  s.synchronize();
+  FJ_CU(cuGraphExecDestroy(exec));
+  FJ_CU(cuGraphDestroy(graph));
+  const CaseOutputs a = direct.download(), b = replayed.download();
+  CHECK(same_bits(a.y, b.y));
+  CHECK(same_bits(a.running_mean, b.running_mean));
+  CHECK(same_bits(a.running_var, b.running_var));
+  CHECK(a.num_batches_tracked == in.num_batches_tracked + 2);
+  CHECK(b.num_batches_tracked == in.num_batches_tracked + 2);
+}
