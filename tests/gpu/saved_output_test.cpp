@@ -65,6 +65,28 @@ double fp32_floor(const ReferenceInputs& r, Mode mode, const std::vector<double>
   return relative_error(got, ref_saved);
 }
 
+// How far a tensor core's fp32 accumulation alone can move train's c, relative to c's spread:
+// the MMA adds its products to the running sum with fewer alignment bits kept than an IEEE fp32
+// add, about 2^-21 of the running sum per step (fitted on H100 with x ~ 1000 + N(0, 1): tf32
+// warpspec at 93-1541 rows reached 1.7e-3..7.9e-3 where the plain fp32 floor was 1.9e-4..7e-4).
+// Over K steps whose running sums are ~|a| that is a random walk of 2^-21 sqrt(K) rms(a); the
+// fp32 floor above cannot show it because it adds in IEEE fp32. (mma.sync, the tiled mainloop,
+// came out at ~1e-4 on the same inputs: the bound is wgmma's.) 12 runs of this test on H100
+// afterwards: warpspec tf32 saved at most 4.6e-3 against tolerances of 1.3e-2 and more.
+double tensor_core_floor(const ReferenceInputs& r, const std::vector<double>& ref_saved) {
+  const auto M = static_cast<std::size_t>(r.M), N = static_cast<std::size_t>(r.N),
+             K = static_cast<std::size_t>(r.K);
+  double a2 = 0, c2 = 0;
+  for (std::size_t m = 0; m < M; ++m)
+    for (std::size_t n = 0; n < N; ++n) {
+      double a = 0;
+      for (std::size_t k = 0; k < K; ++k) a += r.x[m * K + k] * r.w[n * K + k];
+      a2 += a * a;
+      c2 += ref_saved[m * N + n] * ref_saved[m * N + n];
+    }
+  return std::ldexp(1.0, -21) * std::sqrt(static_cast<double>(K)) * std::sqrt(a2 / c2);
+}
+
 struct Run {
   CaseOutputs out;
   CaseErrors errors;
@@ -132,11 +154,15 @@ void check_case(const std::string& line, const std::string& key, bool large_mean
   CHECK(e.padding_ok);
   if (large_mean) {
     const double floor = fp32_floor(ri, p.mode, ref_saved);
-    // tf32 also rounds x itself to 10 mantissa bits (0.5 near 1000), which the plain fp32 floor
-    // does not model: measured on H100, saved and y then both reach ~3.9e-3 against 3.7e-3.
-    const double tolerance = (threshold + 4 * floor) * (p.dtype == DType::tf32 ? 2 : 1);
-    MESSAGE(fmt::format("{} {} (x ~ 1000 + N(0,1)): saved {:.2e}, y {:.2e}, fp32 floor {:.2e}",
-                        line, key, e.saved, e.y, floor));
+    // tf32's threshold is the only one small enough for the tensor cores' accumulation to
+    // matter here (train only: eval's u is not centred, so its relative error stays ~1e-5).
+    const double accumulation = p.dtype == DType::tf32 && p.mode == Mode::train
+                                    ? 2 * tensor_core_floor(ri, ref_saved)
+                                    : 0.0;
+    const double tolerance = threshold + 4 * floor + accumulation;
+    MESSAGE(fmt::format(
+        "{} {} (x ~ 1000 + N(0,1)): saved {:.2e}, y {:.2e}, fp32 floor {:.2e}, tolerance {:.2e}",
+        line, key, e.saved, e.y, floor, tolerance));
     CHECK(e.saved < tolerance);
     CHECK(e.y < tolerance);
   } else {
