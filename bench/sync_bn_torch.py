@@ -36,12 +36,12 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import socket  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from timing import median_ms  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -198,21 +198,6 @@ class Layer(nn.Module):  # Linear -> * scale -> BatchNorm (synchronized or not)
 
     def forward(self, x):
         return self.bn(F.linear(x, self.gemm.weight, self.gemm.bias) * self.scale)
-
-
-def median_ms(fn, runs, warmup=5, per_sample=10):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(per_sample):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / per_sample)
-    return statistics.median(times)
 
 
 def bench_worker(rank, world, port, shapes, runs, out_path):

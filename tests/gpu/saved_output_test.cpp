@@ -22,20 +22,16 @@
 #include "fusejit/reference/cublaslt_reference.hpp"
 #include "fusejit/verify/verification.hpp"
 #include "gpu_required.hpp"
+#include "test_graph.hpp"
 #include "test_hopper.hpp"
 
 FUSEJIT_GPU_TEST_EXECUTABLE;
 
 using namespace fusejit;
 using fusejit::test::on_hopper;
+using fusejit::test::same_bits;
 
 namespace {
-
-// Bit for bit: the decoding to double is exact and one-to-one, so equal bytes of the doubles
-// mean equal bytes on the GPU (and a -0 against a +0, or two NaNs, are told apart too).
-bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
-}
 
 // What a plain fp32 implementation gets for `saved` on these inputs, as its relative error
 // against float64: each a summed over k in order with fmaf, the column mean summed in order in

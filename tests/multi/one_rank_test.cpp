@@ -12,7 +12,7 @@
 #include <nccl.h>
 
 #include <cmath>
-#include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,10 +23,12 @@
 #include "fusejit/plan.hpp"
 #include "fusejit/verify/verification.hpp"
 #include "gpu_required.hpp"
+#include "test_graph.hpp"
 
 FUSEJIT_GPU_TEST_EXECUTABLE;
 
 using namespace fusejit;
+using fusejit::test::same_bits;
 
 namespace {
 
@@ -46,15 +48,14 @@ struct OneRankComm {
   }
 };
 
-// Bitwise equality of two decoded outputs (the decoding is one-to-one on the stored values).
-bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
-}
-
-Problem synced(Problem p) {
+// A plan of `p` synchronized over the one-rank communicator (config: the dispatch's unless
+// given).
+Plan synced_plan(Problem p, ncclComm_t comm, std::optional<KernelConfig> config = {}) {
   p.stat_ranks = 1;
-  return p;
+  PlanOptions o;
+  o.config = config;
+  o.stats_comm = comm;
+  return Plan(p, o);
 }
 
 }  // namespace
@@ -73,10 +74,7 @@ TEST_CASE("one rank: bit-identical to the unsynchronized fj_finalize schedule, e
       const CaseInputs in = make_case_inputs(c);
       CAPTURE(in.seed);
       const Plan plain(c.problem);
-      PlanOptions o;
-      o.config = plain.config();
-      o.stats_comm = comm.comm;
-      const Plan sync(synced(c.problem), o);
+      const Plan sync = synced_plan(c.problem, comm.comm, plain.config());
       CAPTURE(plain.config().key());
       REQUIRE((c.problem.M + plain.config().bm - 1) / plain.config().bm > 8);
       DeviceCase a(in, true), b(in, true);
@@ -109,9 +107,7 @@ TEST_CASE("one rank: one row tile and few row tiles (other merge orders) match f
       CAPTURE(c.text());
       const CaseInputs in = make_case_inputs(c);
       CAPTURE(in.seed);
-      PlanOptions o;
-      o.stats_comm = comm.comm;
-      const Plan sync(synced(c.problem), o);
+      const Plan sync = synced_plan(c.problem, comm.comm);
       DeviceCase dev(in, true);
       sync.run(s, dev.tensors());
       s.synchronize();
@@ -129,10 +125,7 @@ TEST_CASE("one rank with no rows: no GEMM, the batch counted, NaN statistics of 
   const Stream s;
   const SweepCase c = parse_sweep_line("300x96x64 bf16 train momentum=0.1");
   const CaseInputs in = make_case_inputs(c);
-  PlanOptions o;
-  o.stats_comm = comm.comm;
-  const Plan sync(synced(c.problem), o);
-  const std::vector<std::string> names = sync.kernel_names();
+  const Plan sync = synced_plan(c.problem, comm.comm);
   DeviceCase dev(in, true);
   sync.run(s, dev.tensors(), 0);
   s.synchronize();
@@ -153,24 +146,13 @@ TEST_CASE("one rank under CUDA graph capture: two replays equal two direct runs"
   const Stream s;
   const SweepCase c = parse_sweep_line("1500x256x128 bf16 train momentum=none");
   const CaseInputs in = make_case_inputs(c);
-  PlanOptions o;
-  o.stats_comm = comm.comm;
-  const Plan sync(synced(c.problem), o);
+  const Plan sync = synced_plan(c.problem, comm.comm);
   DeviceCase direct(in, true), replayed(in, true);
   sync.run(s, direct.tensors());
   sync.run(s, direct.tensors());
   s.synchronize();
-  CUgraph graph = nullptr;
-  FJ_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
-  sync.run(s, replayed.tensors());
-  FJ_CU(cuStreamEndCapture(s, &graph));
-  CUgraphExec exec = nullptr;
-  FJ_CU(cuGraphInstantiate(&exec, graph, 0));
-  FJ_CU(cuGraphLaunch(exec, s));
-  FJ_CU(cuGraphLaunch(exec, s));
-  s.synchronize();
-  FJ_CU(cuGraphExecDestroy(exec));
-  FJ_CU(cuGraphDestroy(graph));
+  fusejit::test::replay_captured(
+      s, [&] { sync.run(s, replayed.tensors()); }, 2);
   const CaseOutputs a = direct.download(), b = replayed.download();
   CHECK(same_bits(a.y, b.y));
   CHECK(same_bits(a.running_mean, b.running_mean));

@@ -38,6 +38,7 @@
 #include "fusejit/plan.hpp"
 #include "fusejit/verify/verification.hpp"
 #include "multi/rank_launcher.hpp"
+#include "test_graph.hpp"
 
 using namespace fusejit;
 using multi::Bytes;
@@ -299,18 +300,8 @@ int run_rank(multi::RankContext& ctx, const std::vector<SyncCase>& cases) {
     }
     const Tensors t = dev->tensors();
     if (c.graph) {
-      CUgraph graph = nullptr;
-      CUgraphExec exec = nullptr;
-      // Thread-local: NCCL's own threads may make calls a global capture would refuse.
-      FJ_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
-      plan->run(s, t, mine);
-      FJ_CU(cuStreamEndCapture(s, &graph));
-      FJ_CU(cuGraphInstantiate(&exec, graph, 0));
-      FJ_CU(cuGraphLaunch(exec, s));
-      FJ_CU(cuGraphLaunch(exec, s));
-      s.synchronize();
-      FJ_CU(cuGraphExecDestroy(exec));
-      FJ_CU(cuGraphDestroy(graph));
+      fusejit::test::replay_captured(
+          s, [&] { plan->run(s, t, mine); }, 2);
     } else {
       plan->run(s, t, mine);
       s.synchronize();
