@@ -260,6 +260,10 @@ void add_compile(CLI::App& app, Action& action) {
       app.add_subcommand("compile", "Compile a problem's kernels into the cache (no GPU needed)");
   auto a = std::make_shared<CompileArgs>();
   a->problem.add_to(*cmd, true);
+  cmd->add_option("--stat-ranks", a->problem.stat_ranks,
+                  "Train problems: kernels for statistics synchronized over this many ranks "
+                  "(Problem::stat_ranks; 0: none)")
+      ->capture_default_str();
   cmd->add_option("--arch", a->arch, "Target, e.g. sm_80, sm_90a (default: this machine's GPU)");
   cmd->add_option("--variant", a->variant, "tiled, warpspec, auto (the planner's pick) or all")
       ->capture_default_str();

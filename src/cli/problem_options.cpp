@@ -32,9 +32,6 @@ void ProblemOptions::add_to(CLI::App& cmd, bool lists) {
   cmd.add_option("--momentum", momentum, "BatchNorm momentum, or none (cumulative)")
       ->capture_default_str();
   cmd.add_option("--eps", eps, "BatchNorm eps")->capture_default_str();
-  cmd.add_option("--stat-ranks", stat_ranks,
-                 "Train problems: statistics synchronized over this many ranks (0: none)")
-      ->capture_default_str();
 }
 
 std::vector<Problem> ProblemOptions::problems() const {

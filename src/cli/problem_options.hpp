@@ -16,7 +16,9 @@ struct ProblemOptions {
   std::string param_dtype = "fp32";
   std::string momentum = "0.1";  // or "none"
   double eps = 1e-5;
-  int stat_ranks = 0;  // train problems only; eval problems keep 0
+  // Train problems only (eval keeps 0). Only `fusejit compile` offers it (--stat-ranks): the
+  // commands that run kernels have no communicator to synchronize over.
+  int stat_ranks = 0;
 
   void add_to(CLI::App& cmd, bool lists);
   // Every (shape, dtype, mode) combination. Throws InvalidArgument on a bad spelling.
