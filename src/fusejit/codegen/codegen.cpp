@@ -72,17 +72,18 @@ KernelSchedule schedule(const Problem& p, const KernelConfig& c, std::int64_t ro
 }
 
 std::vector<std::string> kernel_set(const Problem& p, const KernelConfig& c) {
-  if (p.stat_ranks > 0) {
-    // Runs of any rows, an empty rank's included (fj_bump).
-    std::vector<std::string> k{"fj_gemm"};
-    if (c.variant == Variant::tiled && c.split_k > 1) k.push_back("fj_splitk_reduce");
+  const bool synced = p.stat_ranks > 0;
+  if (!synced && (c.exact_m || p.mode != Mode::train || single_pass_class(p, c)))
+    return schedule(p, c).kernels;
+  // Two-pass over any rows: the GEMM (and split-K's reduce) as schedule_flags decides, then every
+  // pass a run may pick. Unsynchronized: both apply paths, the finalize and (cumulative) the
+  // bump; synchronized: the exchange's two kernels, the apply and the bump of an empty rank.
+  std::vector<std::string> k{"fj_gemm"};
+  if (schedule_flags(p, c, p.M).split_k) k.push_back("fj_splitk_reduce");
+  if (synced) {
     k.insert(k.end(), {"fj_rank_stats", "fj_rank_finalize", "fj_apply", "fj_bump"});
     return k;
   }
-  if (c.exact_m || p.mode != Mode::train || single_pass_class(p, c)) return schedule(p, c).kernels;
-  // Two-pass, dynamic M: both apply paths, the finalize and (cumulative) the bump.
-  std::vector<std::string> k{"fj_gemm"};
-  if (c.variant == Variant::tiled && c.split_k > 1) k.push_back("fj_splitk_reduce");
   k.insert(k.end(), {"fj_finalize", "fj_apply", "fj_apply_fold"});
   if (!p.momentum) k.push_back("fj_bump");
   return k;
