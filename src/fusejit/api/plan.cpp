@@ -123,15 +123,16 @@ std::shared_ptr<const PlanRecipe> make_recipe(const Problem& problem, const Plan
     config = default_config(choice_problem, device, options.variant);
     r->dispatch = options.variant ? "variant" : "heuristic";
     // Without the database the dispatch's last step decides, the same rule as with it.
-    reference = !synced && !options.variant && heuristic_prefers_reference(problem);
+    reference = !options.variant && heuristic_prefers_reference(problem);
   } else {
     const KernelChoice choice =
         choose_kernel(choice_problem, device, options.cache_dir, options.autotune);
     FJ_CU(cuCtxSetCurrent(ctx));  // tuning may have worked in another context
     config = choice.config;
-    reference = !synced && choice.reference;
+    reference = choice.reference;
     r->dispatch = std::string(name(choice.source));
   }
+  if (synced) reference = false;
   r->core = plan_core(problem, config, ctx, options.cache_dir, &r->built_core);
   if (reference) {
     try {
