@@ -116,13 +116,15 @@ class Plan {
   // or "heuristic".
   const std::string& dispatch() const;
   // True when tuning found the cuBLASLt reference op (ReferenceOp) fastest for this problem on
-  // this GPU: run() then runs it, in the same kind of workspace (kernel_names() lists its
-  // kernels, workspace_size() is its workspace: for 16-bit y that includes an fp32 [M][N] copy
-  // of the GEMM output) and config() is the fastest fused config that passed verification,
-  // kept for inspection.
+  // this GPU (or, without a tuning entry, the heuristic prefers it): run() then runs it
+  // (kernel_names() lists its kernels; for 16-bit y its workspace holds an fp32 [M][N] copy of
+  // the GEMM output). config() is the fastest fused config that passed verification, and a
+  // run that asks for Tensors::saved, which the reference op cannot write, runs that config
+  // instead (a training forward feeding the fused backward); workspace_size() covers both.
   bool uses_reference() const;
 
  private:
+  bool runs_reference(const Tensors& t) const;
   struct RunState;  // the problem, workspace layout, launch shape and tensor-map cache
   std::shared_ptr<const PlanCore> core_;
   std::unique_ptr<RunState> state_;

@@ -3,7 +3,8 @@
 // epilogues, split-K's reduce, the two-pass apply folded and not, warpspec's fragment epilogue
 // with thread and TMA stores, pingpong, clusters) against float64, from NaN-poisoned buffers;
 // with a null `saved` every output is the same bits as with one; columns whose mean is a
-// thousand times their spread keep c's digits; the pointer checks.
+// thousand times their spread keep c's digits; the pointer checks; a plan whose choice is the
+// cuBLASLt reference op writes it through its fused config.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -323,4 +324,43 @@ TEST_CASE("saved: misaligned, overlapping y, or given to the reference op is ref
   no_saved.saved = nullptr;
   CHECK(rejected([&] { ref.run(st, no_saved); }) == "(accepted)");
   st.synchronize();
+}
+
+TEST_CASE("saved from a plan whose choice is the reference op: its fused config writes it") {
+  primary_context(0);
+  // Strict fp32 with K >= 1024 and M x N >= 2^22: without a tuning entry the dispatch prefers
+  // the reference op (tune/dispatch.hpp), as a tuning whose winner was the reference does.
+  const SweepCase c = parse_sweep_line("4096x1024x1024 fp32 train");
+  const Problem& p = c.problem;
+  PlanOptions po;
+  po.autotune = false;
+  po.use_tuning_db = false;
+  const Plan plan(p, po);
+  REQUIRE(plan.uses_reference());
+  const Plan fused = forced_plan(p, plan.config());
+  CHECK(plan.workspace_size() >= fused.workspace_size());
+  const CaseInputs in = make_case_inputs(c);
+  auto run = [&](const Plan& pl, bool with_saved) {
+    DeviceCase dc(in, with_saved);
+    const Stream st;
+    pl.run(st, dc.tensors());  // the plan's own workspace: workspace_size() bytes
+    st.synchronize();
+    return dc.download();
+  };
+  // A training forward asking for saved gets exactly the fused config's outputs.
+  const CaseOutputs via_plan = run(plan, true);
+  const CaseOutputs via_fused = run(fused, true);
+  REQUIRE(!via_plan.saved.empty());
+  CHECK(same_bits(via_plan.saved, via_fused.saved));
+  CHECK(same_bits(via_plan.y, via_fused.y));
+  CHECK(same_bits(via_plan.running_mean, via_fused.running_mean));
+  CHECK(same_bits(via_plan.running_var, via_fused.running_var));
+  CHECK(same_bits(via_plan.save_invstd, via_fused.save_invstd));
+  CHECK(via_plan.num_batches_tracked == via_fused.num_batches_tracked);
+  // Without saved the reference op runs: another GEMM, so not the same bits, but the same op.
+  const CaseOutputs via_reference = run(plan, false);
+  CHECK(!same_bits(via_reference.y, via_fused.y));
+  const double diff = relative_error(via_reference.y, via_fused.y);
+  MESSAGE(fmt::format("reference op vs fused config, y: relative difference {:.2e}", diff));
+  CHECK(diff < sweep_threshold(p.dtype));
 }

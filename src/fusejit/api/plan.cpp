@@ -236,8 +236,11 @@ const Problem& Plan::problem() const {
 const KernelConfig& Plan::config() const {
   return core_->config;
 }
+// A plan that runs the reference op keeps its fused config too (a run asking for `saved` takes
+// it), so its workspace serves both.
 std::size_t Plan::workspace_size() const {
-  return reference_ ? reference_->workspace_size() : state_->workspace.total;
+  return reference_ ? std::max(reference_->workspace_size(), state_->workspace.total)
+                    : state_->workspace.total;
 }
 std::vector<std::string> Plan::kernel_names() const {
   return state_->kernel_names;
@@ -255,9 +258,16 @@ double Plan::compile_seconds() const {
   return state_->compile_seconds;
 }
 
+// The cuBLASLt reference op cannot write `saved` (what the fused backward reads), so a run that
+// asks for it takes the plan's fused config, the fastest verified one where the reference won a
+// tuning: a training step's forward works whatever the tuner picked for inference.
+bool Plan::runs_reference(const Tensors& t) const {
+  return reference_ && t.saved == nullptr;
+}
+
 void Plan::validate(const Tensors& t) const {
-  if (reference_) {
-    reference_->validate(t);  // what run() checks: the reference op also refuses `saved`
+  if (runs_reference(t)) {
+    reference_->validate(t);
     return;
   }
   validate_tensors(state_->problem, t);
@@ -268,7 +278,7 @@ void Plan::run(CUstream stream, const Tensors& t) const {
 }
 
 void Plan::run(CUstream stream, const Tensors& t, void* workspace, std::size_t bytes) const {
-  if (reference_) {
+  if (runs_reference(t)) {
     reference_->run(stream, t, workspace, bytes);  // validates t and workspace as below
     return;
   }
