@@ -36,6 +36,7 @@ struct AutotuneArgs {
   unsigned compile_threads = 0;
   bool no_reference = false;
   bool json = false;
+  double target_ms = TunerOptions{}.target_ms;
 };
 
 // Shapes from a file: MxNxK tokens separated by blanks, commas or newlines; '#' starts a comment.
@@ -185,6 +186,7 @@ int run_autotune(const AutotuneArgs& a) {
     o.cache_dir = a.cache_dir;
     o.compile_threads = a.compile_threads;
     o.include_reference = !a.no_reference;
+    o.target_ms = a.target_ms;
     o.on_progress = [&bar](const TuneProgress& p) { bar.update(p); };
     try {
       out.result = tune(problems[i], o);
@@ -241,6 +243,11 @@ void add_autotune(CLI::App& app, Action& action) {
                   "Parallel NVRTC compiles (default: one per core)");
   cmd->add_flag("--no-reference", a->no_reference,
                 "Do not time the cuBLASLt reference op as a contender");
+  cmd->add_option("--target-ms", a->target_ms,
+                  "Timed work per candidate that survives the early exit, in ms (less: a faster, "
+                  "noisier tune)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_flag("--json", a->json, "Print the results as JSON (progress goes to stderr)");
   cmd->callback([&action, a, cmd] {
     a->shapes_given = cmd->get_option("--shapes")->count() > 0;

@@ -23,6 +23,7 @@
 #include "fusejit/plan/backward_core.hpp"
 #include "fusejit/reference/cublaslt_reference.hpp"
 #include "fusejit/tune/dispatch.hpp"
+#include "fusejit/tune/tuner.hpp"
 #include "fusejit/tune/tuning_db.hpp"
 
 namespace fusejit::cli {
@@ -198,7 +199,9 @@ int run_compile(const CompileArgs& a) {
               "config", fmt::format("{} cannot run {} on {}: {}", a.config, p.key(), arch, why));
         add(generate(p, *forced));
       } else if (a.variant == "all") {
-        for (const auto& c : candidate_configs(p, dev)) add(generate(p, c));
+        // Everything `fusejit autotune` would compile for the problem on that arch, so a tune
+        // on the GPU later finds its kernels cached and only times.
+        for (KernelSource& src : tuning_sources(p, dev)) add(std::move(src));
       } else if (a.variant != "auto") {
         add(generate(p, default_config(p, dev, parse_variant(a.variant))));
       } else {
@@ -265,7 +268,9 @@ void add_compile(CLI::App& app, Action& action) {
                   "(Problem::stat_ranks; 0: none)")
       ->capture_default_str();
   cmd->add_option("--arch", a->arch, "Target, e.g. sm_80, sm_90a (default: this machine's GPU)");
-  cmd->add_option("--variant", a->variant, "tiled, warpspec, auto (the planner's pick) or all")
+  cmd->add_option("--variant", a->variant,
+                  "tiled, warpspec, auto (the planner's pick) or all (every kernel `fusejit "
+                  "autotune` times)")
       ->capture_default_str();
   cmd->add_option("--config", a->config,
                   "Compile this kernel config (a key as `fusejit bench` prints it) instead of the "

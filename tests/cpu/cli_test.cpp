@@ -14,6 +14,11 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "fusejit/device.hpp"
+#include "fusejit/tune/tuner.hpp"
+
 namespace {
 
 using Result = fusejit::test::CommandResult;
@@ -137,6 +142,25 @@ TEST_CASE("compile --config compiles exactly that config") {
   REQUIRE_MESSAGE(r.code == 0, r.out);
   CHECK(r.out.find("fj.fp32.eval.Mx512x1024.tiled.64x64x16.w2x1.s3.g8.k8") != std::string::npos);
   CHECK(r.out.find("1 kernel set(s): 0 hit, 1 compiled") != std::string::npos);
+}
+
+TEST_CASE("compile --variant all fills the cache with every kernel the autotuner times") {
+  const std::string dir = temp_dir("compile-all");
+  const Result r =
+      run("compile --arch sm_90a --shape 300x256x128 --dtype fp32 --mode eval --variant all "
+          "--cache-dir " +
+          dir);
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  fusejit::Problem p;
+  p.M = 300, p.N = 256, p.K = 128;
+  p.dtype = fusejit::DType::fp32;
+  p.mode = fusejit::Mode::eval;
+  const auto sources = fusejit::tuning_sources(p, fusejit::Device::for_arch("sm_90a"));
+  REQUIRE(sources.size() >= 3);  // configs, the reference op, the exact-M twin
+  for (const auto& src : sources)
+    CHECK_MESSAGE(r.out.find(src.name) != std::string::npos, src.name);
+  CHECK(r.out.find(fmt::format("{} kernel set(s): 0 hit, {} compiled", sources.size(),
+                               sources.size())) != std::string::npos);
 }
 
 TEST_CASE("check --config takes split-K keys (no GPU needed to list the cases)") {

@@ -23,6 +23,7 @@
 #include "fusejit/config/candidates.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/plan.hpp"
+#include "fusejit/reference/cublaslt_reference.hpp"
 #include "fusejit/tune/dispatch.hpp"
 #include "fusejit/tune/tuner.hpp"
 #include "fusejit/tune/tuning_db.hpp"
@@ -83,6 +84,24 @@ std::string read_file(std::FILE* f) {
 }
 
 }  // namespace
+
+TEST_CASE("tuning_sources: what tune() compiles, one source per candidate in its order") {
+  const Device h100 = Device::for_arch("sm_90a");
+  for (const Problem& p : {problem(1024, 8192, 8192), problem(1024, 1024, 1024, DType::fp32)}) {
+    CAPTURE(p.key());
+    const auto keys = tuning_candidates(p, h100);
+    const auto sources = tuning_sources(p, h100);
+    REQUIRE(sources.size() == keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      CAPTURE(keys[i]);
+      const KernelSource want = keys[i] == kReferenceCandidate
+                                    ? reference_kernel_source(p.dtype, p.param_dtype)
+                                    : generate(p, KernelConfig::parse(keys[i]));
+      CHECK(sources[i].name == want.name);
+      CHECK(sources[i].text == want.text);
+    }
+  }
+}
 
 TEST_CASE("candidates: both variants on sm_90a, only tiled on sm_80, plus the reference") {
   const Problem p = problem(1024, 8192, 8192);

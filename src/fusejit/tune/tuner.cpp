@@ -95,6 +95,10 @@ std::vector<Contender> contenders(const Problem& p, const Device& d, bool includ
   return out;
 }
 
+KernelSource contender_source(const Problem& p, const std::optional<KernelConfig>& config) {
+  return config ? generate(p, *config) : reference_kernel_source(p.dtype, p.param_dtype);
+}
+
 void report(const TunerOptions& o, TuneProgress::Stage stage, std::size_t done, std::size_t total,
             const std::string& candidate) {
   if (!o.on_progress) return;
@@ -120,9 +124,7 @@ std::vector<std::string> compile_all(const Problem& p, const std::string& arch,
     for (std::size_t i; (i = next.fetch_add(1)) < n;) {
       std::string err;
       try {
-        const KernelSource src = cs[i].config ? generate(p, *cs[i].config)
-                                              : reference_kernel_source(p.dtype, p.param_dtype);
-        compile_cached(src, arch, o.cache_dir);
+        compile_cached(contender_source(p, cs[i].config), arch, o.cache_dir);
       } catch (const std::exception& e) {
         err = first_line(e.what());
       }
@@ -265,6 +267,14 @@ std::vector<std::string> tuning_candidates(const Problem& p, const Device& d,
                                            bool include_reference) {
   std::vector<std::string> out;
   for (const auto& c : contenders(p, d, include_reference)) out.push_back(c.out.key);
+  return out;
+}
+
+std::vector<KernelSource> tuning_sources(const Problem& p, const Device& d,
+                                         bool include_reference) {
+  std::vector<KernelSource> out;
+  for (const auto& c : contenders(p, d, include_reference))
+    out.push_back(contender_source(p, c.config));
   return out;
 }
 

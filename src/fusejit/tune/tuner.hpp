@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "fusejit/codegen/kernel_source.hpp"
 #include "fusejit/device.hpp"
 #include "fusejit/problem.hpp"
 #include "fusejit/tune/tuning_db.hpp"
@@ -82,6 +83,10 @@ struct TuneResult {
 // reference contender (when included), then the other configs of candidate_configs().
 std::vector<std::string> tuning_candidates(const Problem& p, const Device& d,
                                            bool include_reference = true);
+// Their kernel sources, in the same order: what tune() compiles, so that `fusejit compile
+// --variant all` can fill a cache ahead of time (no GPU needed) and a tune then only times.
+std::vector<KernelSource> tuning_sources(const Problem& p, const Device& d,
+                                         bool include_reference = true);
 
 // The output columns verification compares. All of them while M x N x K <= budget multiply-
 // adds; beyond that the float64 reference would take minutes, so a subset: the first and last
