@@ -50,10 +50,12 @@ class PyPlan {
   PyPlan(std::int64_t M, std::int64_t N, std::int64_t K, const std::string& dtype,
          const std::string& mode, const std::string& param_dtype, double eps,
          std::optional<double> momentum, bool has_bias, bool has_scale, bool has_affine,
-         std::int64_t ldx, std::int64_t ldw, std::int64_t ldy, int device)
+         std::int64_t ldx, std::int64_t ldw, std::int64_t ldy, int device,
+         const std::optional<std::string>& variant, const std::optional<std::string>& config,
+         bool use_tuning_db)
       : plan_(make_problem(M, N, K, dtype, mode, param_dtype, eps, momentum, has_bias, has_scale,
                            has_affine, ldx, ldw, ldy),
-              options(device)) {}
+              options(device, variant, config, use_tuning_db)) {}
 
   void run(std::uintptr_t stream, std::uintptr_t x, std::uintptr_t w, std::uintptr_t y,
            std::uintptr_t bias, std::uintptr_t scale, std::uintptr_t gamma, std::uintptr_t beta,
@@ -83,12 +85,19 @@ class PyPlan {
   std::string config() const { return plan_.config().key(); }
   std::vector<std::string> kernel_names() const { return plan_.kernel_names(); }
   std::string dispatch() const { return plan_.dispatch(); }
+  bool uses_reference() const { return plan_.uses_reference(); }
 
  private:
-  static PlanOptions options(int device) {
+  // variant / config / use_tuning_db: PlanOptions' overrides of the planner's choice (forcing
+  // a kernel for a comparison, or the built-in heuristic without the tuning database).
+  static PlanOptions options(int device, const std::optional<std::string>& variant,
+                             const std::optional<std::string>& config, bool use_tuning_db) {
     PlanOptions o;
     o.device = device;
     o.allocate_workspace = false;
+    if (variant) o.variant = parse_variant(*variant);
+    if (config) o.config = KernelConfig::parse(*config);
+    o.use_tuning_db = use_tuning_db;
     return o;
   }
 
@@ -184,11 +193,13 @@ NB_MODULE(_C, m) {
   nb::class_<PyPlan>(m, "Plan")
       .def(nb::init<std::int64_t, std::int64_t, std::int64_t, const std::string&,
                     const std::string&, const std::string&, double, std::optional<double>, bool,
-                    bool, bool, std::int64_t, std::int64_t, std::int64_t, int>(),
+                    bool, bool, std::int64_t, std::int64_t, std::int64_t, int,
+                    const std::optional<std::string>&, const std::optional<std::string>&, bool>(),
            nb::arg("M"), nb::arg("N"), nb::arg("K"), nb::arg("dtype"), nb::arg("mode"),
            nb::arg("param_dtype"), nb::arg("eps"), nb::arg("momentum").none(), nb::arg("has_bias"),
            nb::arg("has_scale"), nb::arg("has_affine"), nb::arg("ldx"), nb::arg("ldw"),
-           nb::arg("ldy"), nb::arg("device"))
+           nb::arg("ldy"), nb::arg("device"), nb::arg("variant").none() = nb::none(),
+           nb::arg("config").none() = nb::none(), nb::arg("use_tuning_db") = true)
       .def("run", &PyPlan::run, nb::arg("stream"), nb::arg("x"), nb::arg("w"), nb::arg("y"),
            nb::arg("bias"), nb::arg("scale"), nb::arg("gamma"), nb::arg("beta"),
            nb::arg("running_mean"), nb::arg("running_var"), nb::arg("num_batches_tracked"),
@@ -197,7 +208,8 @@ NB_MODULE(_C, m) {
       .def_prop_ro("workspace_size", &PyPlan::workspace_size)
       .def_prop_ro("config", &PyPlan::config)
       .def_prop_ro("kernel_names", &PyPlan::kernel_names)
-      .def_prop_ro("dispatch", &PyPlan::dispatch);
+      .def_prop_ro("dispatch", &PyPlan::dispatch)
+      .def_prop_ro("uses_reference", &PyPlan::uses_reference);
   nb::class_<PyBackwardPlan>(m, "BackwardPlan")
       .def(nb::init<std::int64_t, std::int64_t, std::int64_t, const std::string&,
                     const std::string&, const std::string&, double, std::optional<double>, bool,
