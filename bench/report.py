@@ -2,7 +2,6 @@
 
     python3 bench/report.py measure --out FILE [--shapes S,..] [--dtypes D,..] [--modes M,..]
                                     [--backward-dtypes D,..] [--compile-dtypes D,..]
-                                    [--budget-ms 40]
     python3 bench/report.py jit --out FILE       JIT latency: cold / warm / hot plans, host time
     python3 bench/report.py assemble --out RAW --measure F --jit F [--autotune F] [--host F] ...
 
@@ -35,17 +34,23 @@ import fusejit  # noqa: E402
 
 SHAPES = ("1024x8192x8192,16384x4096x4096,4096x4096x4096,8192x12288x3072,2048x2048x512,"
           "128x512x1024,65536x256x64,777x1536x2050,1000x1001x1003,4097x4095x129")
-# One sample: a CUDA graph of back-to-back calls (as many as make ~2 ms, at most 10) replayed
-# between events, per call; as many samples as --budget-ms allows, 5 to 30. The graph takes the
-# host out: PyTorch's eager dispatch costs ~20 us a call, more than a small layer's kernels, and
-# the report compares GPU time (host cost has its own rows, `jit`).
+# GPU time, side by side: each system's calls are captured once in a CUDA graph (back-to-back
+# calls, as many as make ~2 ms, at most 10), then the graphs are replayed in rounds, every system
+# once per round in a rotating order, and each system's median over the rounds is reported. The
+# graph takes the host out (PyTorch's eager dispatch costs ~20 us a call, more than a small
+# layer's kernels; host cost has its own rows). The rounds matter more: an H100 running GEMMs
+# back to back moves its clocks under its power limit, and two timings of the same kernel taken
+# one after the other differed by up to 10% on it; interleaved, every system sees the same drift.
 SAMPLE_MS = 2.0
-TIMING = ("GPU time: median over 5-30 samples (as many as 40 ms of work allow) of one CUDA "
-          "graph replay of 1-10 back-to-back calls (as many as make ~2 ms) between CUDA events, "
-          "per call; 3 warm-up calls on a side stream before capture; where capture fails, "
-          "back-to-back calls without a graph (detail says so). Inputs fixed across calls "
-          "(operands stay in L2 where they fit in its 50 MB); forward under torch.no_grad; "
-          "train calls update running stats as a training step does")
+ROUND_MS = 400.0  # the rounds' GPU work per problem: ~ROUND_MS / sum(sample) rounds, 7 to 31
+TIMING = ("GPU time, side by side: each system's calls captured once in a CUDA graph (1-10 "
+          "back-to-back calls, as many as make ~2 ms; 3 warm-up calls on a side stream "
+          "before capture), the graphs replayed in 7-31 rounds with every system once per "
+          "round in a rotating order, each between CUDA events; the median per call over the "
+          "rounds. Where capture fails, the calls themselves without a graph (detail says "
+          "so). Inputs fixed across calls (operands stay in L2 where they fit in its 50 MB); "
+          "forward under torch.no_grad; train calls update running stats as a training step "
+          "does")
 SYSTEMS = {
     "fusejit": "fusejit, the tuned choice (tuning database filled by this run's autotune)",
     "fusejit_heuristic": "fusejit, the built-in heuristic (tuning database ignored)",
@@ -58,61 +63,85 @@ SYSTEMS = {
 }
 
 
-def timed(fn, budget_ms):
-    """(median ms per call, samples, method) of fn, see SAMPLE_MS."""
-    main = torch.cuda.current_stream()
-    side = torch.cuda.Stream()
-    side.wait_stream(main)
-    with torch.cuda.stream(side):  # warm-up off the capturing stream, as capture requires
-        for _ in range(3):
-            fn()
-    main.wait_stream(side)
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    b.synchronize()
-    est = max(a.elapsed_time(b), 1e-3)
-    per_sample = max(1, min(10, round(SAMPLE_MS / est)))
-    runs = max(5, min(30, int(budget_ms / (est * per_sample))))
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            for _ in range(per_sample):
+def error_text(e):
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+class Sampler:
+    """One system's calls, ready to time: warmed up, captured in a graph where it can be."""
+
+    def __init__(self, fn):
+        main = torch.cuda.current_stream()
+        side = torch.cuda.Stream()
+        side.wait_stream(main)
+        with torch.cuda.stream(side):  # warm-up off the capturing stream, as capture requires
+            for _ in range(3):
                 fn()
-        method, step = "graph", graph.replay
-    except Exception as e:  # not capturable: time the calls themselves
-        torch.cuda.synchronize()
-        method = f"no graph ({type(e).__name__})"
+        main.wait_stream(side)
+        self.a = torch.cuda.Event(enable_timing=True)
+        self.b = torch.cuda.Event(enable_timing=True)
+        self.per_sample, self.method = 1, "graph"
+        self.step = fn
+        self.est = self.sample()
+        self.per_sample = max(1, min(10, round(SAMPLE_MS / max(self.est, 1e-3))))
+        self.graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(self.graph):
+                for _ in range(self.per_sample):
+                    fn()
+            self.step = self.graph.replay
+        except Exception as e:  # not capturable: time the calls themselves
+            torch.cuda.synchronize()
+            self.method = f"no graph ({type(e).__name__})"
+            n = self.per_sample
 
-        def step():
-            for _ in range(per_sample):
-                fn()
-    step()
-    times = []
-    for _ in range(runs):
-        a.record()
-        step()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / per_sample)
-    del graph
-    return statistics.median(times), runs, method
+            def step():
+                for _ in range(n):
+                    fn()
+            self.step = step
+        self.step()
+
+    def sample(self):
+        self.a.record()
+        self.step()
+        self.b.record()
+        self.b.synchronize()
+        return self.a.elapsed_time(self.b) / self.per_sample
 
 
-def result(fn, budget_ms, detail=""):
-    try:
-        ms, n, method = timed(fn, budget_ms)
-        if method != "graph":
-            detail = f"{detail}; {method}" if detail else method
-        return {"median_ms": ms, "samples": n, "detail": detail}
-    except Exception as e:  # a system that cannot run this problem: recorded, not fatal
-        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+def measure(systems):
+    """{name: result} for {name: (fn, detail) | error dict}, see TIMING."""
+    out, samplers = {}, {}
+    for name, sys_ in systems.items():
+        if isinstance(sys_, dict):
+            out[name] = sys_
+            continue
+        try:
+            samplers[name] = Sampler(sys_[0])
+        except Exception as e:  # a system that cannot run this problem: recorded, not fatal
+            out[name] = {"error": error_text(e)}
+    if samplers:
+        per_round = sum(s.est * s.per_sample for s in samplers.values())
+        rounds = max(7, min(31, int(ROUND_MS / max(per_round, 1e-3))))
+        names = list(samplers)
+        times = {n: [] for n in names}
+        for r in range(rounds):
+            for i in range(len(names)):
+                n = names[(r + i) % len(names)]
+                times[n].append(samplers[n].sample())
+        for n, s in samplers.items():
+            detail = systems[n][1]
+            if s.method != "graph":
+                detail = f"{detail}; {s.method}" if detail else s.method
+            out[n] = {"median_ms": statistics.median(times[n]), "samples": rounds,
+                      "detail": detail}
+    return {n: out[n] for n in systems}  # the caller's order
 
 
-def fusejit_forward(model, x, dtype, mode, budget_ms, **forced):
-    """fusejit's op through the extension's Plan.run on the model's own tensors (copies of its
-    running stats, so eager and fusejit see the same inputs)."""
+def fusejit_forward(model, x, dtype, mode, **forced):
+    """(call, detail) of fusejit's op through the extension's Plan.run on the model's own
+    tensors (copies of its running stats, so eager and fusejit see the same inputs), or the
+    error planning it raised."""
     M, K = x.shape
     N = model.gemm.weight.shape[0]
     param = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[
@@ -123,7 +152,7 @@ def fusejit_forward(model, x, dtype, mode, budget_ms, **forced):
                                x.stride(0), model.gemm.weight.stride(0), N,
                                x.device.index or 0, **forced)
     except Exception as e:
-        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
+        return {"error": error_text(e)}
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     ws = torch.empty(max(plan.workspace_size, 1), device=x.device, dtype=torch.uint8)
     rm, rv = bn.running_mean.clone(), bn.running_var.clone()
@@ -138,8 +167,8 @@ def fusejit_forward(model, x, dtype, mode, budget_ms, **forced):
             ws.data_ptr(), ws.numel()]
     run, current = plan.run, torch.cuda.current_stream
     # The stream of the call, so that graph capture sees the launches on its stream.
-    return result(lambda: run(current().cuda_stream, *args), budget_ms,
-                  "cuBLASLt reference op" if plan.uses_reference else plan.config)
+    return (lambda: run(current().cuda_stream, *args),
+            "cuBLASLt reference op" if plan.uses_reference else plan.config)
 
 
 def torch_dtype(dtype):
@@ -147,7 +176,24 @@ def torch_dtype(dtype):
             "bf16": torch.bfloat16}[dtype]
 
 
-def forward_entries(shape, dtype, modes, budget_ms, use_compile):
+def compiled_call(compiled, *args):
+    """(call, detail) of a torch.compile'd module, compiled now (its first call), or the error."""
+    t0 = time.time()
+    try:
+        compiled(*args)
+        torch.cuda.synchronize()
+    except Exception as e:
+        return {"error": error_text(e)}
+    return (lambda: compiled(*args)), f"first call (compile) {time.time() - t0:.1f} s"
+
+
+def show(shape, dtype, what, r):
+    print(f"{shape:>16} {dtype:>5} {what:>7} " + " ".join(
+        f"{k}={v['median_ms']:.4f}" if "median_ms" in v else f"{k}=ERR" for k, v in r.items()),
+        flush=True)
+
+
+def forward_entries(shape, dtype, modes, use_compile):
     M, N, K = (int(v) for v in shape.split("x"))
     dt = torch_dtype(dtype)
     torch.manual_seed(0)
@@ -161,32 +207,23 @@ def forward_entries(shape, dtype, modes, budget_ms, use_compile):
     out = []
     for mode in modes:
         model.train(mode == "train")
-        r = {}
         with torch.no_grad():
-            r["linear"] = result(lambda: F.linear(x, w, b), budget_ms)
-            r["mm"] = result(lambda: torch.mm(x, w.t()), budget_ms)
+            systems = {"linear": (lambda: F.linear(x, w, b), ""),
+                       "mm": (lambda: torch.mm(x, w.t()), "")}
             for name, forced in (("fusejit", {}), ("fusejit_heuristic", {"use_tuning_db": False}),
                                  ("fusejit_tiled", {"variant": "tiled"}),
                                  ("fusejit_warpspec", {"variant": "warpspec"})):
-                r[name] = fusejit_forward(model, x, dtype, mode, budget_ms, **forced)
-            r["eager"] = result(lambda: model(x), budget_ms)
+                systems[name] = fusejit_forward(model, x, dtype, mode, **forced)
+            systems["eager"] = (lambda: model(x), "")
             if compiled is not None:
-                t0 = time.time()
-                try:
-                    compiled(x)
-                    torch.cuda.synchronize()
-                    r["compile"] = result(lambda: compiled(x), budget_ms,
-                                          f"first call (compile) {time.time() - t0:.1f} s")
-                except Exception as e:
-                    r["compile"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
+                systems["compile"] = compiled_call(compiled, x)
+            r = measure(systems)
         out.append({"shape": shape, "dtype": dtype, "mode": mode, "results": r})
-        print(f"{shape:>16} {dtype:>5} {mode:>5} " + " ".join(
-            f"{k}={v['median_ms']:.4f}" if "median_ms" in v else f"{k}=ERR"
-            for k, v in r.items()), flush=True)
+        show(shape, dtype, mode, r)
     return out
 
 
-def backward_entry(shape, dtype, budget_ms, use_compile):
+def backward_entry(shape, dtype, use_compile):
     """forward + backward in train mode: fusejit's module (its fused backward), F.linear's own
     forward + backward (three GEMMs and the bias gradient: the baseline), eager, compile."""
     M, N, K = (int(v) for v in shape.split("x"))
@@ -197,16 +234,17 @@ def backward_entry(shape, dtype, budget_ms, use_compile):
     xg = torch.rand(M, K, device="cuda", dtype=dt).requires_grad_()
     dy = torch.randn(M, N, device="cuda", dtype=dt)
     w, b = model.gemm.weight, model.gemm.bias
-    r = {"linear": result(lambda: F.linear(xg, w, b).backward(dy), budget_ms),
-         "fusejit": result(lambda: ours(xg).backward(dy), budget_ms, "fusejit.torch module"),
-         "eager": result(lambda: model(xg).backward(dy), budget_ms)}
+    systems = {"linear": (lambda: F.linear(xg, w, b).backward(dy), ""),
+               "fusejit": (lambda: ours(xg).backward(dy), "fusejit.torch module"),
+               "eager": (lambda: model(xg).backward(dy), "")}
     if use_compile:
         torch._dynamo.reset()
         compiled = torch.compile(model)
-        r["compile"] = result(lambda: compiled(xg).backward(dy), budget_ms)
-    print(f"{shape:>16} {dtype:>5} fwd+bwd " + " ".join(
-        f"{k}={v['median_ms']:.4f}" if "median_ms" in v else f"{k}=ERR" for k, v in r.items()),
-        flush=True)
+        c = compiled_call(compiled, xg)
+        systems["compile"] = c if isinstance(c, dict) else (
+            lambda: compiled(xg).backward(dy), c[1])
+    r = measure(systems)
+    show(shape, dtype, "fwd+bwd", r)
     return {"shape": shape, "dtype": dtype, "mode": "train", "results": r}
 
 
@@ -219,12 +257,11 @@ def cmd_measure(a):
             tf32 = dtype == "tf32"
             torch.backends.cuda.matmul.allow_tf32 = tf32
             torch.backends.cudnn.allow_tf32 = tf32
-            forward += forward_entries(shape, dtype, split(a.modes), a.budget_ms,
+            forward += forward_entries(shape, dtype, split(a.modes),
                                        dtype in split(a.compile_dtypes))
         torch.backends.cuda.matmul.allow_tf32 = False
         for dtype in split(a.backward_dtypes):
-            backward.append(backward_entry(shape, dtype, a.budget_ms,
-                                           dtype in split(a.compile_dtypes)))
+            backward.append(backward_entry(shape, dtype, dtype in split(a.compile_dtypes)))
     with open(a.out, "w") as f:
         json.dump({"systems": SYSTEMS, "timing": TIMING, "forward": forward,
                    "backward": backward}, f, indent=1)
@@ -368,7 +405,6 @@ def main():
     m.add_argument("--dtypes", default="bf16,fp16,tf32,fp32")
     m.add_argument("--modes", default="train,eval")
     m.add_argument("--backward-dtypes", default="bf16")
-    m.add_argument("--budget-ms", type=float, default=40)
     m.add_argument("--compile-dtypes", default="bf16", help="torch.compile these dtypes only "
                    "(seconds of compile per graph)")
     j = sub.add_parser("jit")

@@ -125,7 +125,7 @@ if step autotune; then
   : >"$logs/autotune.log"
   for d in $(only_in "$tune_dtypes" "$dtypes"); do
     "$fj" autotune --shapes "$shapes" --dtypes "$d" --modes "$modes" --param-dtype "$(param_dtype "$d")" \
-      --cache-dir "$cache" --target-ms 30 --json >"$work/autotune-$d.json" 2>>"$logs/autotune.log" ||
+      --cache-dir "$cache" --json >"$work/autotune-$d.json" 2>>"$logs/autotune.log" ||
       fail "autotune (see autotune.log)"
   done
   python3 -c 'import json,sys; r=[x for f in sys.argv[2:] for x in json.load(open(f))["results"]]
