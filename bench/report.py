@@ -167,7 +167,10 @@ def fusejit_forward(model, x, dtype, mode, **forced):
             ws.data_ptr(), ws.numel()]
     run, current = plan.run, torch.cuda.current_stream
     # The stream of the call, so that graph capture sees the launches on its stream.
-    return (lambda: run(current().cuda_stream, *args),
+    # The call holds every tensor whose address it passes: a graph captured from it replays
+    # those addresses long after this function returns.
+    keep = (plan, y, ws, rm, rv, nbt, save, w)
+    return (lambda keep=keep: run(current().cuda_stream, *args),
             "cuBLASLt reference op" if plan.uses_reference else plan.config)
 
 
