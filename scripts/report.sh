@@ -10,7 +10,8 @@
 # this GPU (`fusejit compile --variant all --arch sm_90a ...`) saves compile time; its tuning
 # database, if any, is not used.
 # Subsets for a quick run: REPORT_SHAPES, REPORT_DTYPES, REPORT_MODES, REPORT_BWD_DTYPES (comma
-# lists), REPORT_TUNE_DTYPES, REPORT_COMPILE_DTYPES (default bf16: see below), REPORT_STEPS (default "build kernels autotune jit
+# lists), REPORT_TUNE_DTYPES, REPORT_COMPILE_DTYPES (default bf16: see below), REPORT_GIT (the
+# commit to record, where .git is not this tree's), REPORT_STEPS (default "build kernels autotune jit
 # measure host render"). Logs and intermediate JSON go to $OUT (or /tmp/fj-report/logs).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -158,7 +159,9 @@ if step render; then
   clocks=$(nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv,noheader)
   driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
   cuda=$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
-  git=$(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)
+  # REPORT_GIT: the commit, where this tree's .git is not the one it was checked out from
+  # (a copy made for a remote machine).
+  git=${REPORT_GIT:-$(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)}
   args=(--out "$work/raw.json" --measure "$work/measure.json" --driver "$driver" --cuda "$cuda"
     --clocks "SM/max SM/mem MHz, power limit: $clocks" --git "$git" --command "scripts/report.sh"
     --seconds $(($(date +%s) - t_start)))
