@@ -5,9 +5,12 @@
 
 #include <cstring>
 #include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "fusejit/device/driver.hpp"
+#include "fusejit/verify/verification.hpp"
 
 namespace fusejit::test {
 
@@ -16,6 +19,24 @@ namespace fusejit::test {
 inline bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
   return a.size() == b.size() &&
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
+}
+
+// The first output whose bits differ between two runs of a case ("y", "saved", "running_mean",
+// "running_var", "save_mean", "save_invstd", "num_batches_tracked"), or "" when all agree;
+// `saved` only where both runs wrote it.
+inline std::string first_different_output(const CaseOutputs& a, const CaseOutputs& b) {
+  const std::pair<const char*, const std::vector<double> CaseOutputs::*> fields[] = {
+      {"y", &CaseOutputs::y},
+      {"saved", &CaseOutputs::saved},
+      {"running_mean", &CaseOutputs::running_mean},
+      {"running_var", &CaseOutputs::running_var},
+      {"save_mean", &CaseOutputs::save_mean},
+      {"save_invstd", &CaseOutputs::save_invstd}};
+  for (const auto& [name, field] : fields) {
+    if (field == &CaseOutputs::saved && ((a.*field).empty() || (b.*field).empty())) continue;
+    if (!same_bits(a.*field, b.*field)) return name;
+  }
+  return a.num_batches_tracked == b.num_batches_tracked ? "" : "num_batches_tracked";
 }
 
 // Captures what `enqueue` puts on `stream` into a graph, launches it `launches` times on the

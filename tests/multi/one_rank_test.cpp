@@ -82,13 +82,9 @@ TEST_CASE("one rank: bit-identical to the unsynchronized fj_finalize schedule, e
       sync.run(s, b.tensors());
       s.synchronize();
       const CaseOutputs ga = a.download(), gb = b.download();
-      CHECK(same_bits(ga.y, gb.y));
-      CHECK(same_bits(ga.saved, gb.saved));
-      CHECK(same_bits(ga.running_mean, gb.running_mean));
-      CHECK(same_bits(ga.running_var, gb.running_var));
-      CHECK(same_bits(ga.save_mean, gb.save_mean));
-      CHECK(same_bits(ga.save_invstd, gb.save_invstd));
-      CHECK(ga.num_batches_tracked == gb.num_batches_tracked);
+      REQUIRE(!ga.saved.empty());
+      REQUIRE(!gb.saved.empty());
+      CHECK(fusejit::test::first_different_output(ga, gb) == "");
       const ReferenceOutputs ref = reference_forward(
           reference_inputs(in), reference_settings(c.problem, in.num_batches_tracked));
       std::string why;
