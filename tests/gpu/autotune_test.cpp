@@ -160,6 +160,16 @@ TEST_CASE("autotune two small shapes end to end; the next Plan runs the recorded
     }
     for (const auto& c : r.candidates)
       if (c.median_ms && c.status != Status::rejected) CHECK(*c.median_ms >= r.entry.winner_ms);
+    // The close ones were timed again side by side (TunerOptions::final_ratio): more runs than
+    // one candidate's first pass may take, never for a dropped one, and never for one alone.
+    int re_timed = 0;
+    for (const auto& c : r.candidates)
+      if (c.runs > quick().max_runs) {
+        ++re_timed;
+        CHECK(c.status != Status::dropped);
+      }
+    MESSAGE(re_timed, " candidates re-timed side by side");
+    CHECK(re_timed != 1);
 
     // Recorded...
     const auto e = db.find(p);

@@ -404,6 +404,37 @@ TuneResult tune(const Problem& p, const TunerOptions& o) {
     report(o, TuneProgress::Stage::timing, i + 1, cs.size(), c.out.key);
   }
 
+  // 3b. The close ones again, side by side: final_rounds rounds, each timing every close
+  // candidate once (runs worth ~1 ms, at least one) in an order that rotates, so a clock drift
+  // reaches all of them alike; each ranks by the median of its round medians.
+  std::vector<Contender*> close;
+  for (auto& c : cs)
+    if (c.out.status == Status::timed && *c.out.median_ms <= o.final_ratio * best)
+      close.push_back(&c);
+  if (close.size() > 1 && o.final_rounds > 0) {
+    const int per_round = std::clamp(static_cast<int>(std::ceil(1.0 / std::max(best, 1e-6))), 1,
+                                     std::min(10, o.max_runs));
+    std::vector<std::vector<double>> rounds(close.size());
+    for (int r = 0; r < o.final_rounds; ++r)
+      for (std::size_t j = 0; j < close.size(); ++j) {
+        const std::size_t k = (j + static_cast<std::size_t>(r)) % close.size();
+        if (close[k]->out.status != Status::timed) continue;  // it failed in an earlier round
+        std::vector<double> times;
+        try {
+          timed(*close[k], 0, per_round, times);
+        } catch (const std::exception& e) {
+          close[k]->out.status = Status::failed;
+          close[k]->out.message = "run: " + first_line(e.what());
+        }
+        if (!times.empty()) rounds[k].push_back(median(times));
+      }
+    for (std::size_t k = 0; k < close.size(); ++k) {
+      if (close[k]->out.status != Status::timed || rounds[k].empty()) continue;
+      close[k]->out.median_ms = median(rounds[k]);
+      close[k]->out.runs += o.final_rounds * per_round;
+    }
+  }
+
   // 4. Verify in order of time until one passes; when the reference wins, go on to the best
   // fused config too (a Plan that runs the reference still reports one).
   std::vector<Contender*> order;

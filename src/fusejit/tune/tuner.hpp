@@ -7,7 +7,9 @@
 //   2. compile every candidate in parallel, one NVRTC job per core (the disk cache dedupes);
 //   3. time each on random data of the real shape with CUDA events: warm-up, then `min_runs`
 //      runs; a candidate whose median is then above drop_ratio x the best so far is dropped
-//      (early exit), the others run until ~target_ms of timed work (median reported);
+//      (early exit), the others run until ~target_ms of timed work; those within final_ratio
+//      of the best are then timed again in interleaved rounds, every one once per round, and
+//      ranked by the median of their round medians (the one reported);
 //   4. verify in order of time against the float64 reference (check/sweep.hpp's inputs,
 //      thresholds and comparison; see verification_columns) until one passes: the winner. A
 //      fast but wrong candidate is rejected (with a warning) and the next best is recorded;
@@ -45,6 +47,11 @@ struct TunerOptions {
   int max_runs = 50;
   double target_ms = 100;  // timed work per surviving candidate: runs = target / median
   double drop_ratio = 1.5;
+  // Consecutive timings of the same kernel on an H100 differed by up to 10% (its clocks move
+  // under the power limit while GEMMs run back to back), enough to crown whichever close
+  // candidate happened to run in a fast moment: the close ones are re-timed side by side.
+  double final_ratio = 1.15;
+  int final_rounds = 9;
   std::optional<std::uint64_t> seed;  // inputs; default: a fresh seed
   // Test hook: wraps one candidate's verification run so that it corrupts y afterwards (a
   // kernel that is fast and wrong). A candidate key, "reference", or "fastest" (whichever
