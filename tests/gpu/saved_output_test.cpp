@@ -336,21 +336,37 @@ TEST_CASE("saved from a plan whose choice is the reference op: its fused config 
   const Plan fused = forced_plan(p, plan.config());
   CHECK(plan.workspace_size() >= fused.workspace_size());
   const CaseInputs in = make_case_inputs(c);
-  auto run = [&](const Plan& pl, bool with_saved) {
+  auto run = [&](const Plan& pl, bool with_saved, std::int64_t rows) {
     DeviceCase dc(in, with_saved);
     const Stream st;
-    pl.run(st, dc.tensors());  // the plan's own workspace: workspace_size() bytes
+    pl.run(st, dc.tensors(), rows);  // the plan's own workspace: workspace_size() bytes
     st.synchronize();
     return dc.download();
   };
-  // A training forward asking for saved gets exactly the fused config's outputs.
-  const CaseOutputs via_plan = run(plan, true);
-  const CaseOutputs via_fused = run(fused, true);
-  REQUIRE(!via_plan.saved.empty());
-  REQUIRE(!via_fused.saved.empty());
-  CHECK(first_different_output(via_plan, via_fused) == "");
+  // A training forward asking for saved gets exactly the fused config's outputs, for a batch of
+  // any size the fused config takes (the reference op was planned for M rows exactly).
+  for (const std::int64_t rows : {p.M, p.M / 2 + 3}) {
+    CAPTURE(rows);
+    const CaseOutputs via_plan = run(plan, true, rows);
+    const CaseOutputs via_fused = run(fused, true, rows);
+    REQUIRE(!via_plan.saved.empty());
+    REQUIRE(!via_fused.saved.empty());
+    CHECK(first_different_output(via_plan, via_fused) == "");
+  }
+  // Without saved the reference op runs, for M rows only.
+  {
+    DeviceCase dc(in, false);
+    const Stream st;
+    try {
+      plan.run(st, dc.tensors(), p.M - 1);
+      FAIL_CHECK("a reference run of M - 1 rows was accepted");
+    } catch (const InvalidArgument& e) {
+      CHECK(e.argument() == "rows");
+    }
+  }
   // Without saved the reference op runs: another GEMM, so not the same bits, but the same op.
-  const CaseOutputs via_reference = run(plan, false);
+  const CaseOutputs via_reference = run(plan, false, p.M);
+  const CaseOutputs via_fused = run(fused, true, p.M);
   CHECK(!same_bits(via_reference.y, via_fused.y));
   const double diff = relative_error(via_reference.y, via_fused.y);
   MESSAGE(fmt::format("reference op vs fused config, y: relative difference {:.2e}", diff));

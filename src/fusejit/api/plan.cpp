@@ -308,7 +308,7 @@ void Plan::run(CUstream stream, const Tensors& t, std::int64_t rows, void* works
             "expected {} <= rows <= M = {} (the plan's M{}); got {}", least, p.M,
             p.mode == Mode::train && least == 2 ? "; train mode needs two rows for a variance" : "",
             rows));
-  if (reference_)
+  if (runs_reference(t))
     throw InvalidArgument("rows",
                           fmt::format("this plan runs the cuBLASLt reference op, planned for M = "
                                       "{} rows exactly; plan M = {} for this batch",
