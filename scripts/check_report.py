@@ -161,32 +161,33 @@ def check_systems(p, report):
     return systems
 
 
-def check_autotune(p, report):
-    tune = report.get("autotune")
-    if not isinstance(tune, list):
-        p.add("report.json", "autotune: missing or not a list")
-        return
-    for i, t in enumerate(tune):
-        where = f"autotune[{i}]"
-        check_shape(p, t, where)
-        expect(p, t, "dtype", is_str, "a non-empty string", where)
-        expect(p, t, "mode", lambda v: v in MODES, "'train' or 'eval'", where)
-        expect(p, t, "seconds", lambda v: is_num(v) and v >= 0, "a finite number >= 0", where)
-        expect(p, t, "winner", is_str, "a non-empty string", where)
-        expect(p, t, "candidates", lambda v: is_int(v) and v >= 0, "an integer >= 0", where)
+# The fields of each entry of the flat sections: (key, test, what a passing value is).
+NON_EMPTY = (is_str, "a non-empty string")
+ANY_STRING = (lambda v: is_str(v, False), "a string")
+FLAT_SECTIONS = {
+    "autotune": [("dtype", *NON_EMPTY),
+                 ("mode", lambda v: v in MODES, "'train' or 'eval'"),
+                 ("seconds", lambda v: is_num(v) and v >= 0, "a finite number >= 0"),
+                 ("winner", *NON_EMPTY),
+                 ("candidates", lambda v: is_int(v) and v >= 0, "an integer >= 0")],
+    "jit": [("name", *NON_EMPTY), ("value", is_num, "a finite number"), ("unit", *NON_EMPTY),
+            ("detail", *ANY_STRING)],
+}
 
 
-def check_jit(p, report):
-    jit = report.get("jit")
-    if not isinstance(jit, list):
-        p.add("report.json", "jit: missing or not a list")
+def check_flat(p, report, section):
+    """autotune or jit: a list of entries, each with its section's fields (an autotune entry
+    also names a shape)."""
+    entries = report.get(section)
+    if not isinstance(entries, list):
+        p.add("report.json", f"{section}: missing or not a list")
         return
-    for i, j in enumerate(jit):
-        where = f"jit[{i}]"
-        expect(p, j, "name", is_str, "a non-empty string", where)
-        expect(p, j, "value", is_num, "a finite number", where)
-        expect(p, j, "unit", is_str, "a non-empty string", where)
-        expect(p, j, "detail", lambda v: is_str(v, False), "a string", where)
+    for i, e in enumerate(entries):
+        where = f"{section}[{i}]"
+        if section == "autotune":
+            check_shape(p, e, where)
+        for key, test, what in FLAT_SECTIONS[section]:
+            expect(p, e, key, test, what, where)
 
 
 def check_json(p, report):
@@ -200,8 +201,8 @@ def check_json(p, report):
     systems = check_systems(p, report)
     check_timings(p, report, "forward", systems, MODES)
     check_timings(p, report, "backward", systems, ("train",))
-    check_autotune(p, report)
-    check_jit(p, report)
+    for section in FLAT_SECTIONS:
+        check_flat(p, report, section)
     try:
         want = report_render.charts_for(report)
     except Exception as e:  # the data is malformed enough that the renderer cannot read it
