@@ -144,8 +144,7 @@ def fusejit_forward(model, x, dtype, mode, **forced):
     error planning it raised."""
     M, K = x.shape
     N = model.gemm.weight.shape[0]
-    param = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[
-        model.scale.dtype]
+    param = fjt._STORAGE[model.scale.dtype]  # the module's own dtype -> fusejit name
     bn = model.bn
     try:
         plan = fusejit._C.Plan(M, N, K, dtype, mode, param, bn.eps, bn.momentum, True, True, True,

@@ -48,6 +48,7 @@ only_in() { # the dtypes of list $1 that list $2 holds
 }
 
 site=$work/site
+prefix=$("$here/scripts/deps.sh")  # the C++ dependencies: system, or .deps unpacked (offline)
 export PYTHONPATH=$site:$here/bench
 if step build; then
   say "build (Release: CLI, host benchmark; the Python package with pip)"
@@ -65,7 +66,6 @@ if step build; then
   fi
   # The package exactly as `scripts/device.sh python` (and a user) builds it: pip, in parallel
   # with the CLI and the host benchmark.
-  prefix=$("$here/scripts/deps.sh")
   CMAKE_ARGS="${prefix:+-DCMAKE_PREFIX_PATH=$prefix -DCMAKE_INCLUDE_PATH=$prefix/include}" \
     python3 -m pip install -v --no-build-isolation --no-deps --no-index --target "$site" "$here" \
     >"$logs/pip.log" 2>&1 &
@@ -77,7 +77,6 @@ fi
 # The package's libfusejit.so finds the C++ dependencies unpacked from .deps (an offline
 # machine) only through LD_LIBRARY_PATH; with it set, torch must be imported before fusejit
 # (the other order aborts in this setup: PyTorch then resolves libraries there too).
-prefix=$("$here/scripts/deps.sh")
 [ -n "$prefix" ] && export LD_LIBRARY_PATH=$prefix/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 "$fj" info | tee "$logs/info.txt"
 python3 -c "import torch, fusejit.torch
