@@ -13,6 +13,7 @@ import time
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import fusejit.torch as fjt
 from timing import median_ms
@@ -142,6 +143,8 @@ def main():
     with torch.no_grad():
         measure("linear_scale_batch_norm, eval, no grad", functional)
         measure("nn.Identity module call (PyTorch's own)", lambda: ident(x))
+        b16 = p["b"].to(dt)
+        measure("F.linear (PyTorch's own op, same x and weight)", lambda: F.linear(x, w, b16))
         measure("torch.empty of y", lambda: torch.empty(M, N, device="cuda", dtype=dt))
         measure("_C.Plan.run, eval, writing saved too", raw_saved)
         measure("_C.Plan.run alone (eval, the op's own host time)", raw)

@@ -18,7 +18,7 @@ math runs as PyTorch ops and a warning says why, once per reason.
 """
 import collections
 import copy
-import operator
+import functools
 import threading
 import warnings
 from typing import List, Optional, Tuple
@@ -95,11 +95,11 @@ def _get_plan(key, kind=None):
 
 def clear_plan_cache():
     """Drop every cached plan (kernels stay loaded in fusejit's own bounded cache)."""
-    global _plan_generation
     with _plan_lock:
         _plan_cache.clear()
         _prepared.clear()
-        _plan_generation += 1
+        if _C is not None:
+            _C.forget_recorded_calls()  # modules' recorded calls (_RecordedCall) lapse
 
 
 # Prepared calls: the checks and decisions of a call (argument checks, dtypes, strides,
@@ -108,8 +108,6 @@ def clear_plan_cache():
 # pointers. A training loop pays the checks once per layer and batch shape.
 _PREPARED_MAX = 1024
 _prepared = {}
-# Bumped by clear_plan_cache: modules' recorded calls (_RecordedCall) made before it lapse.
-_plan_generation = 0
 
 
 def _signature(mode, x, weight, vectors, nbt, eps, momentum):
@@ -1079,122 +1077,63 @@ def linear_scale_batch_norm(
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
 
 
-def _autocast_on(device_type):
-    return _any_autocast() if _any_autocast is not None else torch.is_autocast_enabled(device_type)
-
-
-_bn_flags = operator.attrgetter("training", "track_running_stats", "momentum", "eps")
-_data_ptr = torch.Tensor.data_ptr
-_dtype_of = operator.attrgetter("dtype")
-
-
-def _layer_tensors(gemm, bn, module):
-    """(weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked), read
-    from the modules' own dictionaries: nn.Module.__getattr__, which `self.gemm.weight` goes
-    through, costs ~0.5 us per name on a training loop's hot path."""
-    gp, bp, bb = gemm._parameters, bn._parameters, bn._buffers
-    return (
-        gp.get("weight"), gp.get("bias"), module._parameters.get("scale"), bp.get("weight"),
-        bp.get("bias"), bb.get("running_mean"), bb.get("running_var"),
-        bb.get("num_batches_tracked"),
-    )
-
-
 class _RecordedCall:
-    """A module's forward without autograd, as its checked calls decided it, replayed while
-    nothing the decision read has changed. The checks of a call (arguments, dtypes, strides,
-    alignment, the plan's signature) cost ~25 us of Python against ~5 us for the launch; this
-    re-reads only what can change between two calls of a loop: the same submodule, parameter
-    and buffer objects, each at the same address with the same dtype (a move, a cast, `.data =`
-    or load_state_dict(assign=True) change the address or the dtype), the weight's shape and
-    strides, the BatchNorm's flags, momentum and eps, and x's type, shape, strides, dtype,
-    device and alignment (one plan per such x). Autocast, grad mode and torch.compile take the
-    checked path, and so does everything after clear_plan_cache(). The loops run in C
-    (map, attrgetter): a Python loop over the eight tensors costs more than the launch."""
+    """A module's forward as its checked call decided it, replayed while nothing the decision
+    read has changed: the checks run in the extension (`_C.RecordedCall`, which lists what it
+    re-reads), where they cost a fraction of the same checks in Python. Without autograd the
+    extension also allocates y and launches; where x or a used tensor requires grad it hands
+    back the launch and with_autograd() runs it inside linear_scale_batch_norm's autograd
+    Functions. Autocast, torch.compile and every record made before clear_plan_cache() take the
+    checked path."""
 
-    __slots__ = ("gemm", "bn", "tensors", "args", "used", "state", "launch_ptrs", "N", "train",
-                 "eps", "momentum", "device_type", "stream_index", "fp32", "generation", "plans")
-    _MAX_PLANS = 64  # x layouts per record (a loop over batch sizes adds one per size)
+    __slots__ = ("c", "args", "launch_ptrs", "N", "train", "eps", "momentum")
 
-    def __init__(self, module, train, args, eps, momentum):
-        """args: the eight tensors as the call gave them to the kernels (None for each the
-        BatchNorm's decisions left out, e.g. num_batches_tracked in eval); eps, momentum: as
-        it gave them."""
-        mods = module._modules
-        self.gemm, self.bn = mods["gemm"], mods["bn"]
-        # Held, so that the ids stay theirs while the record lives.
-        self.tensors = _layer_tensors(self.gemm, self.bn, module)
-        self.args = args
-        self.used = tuple(t for t in args if t is not None)
-        self.state = self._state(self.tensors, self.bn)
-        self.launch_ptrs = tuple(_ptr(t) for t in args)
+    @classmethod
+    def make(cls, module, train, args, eps, momentum):
+        """A record of `module`'s call, or None where the extension cannot read the layer
+        (then every call takes the checked path). args: the eight tensors as the call gave them
+        to the kernels (None for each the BatchNorm's decisions left out, e.g.
+        num_batches_tracked in eval); eps, momentum: as it gave them."""
         w = args[0]
-        self.N = w.shape[0]
+        if w.device.type == "cuda" and _raw_stream is not None:
+            stream = functools.partial(_raw_stream, _device_index(w.device))
+        else:
+            device = w.device
+            stream = functools.partial(_stream, device)
+        autocast = _any_autocast or functools.partial(torch.is_autocast_enabled, w.device.type)
+        c = _C.RecordedCall.make(
+            module, args, stream=stream,
+            tf32=_tf32_enabled if w.dtype == torch.float32 else None, autocast=autocast,
+            grad_enabled=torch.is_grad_enabled, tensor_type=torch.Tensor,
+            byte_dtype=torch.uint8, workspace_align=_WORKSPACE_ALIGN,
+        )
+        return None if c is None else cls(c, train, args, eps, momentum)
+
+    def __init__(self, c, train, args, eps, momentum):
+        self.c = c
+        self.args = args
+        self.launch_ptrs = tuple(_ptr(t) for t in args)
+        self.N = args[0].shape[0]
         self.train = train
         self.eps, self.momentum = eps, momentum
-        self.device_type = w.device.type
-        # The raw stream hook where it applies (CUDA tensors), else _stream.
-        cuda = w.device.type == "cuda" and _raw_stream is not None
-        self.stream_index = _device_index(w.device) if cuda else None
-        self.fp32 = w.dtype == torch.float32
-        self.generation = _plan_generation
-        self.plans = {}
-
-    def _x_key(self, x, x_ptr):
-        # get_device(): the device as an int (-1: CPU), cheaper than a torch.device to make
-        # and hash.
-        key = (x.shape, x.stride(), x.dtype, x.get_device(), x_ptr & 15)
-        return key + (_tf32_enabled(),) if self.fp32 else key
-
-    def _state(self, tensors, bn):
-        """Everything a replay depends on, as one flat tuple (one comparison): the layer's
-        tensor objects (ids: the record holds them), the BatchNorm's flags, the used tensors'
-        addresses and dtypes, the weight's shape and strides. The addresses and dtypes are read
-        from the record's own tensors: they are the layer's while the ids match."""
-        used = self.used
-        w = used[0]
-        return (*map(id, tensors), *_bn_flags(bn), *map(_data_ptr, used),
-                *map(_dtype_of, used), w.shape, w.stride())
 
     def matches(self, module):
-        """Whether the layer is as recorded."""
-        if self.generation != _plan_generation:
-            return False
-        mods = module._modules
-        gemm, bn = mods.get("gemm"), mods.get("bn")
-        if gemm is not self.gemm or bn is not self.bn:
-            return False
-        return self._state(_layer_tensors(gemm, bn, module), bn) == self.state
+        return self.c.matches(module)
 
     def add(self, x, plan):
-        if len(self.plans) >= self._MAX_PLANS:
-            self.plans.clear()
-        self.plans[self._x_key(x, x.data_ptr())] = (plan, plan.workspace_size)
+        self.c.add(x, plan, plan.workspace_size)
 
-    def replay(self, module, x):
-        """y, or None where the checked path must decide."""
-        if type(x) is not torch.Tensor or _autocast_on(self.device_type):
-            return None
-        if not self.matches(module):
-            return None
-        x_ptr = x.data_ptr()
-        got = self.plans.get(self._x_key(x, x_ptr))
-        if got is None:
-            return None
-        index = self.stream_index
-        stream = _stream(x.device) if index is None else _raw_stream(index)
-        # Addresses as recorded: matches() found each used tensor still at its own.
-        launch = (got[0], got[1], stream, x, x_ptr, self.launch_ptrs, self.N, self.train)
-        if _needs_grad((x,) + self.used):
-            # linear_scale_batch_norm's autograd routes, with the checks done.
-            fused = _backward == "fused"
-            if self.train:
-                return _TrainFunction.apply(x, *self.args, self.eps, self.momentum, fused,
-                                            launch)[0]
-            if not fused:
-                return None  # the eval op's own autograd formula: the checked path
-            return _EvalFunction.apply(x, *self.args[:7], self.eps, launch)
-        return _launch(*launch, False, False)[0]
+    def with_autograd(self, x, plan, ws_bytes, stream, x_ptr):
+        """y through linear_scale_batch_norm's autograd routes, the checks done (the launch
+        from the extension's replay); None where the checked path must decide."""
+        launch = (plan, ws_bytes, stream, x, x_ptr, self.launch_ptrs, self.N, self.train)
+        fused = _backward == "fused"
+        if self.train:
+            return _TrainFunction.apply(x, *self.args, self.eps, self.momentum, fused,
+                                        launch)[0]
+        if not fused:
+            return None  # the eval op's own autograd formula: the checked path
+        return _EvalFunction.apply(x, *self.args[:7], self.eps, launch)
 
 
 class LinearScaleBatchNorm1d(nn.Module):
@@ -1279,7 +1218,9 @@ class LinearScaleBatchNorm1d(nn.Module):
     def forward(self, x):
         recorded = self.__dict__.get("_recorded")  # absent in modules pickled before it
         if recorded is not None and not torch.compiler.is_compiling():
-            y = recorded.replay(self, x)
+            y = recorded.c.replay(self, x)
+            if type(y) is tuple:
+                y = recorded.with_autograd(x, *y)
             if y is not None:
                 return y
         if x.dim() != 2:
@@ -1351,9 +1292,11 @@ class LinearScaleBatchNorm1d(nn.Module):
         recorded = self.__dict__.get("_recorded")
         if recorded is None or recorded.train != train or not recorded.matches(self):
             momentum = momentum if train else None
-            recorded = _RecordedCall(self, train, (gemm.weight,) + vectors + (nbt,), bn.eps,
-                                     momentum)
+            recorded = _RecordedCall.make(self, train, (gemm.weight,) + vectors + (nbt,), bn.eps,
+                                          momentum)
             self._recorded = recorded
+            if recorded is None:
+                return
         recorded.add(x, plan)
 
     def extra_repr(self):

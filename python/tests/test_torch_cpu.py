@@ -397,7 +397,10 @@ def plan_spy(monkeypatch):
     _PlanSpy.made = 0
     monkeypatch.setattr(fjt, "_KERNEL_DEVICE_TYPE", "cpu")
     monkeypatch.setattr(fjt, "kernel_available", lambda device=None: (True, ""))
-    monkeypatch.setattr(fjt, "_C", types.SimpleNamespace(Plan=_PlanSpy))
+    real = fjt._C
+    monkeypatch.setattr(fjt, "_C", types.SimpleNamespace(
+        Plan=_PlanSpy, RecordedCall=real.RecordedCall,
+        forget_recorded_calls=real.forget_recorded_calls))
     checked = []
     signature = fjt._signature
 
@@ -425,7 +428,7 @@ def test_recorded_call_passes_current_addresses_and_rechecks_changes(plan_spy, t
         with torch.set_grad_enabled(grad):
             y = m(x)
         assert y.requires_grad == grad
-        plan = m._recorded.plans[m._recorded._x_key(x, x.data_ptr())][0]
+        plan = m._recorded.c.plan_for(x)
         # run(stream, x, w, y, bias, scale, gamma, beta, running_mean, running_var, nbt, ...)
         args = plan.runs[-1]
         got = dict(zip(("x", "w", "bias", "scale", "gamma", "beta", "rm", "rv", "nbt"),
@@ -469,6 +472,51 @@ def test_recorded_call_passes_current_addresses_and_rechecks_changes(plan_spy, t
     fjt.set_backward("fused")
     copied = copy.deepcopy(m)  # copies re-check: the record is not copied
     assert copied._recorded is None
+
+
+def test_recorded_call_rechecks_what_the_extension_reads(plan_spy):
+    # The replay's checks run in the extension (_C.RecordedCall), which reads the modules'
+    # dictionaries itself: each change below must send the next call to the checked path
+    # (a new signature) once, and the call after it must replay again.
+    checked = plan_spy
+    m = fjt.LinearScaleBatchNorm1d(16, 8).train()
+
+    def checked_call(x=None, M=6):
+        x = make_x(M, 16, "randn") if x is None else x
+        n = len(checked)
+        with torch.no_grad():
+            y = m(x)
+        assert y.shape == (x.shape[0], 8)
+        return len(checked) > n
+
+    assert checked_call() and not checked_call()
+    m.bn.momentum = None  # a flag: cumulative averaging
+    assert checked_call() and not checked_call()
+    m.bn.track_running_stats = False
+    assert checked_call() and not checked_call()
+    m.bn.track_running_stats = True
+    m.gemm = nn.Linear(16, 8)  # a new submodule
+    assert checked_call() and not checked_call()
+    m.scale = nn.Parameter(torch.randn(8))  # a new parameter object on the module itself
+    assert checked_call() and not checked_call()
+    m.bn.register_buffer("running_var", torch.ones(8))  # a new buffer object
+    assert checked_call() and not checked_call()
+    assert checked_call(make_x(6, 32, "randn")[:, :16])  # row stride 32: a layout of its own
+    assert not checked_call(make_x(6, 32, "randn")[:, 16:])
+    assert not checked_call()  # the contiguous layout is still recorded
+
+    class Marked(torch.Tensor):  # a subclass may change what ops do: never replayed
+        pass
+
+    x = make_x(6, 16, "randn").as_subclass(Marked)
+    assert checked_call(x) and checked_call(x)
+    m.bn.momentum = 0.1
+    del m.bn.__dict__["eps"]  # read through the class: the extension reads instances only
+    type(m.bn).eps = 1e-5
+    try:
+        assert checked_call() and checked_call()
+    finally:
+        del type(m.bn).eps
 
 
 # ------------------------------------------------------------------------------------------------
