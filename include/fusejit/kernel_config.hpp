@@ -48,6 +48,12 @@ struct KernelConfig {
   // dtype, mode, flags, strides) in its schedule class (KernelSchedule); with it M is a
   // compile-time constant, which the tuner may find faster.
   bool exact_m = false;
+  // Train with more rows than one tile (the two-pass class): run the GEMM twice instead of
+  // storing y and rewriting it. The first pass only reduces the column statistics (no y), the
+  // finalize folds them into each column's affine, and the second pass stores y = A a + B from
+  // its accumulators (key suffix ".rc"). Costs a second mainloop, saves y's round trip through
+  // memory: the cheaper of the two when K is small against y's bytes.
+  bool recompute = false;
 
   int threads() const;
   // Dynamic shared memory bytes the GEMM kernel needs (stages and the epilogue's tile).
@@ -61,7 +67,8 @@ struct KernelConfig {
   bool valid_for(const Problem& p, const Device& d) const { return why_invalid(p, d).empty(); }
   // Stable text naming every field, e.g. "tiled.128x128x32.w2x4.s3.g8", with ".k8" appended
   // for split_k = 8 (nothing for 1, so keys from before split-K are unchanged); warpspec keys
-  // end in ".pp" for pingpong and ".ts" for tma_store; exact_m appends ".xm".
+  // end in ".pp" for pingpong and ".ts" for tma_store; recompute appends ".rc", then exact_m
+  // ".xm".
   std::string key() const;
   // Inverse of key(); throws InvalidArgument("config", ...).
   static KernelConfig parse(std::string_view key);

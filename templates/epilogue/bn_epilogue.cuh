@@ -51,8 +51,7 @@ struct BnEpilogue {
         const Affine f = eval_affine<Spec>(p, n0 + c);
         coef_a[c] = f.a;
         coef_b[c] = f.b;
-        if (p.saved)
-          saved_b[c] = Spec::HAS_BIAS ? load_param<typename Spec::P>(p.bias, n0 + c, 0.f) : 0.f;
+        if (p.saved) saved_b[c] = eval_saved_offset<Spec>(p, n0 + c);
       }
     } else {
       // Two-pass statistics inside the tile: mean first, then the sum of squared deviations.
@@ -84,7 +83,8 @@ struct BnEpilogue {
       }
     }
     bar();
-    store_affine_tile<Spec, NT>(p.y, tile, coef_a, coef_b, m0, n0, rows, cols, tid);
+    if constexpr (!StatsOnly<Spec>::value)
+      store_affine_tile<Spec, NT>(p.y, tile, coef_a, coef_b, m0, n0, rows, cols, tid);
     if constexpr (!Spec::TRAIN || Spec::SINGLE_PASS) {
       if (p.saved)
         store_affine_tile<Spec, NT, true>(p.saved, tile, nullptr, saved_b, m0, n0, rows, cols, tid);

@@ -7,9 +7,16 @@
 #include "common/column_stats.h"
 #include "common/params.h"
 #include "common/rows.cuh"
+#include "common/spec_flag.cuh"
 #include "common/types.cuh"
 
 namespace fj {
+
+// KernelConfig::recompute (codegen names these only in its kernel sets): the first GEMM pass
+// reduces the column statistics and stores no y (STATS_ONLY); the second is the eval epilogue
+// with each column's affine from the finalize (WS_AFFINE: p.ws_coef's {A, B, mean_a, -}).
+FJ_SPEC_FLAG(StatsOnly, STATS_ONLY, false);
+FJ_SPEC_FLAG(WsAffine, WS_AFFINE, false);
 
 struct Affine {
   float a, b;
@@ -17,6 +24,10 @@ struct Affine {
 
 template <class Spec>
 __device__ __forceinline__ Affine eval_affine(const Params& p, int n) {
+  if constexpr (WsAffine<Spec>::value) {
+    const float4 abm = reinterpret_cast<const float4*>(p.ws_coef)[n];
+    return {abm.x, abm.y};
+  }
   using P = typename Spec::P;
   const float rm = to_float(static_cast<const P*>(p.running_mean)[n]);
   const float rv = to_float(static_cast<const P*>(p.running_var)[n]);
@@ -26,6 +37,16 @@ __device__ __forceinline__ Affine eval_affine(const Params& p, int n) {
   const float beta = Spec::HAS_AFFINE ? load_param<P>(p.beta, n, 0.f) : 0.f;
   const float invstd = rsqrtf(rv + p.eps);
   return {g * s * invstd, beta + g * (s * b - rm) * invstd};
+}
+
+// The eval epilogues' saved output, saved = a + this: eval's u = a + b (the bias); WS_AFFINE's
+// train c = a - mean_a, as the other train schedules save it.
+template <class Spec>
+__device__ __forceinline__ float eval_saved_offset(const Params& p, int n) {
+  if constexpr (WsAffine<Spec>::value)
+    return -reinterpret_cast<const float4*>(p.ws_coef)[n].z;
+  else
+    return Spec::HAS_BIAS ? load_param<typename Spec::P>(p.bias, n, 0.f) : 0.f;
 }
 
 // The momentum factor of this run. Cumulative (momentum=None) reads num_batches_tracked before

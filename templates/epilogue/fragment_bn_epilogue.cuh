@@ -71,14 +71,13 @@ struct FragmentBnEpilogue {
 
   using Acc = float[M_ATOMS][kRegs];
 
-  // saved = a + offs[c] in eval: offs = the bias (0 without one), zero past N; `count` threads
-  // from `tid`.
+  // saved = a + offs[c] in eval: offs = eval_saved_offset (the bias, or WS_AFFINE's -mean_a),
+  // zero past N; `count` threads from `tid`.
   __device__ __forceinline__ static void eval_saved_offsets(const Params& p, int n0, float* offs,
                                                             int tid, int count) {
     const int cols = min(BN, Spec::N - n0);
     for (int c = tid; c < BN; c += count)
-      offs[c] =
-          Spec::HAS_BIAS && c < cols ? load_param<typename Spec::P>(p.bias, n0 + c, 0.f) : 0.f;
+      offs[c] = c < cols ? eval_saved_offset<Spec>(p, n0 + c) : 0.f;
   }
 
   // Eval coefficients of columns [n0, n0 + BN) into coef_a / coef_b (zero past N), computed by
@@ -170,7 +169,8 @@ struct FragmentBnEpilogue {
       }
     }
     all_sync();
-    store<false>(p, acc, coef_a, coef_b, staging, m0, n0, tid, ty);
+    if constexpr (!StatsOnly<Spec>::value)
+      store<false>(p, acc, coef_a, coef_b, staging, m0, n0, tid, ty);
     if constexpr (!Spec::TRAIN || Spec::SINGLE_PASS) {
       if (p.saved) store<true>(p, acc, nullptr, saved_b, staging, m0, n0, tid, ty);
     }

@@ -16,7 +16,10 @@ namespace fj {
 template <class Spec>
 struct FinalizeShape {
   static constexpr int kCols = 32;
-  static constexpr int kGroups = 8;
+  // Narrow layers (N < 1024: fewer than 32 blocks) take 32 groups instead of 8, so that a
+  // thread's chain of dependent merges over many row tiles is 4x shorter: at 65536x256x64 (512
+  // row tiles, 8 blocks) the merge is a latency chain, not bandwidth.
+  static constexpr int kGroups = (Spec::N + kCols - 1) / kCols < 32 ? 32 : 8;
   static constexpr int kThreads = kCols * kGroups;
   static constexpr int kGridX = (Spec::N + kCols - 1) / kCols;
 };

@@ -94,7 +94,9 @@ struct TiledGemm {
                               t.col * Spec::BN, t.row, threadIdx.x, CtaBarrier{});
     // Single-pass train with a fixed momentum: nobody reads num_batches_tracked, so one thread
     // can bump it here (cumulative mode launches bump_batches after the epilogue's kernel).
-    if constexpr (Spec::TRAIN && Spec::SINGLE_PASS && !Spec::CUMULATIVE) {
+    // Recompute's affine pass likewise: it runs after fj_finalize, the counter's last reader.
+    if constexpr ((Spec::TRAIN && Spec::SINGLE_PASS && !Spec::CUMULATIVE) ||
+                  WsAffine<Spec>::value) {
       if (linear == 0 && threadIdx.x == 0 && p.num_batches_tracked) *p.num_batches_tracked += 1;
     }
   }

@@ -505,7 +505,9 @@ struct WarpspecGemm {
     if constexpr (kFragment) FragEpi::drain(etid);
     // Single-pass train with a fixed momentum: nobody reads num_batches_tracked, so one thread
     // bumps it here (cumulative mode launches bump_batches after the GEMM instead).
-    if constexpr (Spec::TRAIN && Spec::SINGLE_PASS && !Spec::CUMULATIVE) {
+    // Recompute's affine pass likewise: it runs after fj_finalize, the counter's last reader.
+    if constexpr ((Spec::TRAIN && Spec::SINGLE_PASS && !Spec::CUMULATIVE) ||
+                  WsAffine<Spec>::value) {
       if (blockIdx.x == 0 && ctid == 0 && p.num_batches_tracked) *p.num_batches_tracked += 1;
     }
   }

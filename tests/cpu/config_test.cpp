@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <array>
+
 #include <set>
 
 #include "fusejit/config/candidates.hpp"
@@ -57,8 +59,10 @@ TEST_CASE("tf32 on Hopper: train takes 128x256 tiles where they fit, eval 128x12
   for (const auto& s : shapes) {
     const std::int64_t M = s[0];
     CAPTURE(M);
+    // K = 64: the recompute twin (the GEMM twice instead of y's round trip).
     CHECK(default_config(problem(DType::tf32, Mode::train, M, s[1], s[2]), h100).key() ==
-          "warpspec.128x256x32.c2.s3.g16.cl1.p1");
+          (s[2] == 64 ? "warpspec.128x256x32.c2.s3.g16.cl1.p1.rc"
+                      : "warpspec.128x256x32.c2.s3.g16.cl1.p1"));
     CHECK(default_config(problem(DType::tf32, Mode::eval, M, s[1], s[2]), h100).key() ==
           "warpspec.128x128x32.c2.s6.g8.cl1.p1");
   }
@@ -66,6 +70,53 @@ TEST_CASE("tf32 on Hopper: train takes 128x256 tiles where they fit, eval 128x12
   // tuner.
   for (const auto& c : candidate_configs(problem(DType::tf32, Mode::eval, 4096, 4096, 4096), h100))
     CHECK(!(c.variant == Variant::warpspec && c.bn == 256));
+}
+
+TEST_CASE("recompute: train's two-pass class only; the heuristic takes it where K is small") {
+  const Device h100 = Device::for_arch("sm_90a");
+  const Device a100 = Device::for_arch("sm_80");
+  const KernelConfig rc = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.xm");
+  CHECK(rc.recompute);
+  CHECK(rc.exact_m);
+  CHECK(rc.tma_store);
+  CHECK(rc.key() == "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.xm");
+  CHECK(KernelConfig::parse("tiled.64x64x64.w2x2.s3.g8.rc").recompute);
+  CHECK(!KernelConfig::parse("tiled.64x64x64.w2x2.s3.g8").recompute);
+  CHECK_THROWS_AS(KernelConfig::parse("tiled.64x64x64.w2x2.s3.g8.xm.rc"), InvalidArgument);
+
+  const KernelConfig tiled_rc = KernelConfig::parse("tiled.64x64x64.w2x2.s3.g8.rc");
+  CHECK(tiled_rc.valid_for(problem(DType::bf16, Mode::train, 65, 256, 64), a100));
+  CHECK(
+      tiled_rc.why_invalid(problem(DType::bf16, Mode::train, 64, 256, 64), a100).find("one pass") !=
+      std::string::npos);
+  CHECK(tiled_rc.why_invalid(problem(DType::bf16, Mode::eval, 4096, 256, 64), a100)
+            .find("train mode only") != std::string::npos);
+  Problem ranks = problem(DType::bf16, Mode::train, 4096, 256, 64);
+  ranks.stat_ranks = 2;
+  CHECK(!tiled_rc.valid_for(ranks, a100));
+  KernelConfig split = tiled_rc;
+  split.split_k = 2;
+  CHECK(
+      split.why_invalid(problem(DType::bf16, Mode::train, 4096, 256, 1024), a100).find("split-K") !=
+      std::string::npos);
+
+  // H100, bf16 (measured, docs/performance.md): at K = 64 the second mainloop costs less than
+  // y's round trip; at K = 512 and above it does not.
+  CHECK(default_config(problem(DType::bf16, Mode::train, 65536, 256, 64), h100).recompute);
+  for (const auto& s :
+       {std::array<std::int64_t, 3>{2048, 2048, 512}, std::array<std::int64_t, 3>{4096, 4096, 4096},
+        std::array<std::int64_t, 3>{1024, 8192, 8192}}) {
+    CAPTURE(s[0]);
+    CHECK(!default_config(problem(DType::bf16, Mode::train, s[0], s[1], s[2]), h100).recompute);
+  }
+  // The tuner weighs the twins in train's two-pass class only.
+  for (Mode m : {Mode::train, Mode::eval})
+    for (std::int64_t M : {64, 4096}) {
+      bool any = false;
+      for (const auto& c : candidate_configs(problem(DType::bf16, m, M, 256, 64), h100))
+        any = any || c.recompute;
+      CHECK(any == (m == Mode::train && M > 128));
+    }
 }
 
 TEST_CASE(

@@ -158,6 +158,49 @@ TEST_CASE("quick sweep, warpspec TMA-store configs (sm_90 only)") {
       }
 }
 
+TEST_CASE("quick sweep, recompute configs: statistics pass, finalize, affine pass (train)") {
+  primary_context(0);
+  const Device dev = Device::current();
+  // Per math path a tiled config, and on Hopper the warpspec epilogues (thread stores, TMA
+  // stores, one consumer of 64 rows, pingpong, a cluster of two). Cases the config cannot run
+  // (M within one tile: one pass already; TMA's alignment and N % 8 for .ts) are skipped and
+  // must be exactly those; every other case runs the three kernels and must pass.
+  struct Keyed {
+    DType dtype;
+    const char* key;
+    bool hopper;
+  };
+  const Keyed kKeys[] = {
+      {DType::fp32, "tiled.64x64x16.w2x1.s3.g8.rc", false},
+      {DType::tf32, "tiled.64x64x32.w2x2.s3.g8.rc", false},
+      {DType::fp16, "tiled.128x128x64.w2x2.s3.g8.rc", false},
+      {DType::bf16, "tiled.64x64x64.w2x2.s3.g8.rc", false},
+      {DType::tf32, "warpspec.128x128x32.c2.s6.g8.cl1.p1.rc", true},
+      {DType::bf16, "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc", true},
+      {DType::fp16, "warpspec.128x128x64.c2.s6.g8.cl1.p1.rc", true},
+      {DType::bf16, "warpspec.64x128x64.c1.s6.g8.cl1.p1.rc", true},
+      {DType::bf16, "warpspec.128x128x64.c2.s5.g8.cl1.p1.pp.rc", true},
+      {DType::fp16, "warpspec.128x128x64.c2.s5.g8.cl2.p1.ts.rc", true},
+  };
+  for (const Keyed& k : kKeys) {
+    if (k.hopper && !on_hopper()) continue;
+    CAPTURE(k.key);
+    const KernelConfig config = KernelConfig::parse(k.key);
+    const std::vector<SweepCase> cases =
+        k.hopper ? tma_aligned(builtin_sweep(false, k.dtype, Mode::train))
+                 : builtin_sweep(false, k.dtype, Mode::train);
+    const auto invalid =
+        static_cast<std::size_t>(std::count_if(cases.begin(), cases.end(), [&](const SweepCase& c) {
+          return !config.valid_for(c.problem, dev);
+        }));
+    const SweepSummary s =
+        run_cases(cases, k.dtype, Mode::train, Implementation::plan, std::nullopt, config);
+    CHECK(s.skipped == invalid);
+    CHECK(s.passed == s.cases - invalid);
+    CHECK(s.passed > 0);
+  }
+}
+
 TEST_CASE("quick sweep, tiled split-K configs: fp32, tf32 and bf16, train and eval") {
   primary_context(0);
   const Device dev = Device::current();

@@ -258,6 +258,30 @@ TEST_CASE("saved, warpspec variant: thread stores, TMA stores, pingpong, cluster
     }
 }
 
+TEST_CASE("saved, recompute configs: the affine pass writes c = a - mean_a") {
+  primary_context(0);
+  // Train with more than one row tile only (the configs' class): 5 and 13 row tiles, both
+  // through fj_finalize; plain x and x ~ 1000 + N(0, 1).
+  auto train_lines = [](int bm, const char* d, const char* nk) {
+    std::vector<std::string> lines = schedule_cases(bm, d, nk);
+    return std::vector<std::string>{lines[1], lines[2]};
+  };
+  for (const char* d : kDTypes) {
+    CAPTURE(d);
+    const std::string key = std::string(tiled_key(d)) + ".rc";
+    for (const std::string& line : train_lines(64, d, "200x72")) check_case(line, key);
+    for (const std::string& line : train_lines(64, d, "96x128")) check_case(line, key, true);
+  }
+  if (!on_hopper()) return;
+  for (const char* key :
+       {"warpspec.128x128x64.c2.s5.g8.cl1.p1.rc", "warpspec.128x256x64.c2.s4.g8.cl1.p1.ts.rc"})
+    for (const char* d : {"fp16", "bf16"}) {
+      CAPTURE(d);
+      for (const std::string& line : train_lines(128, d, "200x64")) check_case(line, key);
+      for (const std::string& line : train_lines(128, d, "96x128")) check_case(line, key, true);
+    }
+}
+
 TEST_CASE("saved keeps c's digits where a column's mean is ~1000 times its spread") {
   primary_context(0);
   // x ~ 1000 + N(0, 1): mean_a ~ 600, spread of a ~ 0.6. Storing a rounded to T and subtracting

@@ -32,10 +32,6 @@ const char* b(bool v) {
 
 }  // namespace
 
-bool single_pass_class(const Problem& p, const KernelConfig& c) {
-  return p.mode == Mode::train && p.M <= c.bm && p.stat_ranks == 0;
-}
-
 KernelSchedule schedule_flags(const Problem& p, const KernelConfig& c, std::int64_t rows) {
   KernelSchedule s;
   s.split_k = c.variant == Variant::tiled && c.split_k > 1;
@@ -50,9 +46,12 @@ KernelSchedule schedule_flags(const Problem& p, const KernelConfig& c, std::int6
     s.bump = rows == 0;
     return s;
   }
-  s.fold_finalize = !s.single_pass && (rows + c.bm - 1) / c.bm <= kFoldMaxRowTiles;
+  s.fold_finalize = !s.single_pass && !c.recompute && (rows + c.bm - 1) / c.bm <= kFoldMaxRowTiles;
   s.finalize = !s.single_pass && !s.fold_finalize;
-  s.apply = !s.single_pass;
+  s.apply = !s.single_pass && !c.recompute;
+  // The affine GEMM is an ordinary launch after fj_finalize, the last reader of the counter, so
+  // it bumps it itself.
+  s.affine = !s.single_pass && c.recompute;
   // momentum=None: every reader of num_batches_tracked must finish before it is bumped, which
   // the GEMM's (single-pass) or fj_apply_fold's own increment cannot promise.
   s.bump = (s.single_pass || s.fold_finalize) && !p.momentum;
@@ -66,6 +65,7 @@ KernelSchedule schedule(const Problem& p, const KernelConfig& c, std::int64_t ro
   // The all-gather between them is NCCL's kernel, not one of the set's.
   if (s.exchange) s.kernels.insert(s.kernels.end(), {"fj_rank_stats", "fj_rank_finalize"});
   if (s.finalize) s.kernels.push_back("fj_finalize");
+  if (s.affine) s.kernels.push_back("fj_gemm_affine");
   if (s.apply) s.kernels.push_back(s.fold_finalize ? "fj_apply_fold" : "fj_apply");
   if (s.bump) s.kernels.push_back("fj_bump");
   return s;
@@ -73,7 +73,8 @@ KernelSchedule schedule(const Problem& p, const KernelConfig& c, std::int64_t ro
 
 std::vector<std::string> kernel_set(const Problem& p, const KernelConfig& c) {
   const bool synced = p.stat_ranks > 0;
-  if (!synced && (c.exact_m || p.mode != Mode::train || single_pass_class(p, c)))
+  // A recompute set runs the same kernels whatever the rows (it never folds the finalize).
+  if (!synced && (c.exact_m || c.recompute || p.mode != Mode::train || single_pass_class(p, c)))
     return schedule(p, c).kernels;
   // Two-pass over any rows: the GEMM (and split-K's reduce) as schedule_flags decides, then every
   // pass a run may pick. Unsynchronized: both apply paths, the finalize and (cumulative) the
@@ -147,7 +148,19 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
       b(p.has_affine));
   // Only synchronized sets name it: the others' text, hence their cache keys, stay as they were.
   if (p.stat_ranks > 0) t += fmt::format("  static constexpr int RANKS = {};\n", p.stat_ranks);
+  // Likewise only recompute sets name STATS_ONLY (fj_gemm stores no y) and SpecAffine, the
+  // second pass: eval mode's GEMM with the finalize's coefficients (WS_AFFINE).
+  if (c.recompute) t += "  static constexpr bool STATS_ONLY = true;\n";
   t += "};\n";
+  if (c.recompute) {
+    t += "struct SpecAffine : Spec {\n"
+         "  static constexpr bool TRAIN = false, SINGLE_PASS = false, STATS_ONLY = false;\n"
+         "  static constexpr bool WS_AFFINE = true;\n";
+    if (ws)
+      t += fmt::format("  static constexpr int SMEM_BYTES = {};\n",
+                       c.smem_bytes(recompute_affine_problem(p)));
+    t += "};\n";
+  }
   const char* gemm = ws ? "fj::WarpspecGemm<Spec>" : "fj::TiledGemm<Spec>";
   t += ws ? "#include \"kernels/warpspec_gemm.cuh\"\n" : "#include \"kernels/tiled_gemm.cuh\"\n";
   const auto has = [&](std::string_view k) {
@@ -164,6 +177,11 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   // M are given per unit (launch[0]): the split-K reduce's per output tile, fj_apply's per slab
   // of kApplyBlockRows rows; the host multiplies by the run's count.
   t += fmt::format("extern \"C\" __device__ const int fj_smem_bytes = {}::kSmemBytes;\n", gemm);
+  const char* gemm_affine = ws ? "fj::WarpspecGemm<SpecAffine>" : "fj::TiledGemm<SpecAffine>";
+  if (has("fj_gemm_affine"))
+    t += fmt::format(
+        "extern \"C\" __device__ const int fj_gemm_affine_smem_bytes = {}::kSmemBytes;\n",
+        gemm_affine);
   if (has("fj_splitk_reduce"))
     t += "extern \"C\" __device__ const int fj_splitk_reduce_smem_bytes =\n"
          "    fj::SplitKReduce<Spec>::kSmemBytes;\n"
@@ -193,6 +211,21 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
           "extern \"C\" __global__ void __launch_bounds__(Spec::THREADS)\n"
           "fj_gemm(const fj::Params p) {{ {}::run(p); }}\n",
           gemm);
+    } else if (k == "fj_gemm_affine" && ws) {
+      t += fmt::format(
+          "extern \"C\" __global__ void __launch_bounds__(Spec::THREADS, 1)\n"
+          "fj_gemm_affine(const __grid_constant__ fj::Params p,\n"
+          "               const __grid_constant__ fj::TmaDescriptor tx,\n"
+          "               const __grid_constant__ fj::TmaDescriptor tw,\n"
+          "               const __grid_constant__ fj::TmaDescriptor ty) {{ {}::run(p, tx, tw, "
+          "&ty); "
+          "}}\n",
+          gemm_affine);
+    } else if (k == "fj_gemm_affine") {
+      t += fmt::format(
+          "extern \"C\" __global__ void __launch_bounds__(Spec::THREADS)\n"
+          "fj_gemm_affine(const fj::Params p) {{ {}::run(p); }}\n",
+          gemm_affine);
     } else if (k == "fj_splitk_reduce") {
       t += "extern \"C\" __global__ void __launch_bounds__(fj::SplitKReduce<Spec>::kThreads)\n"
            "fj_splitk_reduce(const fj::Params p) { fj::SplitKReduce<Spec>::run(p); }\n";

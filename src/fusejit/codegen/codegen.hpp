@@ -20,7 +20,7 @@ namespace fusejit {
 // each run picks one by its row tiles. Synchronized statistics (stat_ranks > 0) are always
 // two-pass (nothing of y is final before the ranks exchange). Eval mode has one class. With
 // config.exact_m, M is a compile-time constant instead and the set serves that M only.
-bool single_pass_class(const Problem&, const KernelConfig&);
+// (single_pass_class, which tells the train classes apart, is in config/candidates.hpp.)
 
 // Which kernels a run of `rows` rows (1 <= rows <= p.M; rows == p.M for exact_m) launches, in
 // order, and their names in the generated source.
@@ -33,6 +33,9 @@ struct KernelSchedule {
   // What goes out after the GEMM (and the split-K reduce): fj_finalize; fj_apply or, with
   // fold_finalize, fj_apply_fold; fj_bump.
   bool finalize = false, apply = false, bump = false;
+  // KernelConfig::recompute: fj_gemm stores no y (statistics only), fj_finalize folds them, and
+  // fj_gemm_affine, the GEMM again, stores y = A a + B and bumps num_batches_tracked.
+  bool affine = false;
   // Synchronized statistics (Problem::stat_ranks > 0): fj_rank_stats, the all-gather and
   // fj_rank_finalize stand where fj_finalize stands; a run of no rows (an empty rank) launches
   // no GEMM (`gemm` false) and no apply, only the exchange and fj_bump.

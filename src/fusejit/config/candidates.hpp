@@ -17,6 +17,13 @@ namespace fusejit {
 inline constexpr int kTmaStoreBoxRows = 16;
 inline constexpr int kTmaStoreBoxRowBytes = 64;
 
+// Train mode's schedule class (codegen.hpp): single-pass when one row tile holds the plan's M
+// rows and no ranks synchronize; two-pass otherwise.
+bool single_pass_class(const Problem&, const KernelConfig&);
+// KernelConfig::recompute's second GEMM pass computes y as eval mode does, from coefficients the
+// finalize wrote: its kernel is specialized (and its shared memory sized) as eval mode's.
+Problem recompute_affine_problem(Problem p);
+
 // M classes: the ranges of M for which the dispatch makes one choice of config, so that the
 // batch sizes of one layer share a few kernel sets (M is a run-time value in them, codegen.hpp)
 // instead of compiling one each. Bounds (inclusive upper): 64 and 128, the two tile heights,

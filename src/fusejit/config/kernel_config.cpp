@@ -100,6 +100,15 @@ std::string int32_counts_why_invalid(const Problem& p, const KernelConfig& c, co
 
 }  // namespace
 
+bool single_pass_class(const Problem& p, const KernelConfig& c) {
+  return p.mode == Mode::train && p.M <= c.bm && p.stat_ranks == 0;
+}
+
+Problem recompute_affine_problem(Problem p) {
+  p.mode = Mode::eval;
+  return p;
+}
+
 int KernelConfig::threads() const {
   return variant == Variant::tiled ? warps_m * warps_n * 32 : 128 * (warps_m + 1);
 }
@@ -217,6 +226,14 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
   if (const std::string why = int32_counts_why_invalid(p, *this, d); !why.empty()) return why;
   if (split_k < 1 || split_k > kMaxSplitK)
     return fmt::format("split_k must lie within 1..{}; got {}", kMaxSplitK, split_k);
+  if (recompute) {
+    if (p.mode != Mode::train) return "recompute: train mode only (eval runs one pass already)";
+    if (p.stat_ranks > 0) return "recompute: not with synchronized statistics (stat_ranks)";
+    if (split_k != 1) return "recompute: not with split-K";
+    if (single_pass_class(p, *this))
+      return fmt::format("recompute: M = {} rows fit one tile (bm = {}), which runs in one pass",
+                         p.M, bm);
+  }
   if (const std::int64_t kt = k_tiles(p, bk); split_k > kt)
     return fmt::format(
         "split_k {} exceeds the {} k tiles of K = {} (BK = {}): a split would be empty", split_k,
@@ -226,9 +243,12 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
   if (variant == Variant::tiled && tiled_ring_bytes(p, *this) > 227 * 1024)
     return fmt::format("the cp.async ring needs {} bytes of shared memory, above 227 KiB",
                        tiled_ring_bytes(p, *this));
-  if (variant == Variant::warpspec && smem_bytes(p) > 232448)
-    return fmt::format("needs {} bytes of shared memory, above 227 KiB", smem_bytes(p));
-  const int smem = std::max(smem_bytes(p), splitk_reduce_smem_bytes());
+  // recompute: the affine pass is the GEMM of eval mode (its coefficient buffers too).
+  const int gemm_smem =
+      std::max(smem_bytes(p), recompute ? smem_bytes(recompute_affine_problem(p)) : 0);
+  if (variant == Variant::warpspec && gemm_smem > 232448)
+    return fmt::format("needs {} bytes of shared memory, above 227 KiB", gemm_smem);
+  const int smem = std::max(gemm_smem, splitk_reduce_smem_bytes());
   if (d.smem_per_block_optin > 0 && smem > d.smem_per_block_optin)
     return fmt::format("needs {} bytes of shared memory, the device allows {}", smem,
                        d.smem_per_block_optin);
@@ -236,13 +256,13 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
 }
 
 std::string KernelConfig::key() const {
-  const char* xm = exact_m ? ".xm" : "";
+  const std::string tail = fmt::format("{}{}", recompute ? ".rc" : "", exact_m ? ".xm" : "");
   if (variant == Variant::tiled)
     return fmt::format("tiled.{}x{}x{}.w{}x{}.s{}.g{}{}{}", bm, bn, bk, warps_m, warps_n, stages,
-                       group_m, split_k != 1 ? fmt::format(".k{}", split_k) : "", xm);
+                       group_m, split_k != 1 ? fmt::format(".k{}", split_k) : "", tail);
   return fmt::format("warpspec.{}x{}x{}.c{}.s{}.g{}.cl{}.p{}{}{}{}", bm, bn, bk, warps_m, stages,
                      group_m, cluster_m, int(persistent), pingpong ? ".pp" : "",
-                     tma_store ? ".ts" : "", xm);
+                     tma_store ? ".ts" : "", tail);
 }
 
 namespace {
@@ -278,6 +298,8 @@ KernelConfig KernelConfig::parse(std::string_view whole) {
   std::string_view key = whole;
   c.exact_m = key.ends_with(".xm");
   if (c.exact_m) key.remove_suffix(3);
+  c.recompute = key.ends_with(".rc");
+  if (c.recompute) key.remove_suffix(3);
   if (auto v = match_key(key, "tiled.#x#x#.w#x#.s#.g#.k#");
       v || (v = match_key(key, "tiled.#x#x#.w#x#.s#.g#"))) {
     c.variant = Variant::tiled;
@@ -300,8 +322,8 @@ KernelConfig KernelConfig::parse(std::string_view whole) {
     return c;
   }
   throw InvalidArgument("config",
-                        "expected a key like tiled.128x128x32.w2x4.s4.g8[.k4][.xm] or "
-                        "warpspec.128x256x64.c2.s4.g8.cl1.p1[.pp|.ts][.xm]; got '" +
+                        "expected a key like tiled.128x128x32.w2x4.s4.g8[.k4][.rc][.xm] or "
+                        "warpspec.128x256x64.c2.s4.g8.cl1.p1[.pp|.ts][.rc][.xm]; got '" +
                             printable(whole) + "'");
 }
 
@@ -481,11 +503,32 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c) {
           std::ceil(tiles / sms) * splits * slice / kSmL2BytesPerUs;
   }
   if (p.mode == Mode::train && p.M > c.bm) {
-    // Two more launches and one read + write of y (fj_apply).
-    us += 6.0 + 2.0 * double(p.M) * p.N * storage_bytes(p.dtype) / 2.5e12 * 1e6;
+    // recompute: the finalize's launch and the GEMM again, whose statistics epilogue costs
+    // about what storing a tile does (~2 us per tile and CTA on H100, docs/performance.md)
+    if (c.recompute)
+      us += 3.0 + waves * (wave_us + 2.0 * sharing) + 3.0;
+    else  // two more launches and one read + write of y (fj_apply)
+      us += 6.0 + 2.0 * double(p.M) * p.N * storage_bytes(p.dtype) / 2.5e12 * 1e6;
   }
   return us;
 }
+
+namespace {
+
+// Train's two-pass class: recompute twins (KernelConfig::recompute) of the first `count`
+// configs of `list`, for the time model and the tuner to weigh against storing y twice.
+std::vector<KernelConfig> recompute_twins(const std::vector<KernelConfig>& list,
+                                          std::size_t count) {
+  std::vector<KernelConfig> out;
+  for (std::size_t i = 0; i < std::min(count, list.size()); ++i) {
+    KernelConfig c = list[i];
+    c.recompute = true;
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
 
 std::vector<KernelConfig> candidate_configs(const Problem& p, const Device& d) {
   std::vector<KernelConfig> out;
@@ -494,8 +537,15 @@ std::vector<KernelConfig> candidate_configs(const Problem& p, const Device& d) {
       if (c.valid_for(p, d)) out.push_back(c);
   };
   // Hopper: wgmma is the fast path; the tiled variant stays as a fallback and contender.
-  if (d.cc() == 90) keep(warpspec_candidates(p));
-  keep(tiled_candidates(p, d));
+  const bool train = p.mode == Mode::train && p.stat_ranks == 0;  // valid_for drops one-pass
+  if (d.cc() == 90) {
+    const std::vector<KernelConfig> ws = warpspec_candidates(p);
+    keep(ws);
+    if (train) keep(recompute_twins(ws, 3));
+  }
+  const std::vector<KernelConfig> tiled = tiled_candidates(p, d);
+  keep(tiled);
+  if (train) keep(recompute_twins(tiled, 1));
   // Cheapest estimate first; the stable sort keeps the lists' preference among equals.
   std::stable_sort(out.begin(), out.end(), [&](const KernelConfig& a, const KernelConfig& b) {
     return estimated_us(p, d, a) < estimated_us(p, d, b);

@@ -39,6 +39,7 @@ RunShape run_shape(const PlanCore& c, std::int64_t rows, const WorkspaceLayout& 
   r.finalize = s.finalize;
   r.exchange = s.exchange;
   r.bump = s.bump;
+  r.affine = s.affine;
   if (s.apply) {
     r.apply = s.fold_finalize ? c.apply_fold : c.apply;
     const auto slabs =
@@ -174,7 +175,7 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   if (!shape.gemm) {
     // A synchronized rank with no rows: nothing to multiply (a grid of 0 blocks would not launch).
   } else if (c.config.variant == Variant::warpspec) {
-    launch_warpspec(c, shape, stream, prm, t, cache);
+    launch_warpspec(c, shape, stream, prm, t, cache, c.gemm, c.smem_bytes);
   } else {
     check(d.cuLaunchKernel(c.gemm, shape.gemm_grid, shape.gemm_splits, 1, threads, 1, 1,
                            static_cast<unsigned>(c.smem_bytes), stream, args, nullptr),
@@ -213,6 +214,17 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   if (shape.finalize)
     dependent(c.finalize, c.finalize_shape.grid_x, c.finalize_shape.threads,
               "cuLaunchKernelEx(fj_finalize)");
+  if (shape.affine) {
+    // An ordinary launch: the GEMM's CTAs must not take SMs while waiting for the finalize, and
+    // in stream order it is the counter's last reader's successor (it bumps it).
+    if (c.config.variant == Variant::warpspec)
+      launch_warpspec(c, shape, stream, prm, t, cache, c.gemm_affine, c.gemm_affine_smem_bytes);
+    else
+      check(
+          d.cuLaunchKernel(c.gemm_affine, shape.gemm_grid, 1, 1, threads, 1, 1,
+                           static_cast<unsigned>(c.gemm_affine_smem_bytes), stream, args, nullptr),
+          "cuLaunchKernel(fj_gemm_affine)");
+  }
   if (shape.apply)
     dependent(shape.apply, shape.apply_grid, c.apply_shape.threads, "cuLaunchKernelEx(fj_apply)");
   if (shape.bump) dependent(c.bump, 1, 1, "cuLaunchKernelEx(fj_bump)");

@@ -43,6 +43,7 @@ struct RunShape {
   CUfunction apply = nullptr;  // fj_apply, fj_apply_fold, or none
   bool gemm = true;  // false: a synchronized rank with no rows (only the exchange and fj_bump)
   bool finalize = false, exchange = false, bump = false;
+  bool affine = false;        // KernelConfig::recompute: fj_gemm_affine after the finalize
   WorkspaceLayout workspace;  // the plan's: sized for its M, of which a run uses a prefix
 };
 // `rows` must lie within what `workspace` was laid out for (Plan::run checks).
@@ -105,7 +106,9 @@ void launch(const PlanCore&, const RunShape& shape, CUstream stream, const Tenso
             void* workspace, RunCache* cache = nullptr, const StatsExchange* exchange = nullptr);
 // The warpspec GEMM's launch: its TMA descriptors name the run's x, W and y and its rows, so
 // they are encoded on the host (a pure host call: no sync, no allocation) when those change.
+// `gemm`/`smem_bytes`: fj_gemm's, or (recompute) fj_gemm_affine's, on the same tensor maps.
 void launch_warpspec(const PlanCore&, const RunShape& shape, CUstream stream,
-                     const fj::Params& params, const Tensors&, RunCache* cache);
+                     const fj::Params& params, const Tensors&, RunCache* cache, CUfunction gemm,
+                     int smem_bytes);
 
 }  // namespace fusejit

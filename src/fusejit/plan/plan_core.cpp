@@ -60,6 +60,11 @@ std::shared_ptr<const PlanCore> build_plan_core(const Problem& problem, const Ke
       core->apply_shape = launch_shape("fj_apply_launch");
     }
     if (k == "fj_bump") core->bump = core->module->function(k);
+    if (k == "fj_gemm_affine") {
+      core->gemm_affine = core->module->function(k);
+      core->gemm_affine_smem_bytes =
+          dynamic_smem(core->gemm_affine, "fj_gemm_affine", "fj_gemm_affine_smem_bytes");
+    }
   }
   log()->info("plan {} -> {} ({}, {:.3f} s compile)", src.name, core->config.key(),
               core->cache_hit ? "cached" : "compiled", core->compile_seconds);

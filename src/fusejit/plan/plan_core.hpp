@@ -49,8 +49,9 @@ struct PlanCore {
   CUcontext context = nullptr;
   std::shared_ptr<const Module> module;
   CUfunction gemm = nullptr, splitk_reduce = nullptr, finalize = nullptr, apply = nullptr,
-             apply_fold = nullptr, bump = nullptr, rank_stats = nullptr, rank_finalize = nullptr;
-  int smem_bytes = 0;
+             apply_fold = nullptr, bump = nullptr, rank_stats = nullptr, rank_finalize = nullptr,
+             gemm_affine = nullptr;
+  int smem_bytes = 0, gemm_affine_smem_bytes = 0;
   // From the module (templates/kernels/splitk_reduce.cuh, bn_*.cuh). grid_x of the split-K
   // reduce is per output tile and of fj_apply per kApplyBlockRows-row slab.
   LaunchShape splitk_reduce_shape, finalize_shape, apply_shape, rank_finalize_shape;

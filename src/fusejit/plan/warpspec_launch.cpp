@@ -5,7 +5,8 @@
 namespace fusejit {
 
 void launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
-                     const fj::Params& params, const Tensors& t, RunCache* cache) {
+                     const fj::Params& params, const Tensors& t, RunCache* cache, CUfunction gemm,
+                     int smem_bytes) {
   WarpspecTensorMaps fresh;
   const WarpspecTensorMaps* maps = &fresh;
   // The cache is taken only when free: a concurrent run of the same plan encodes its own.
@@ -27,12 +28,11 @@ void launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
   void* args[] = {&prm, const_cast<CUtensorMap*>(&maps->x), const_cast<CUtensorMap*>(&maps->w),
                   const_cast<CUtensorMap*>(&maps->y)};
   const auto threads = static_cast<unsigned>(c.config.threads());
-  const auto smem = static_cast<unsigned>(c.smem_bytes);
+  const auto smem = static_cast<unsigned>(smem_bytes);
   const Driver& d = driver();
   if (c.config.cluster_m == 1) {
-    check(
-        d.cuLaunchKernel(c.gemm, shape.gemm_grid, 1, 1, threads, 1, 1, smem, stream, args, nullptr),
-        "cuLaunchKernel(fj_gemm)");
+    check(d.cuLaunchKernel(gemm, shape.gemm_grid, 1, 1, threads, 1, 1, smem, stream, args, nullptr),
+          "cuLaunchKernel(fj_gemm)");
     return;
   }
   CUlaunchAttribute cluster{};
@@ -49,7 +49,7 @@ void launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
   cfg.hStream = stream;
   cfg.attrs = &cluster;
   cfg.numAttrs = 1;
-  check(d.cuLaunchKernelEx(&cfg, c.gemm, args, nullptr), "cuLaunchKernelEx(fj_gemm, cluster)");
+  check(d.cuLaunchKernelEx(&cfg, gemm, args, nullptr), "cuLaunchKernelEx(fj_gemm, cluster)");
 }
 
 }  // namespace fusejit
