@@ -282,6 +282,48 @@ TEST_CASE("saved, recompute configs: the affine pass writes c = a - mean_a") {
     }
 }
 
+TEST_CASE("recompute: the statistics are the two-pass schedule's, bit for bit") {
+  primary_context(0);
+  // Both schedules reduce the same per-tile partials and merge them in fj_finalize (more than 8
+  // row tiles, so the two-pass schedule does not fold): running and saved statistics and the
+  // counter must be the same bits. y and saved differ by the two-pass schedule's rounding of
+  // d to the output type; both are checked against float64 by check_case.
+  struct Keyed {
+    const char* dtype;
+    const char* key;
+    bool hopper;
+  };
+  constexpr Keyed kKeys[] = {{"fp32", "tiled.64x64x16.w2x1.s3.g8", false},
+                             {"bf16", "tiled.64x64x64.w2x2.s3.g8", false},
+                             {"tf32", "warpspec.128x128x32.c2.s6.g8.cl1.p1", true},
+                             {"bf16", "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts", true}};
+  for (const Keyed& k : kKeys) {
+    if (k.hopper && !on_hopper()) continue;
+    for (const char* momentum : {"0.1", "none"}) {
+      const std::string line = fmt::format("2000x200x72 {} train momentum={}", k.dtype, momentum);
+      const SweepCase c = parse_sweep_line(line);
+      CAPTURE(line);
+      CAPTURE(k.key);
+      const KernelConfig two_pass = KernelConfig::parse(k.key);
+      KernelConfig recompute = two_pass;
+      recompute.recompute = true;
+      REQUIRE((c.problem.M + two_pass.bm - 1) / two_pass.bm > 8);
+      const CaseInputs in = make_case_inputs(c);
+      const std::vector<double> ref_saved = reference_saved(reference_inputs(in), Mode::train);
+      const Run a = run_once(forced_plan(c.problem, two_pass), in, true, ref_saved);
+      const Run b = run_once(forced_plan(c.problem, recompute), in, true, ref_saved);
+      CHECK(same_bits(a.out.running_mean, b.out.running_mean));
+      CHECK(same_bits(a.out.running_var, b.out.running_var));
+      CHECK(same_bits(a.out.save_mean, b.out.save_mean));
+      CHECK(same_bits(a.out.save_invstd, b.out.save_invstd));
+      CHECK(a.out.num_batches_tracked == b.out.num_batches_tracked);
+      MESSAGE(fmt::format("{} {}: y vs float64 two-pass {:.2e}, recompute {:.2e}", line, k.key,
+                          a.errors.y, b.errors.y));
+      CHECK(b.errors.y <= sweep_threshold(c.problem.dtype));
+    }
+  }
+}
+
 TEST_CASE("saved keeps c's digits where a column's mean is ~1000 times its spread") {
   primary_context(0);
   // x ~ 1000 + N(0, 1): mean_a ~ 600, spread of a ~ 0.6. Storing a rounded to T and subtracting
