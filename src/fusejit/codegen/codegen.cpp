@@ -197,35 +197,25 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   if (has("fj_apply") || has("fj_apply_fold"))
     t += "extern \"C\" __device__ const int fj_apply_launch[3] = {\n"
          "    fj::ApplyShape<Spec>::kStrips, 1, fj::kApplyThreads};\n";
+  // A GEMM kernel (fj_gemm, or recompute's fj_gemm_affine) running `type`: warpspec takes the
+  // TMA descriptors of x, W and y beside the parameters.
+  const auto gemm_kernel = [&](const std::string& name, const char* type) {
+    if (!ws)
+      return fmt::format(
+          "extern \"C\" __global__ void __launch_bounds__(Spec::THREADS)\n"
+          "{}(const fj::Params p) {{ {}::run(p); }}\n",
+          name, type);
+    const std::string indent(name.size() + 1, ' ');
+    return fmt::format(
+        "extern \"C\" __global__ void __launch_bounds__(Spec::THREADS, 1)\n"
+        "{}(const __grid_constant__ fj::Params p, const __grid_constant__ fj::TmaDescriptor tx,\n"
+        "{}const __grid_constant__ fj::TmaDescriptor tw,\n"
+        "{}const __grid_constant__ fj::TmaDescriptor ty) {{ {}::run(p, tx, tw, &ty); }}\n",
+        name, indent, indent, type);
+  };
   for (const auto& k : kernels) {
-    if (k == "fj_gemm" && ws) {
-      t += fmt::format(
-          "extern \"C\" __global__ void __launch_bounds__(Spec::THREADS, 1)\n"
-          "fj_gemm(const __grid_constant__ fj::Params p, const __grid_constant__ fj::TmaDescriptor "
-          "tx,\n"
-          "        const __grid_constant__ fj::TmaDescriptor tw,\n"
-          "        const __grid_constant__ fj::TmaDescriptor ty) {{ {}::run(p, tx, tw, &ty); }}\n",
-          gemm);
-    } else if (k == "fj_gemm") {
-      t += fmt::format(
-          "extern \"C\" __global__ void __launch_bounds__(Spec::THREADS)\n"
-          "fj_gemm(const fj::Params p) {{ {}::run(p); }}\n",
-          gemm);
-    } else if (k == "fj_gemm_affine" && ws) {
-      t += fmt::format(
-          "extern \"C\" __global__ void __launch_bounds__(Spec::THREADS, 1)\n"
-          "fj_gemm_affine(const __grid_constant__ fj::Params p,\n"
-          "               const __grid_constant__ fj::TmaDescriptor tx,\n"
-          "               const __grid_constant__ fj::TmaDescriptor tw,\n"
-          "               const __grid_constant__ fj::TmaDescriptor ty) {{ {}::run(p, tx, tw, "
-          "&ty); "
-          "}}\n",
-          gemm_affine);
-    } else if (k == "fj_gemm_affine") {
-      t += fmt::format(
-          "extern \"C\" __global__ void __launch_bounds__(Spec::THREADS)\n"
-          "fj_gemm_affine(const fj::Params p) {{ {}::run(p); }}\n",
-          gemm_affine);
+    if (k == "fj_gemm" || k == "fj_gemm_affine") {
+      t += gemm_kernel(k, k == "fj_gemm" ? gemm : gemm_affine);
     } else if (k == "fj_splitk_reduce") {
       t += "extern \"C\" __global__ void __launch_bounds__(fj::SplitKReduce<Spec>::kThreads)\n"
            "fj_splitk_reduce(const fj::Params p) { fj::SplitKReduce<Spec>::run(p); }\n";
