@@ -172,15 +172,19 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   // Test-only (util/fault.hpp): the first launch failing, so nothing of this run is enqueued.
   if (fault::fire(Fault::kernel_launch))
     check(CUDA_ERROR_LAUNCH_FAILED, "cuLaunchKernel(fj_gemm) [injected fault kernel_launch]");
-  if (!shape.gemm) {
-    // A synchronized rank with no rows: nothing to multiply (a grid of 0 blocks would not launch).
-  } else if (c.config.variant == Variant::warpspec) {
-    launch_warpspec(c, shape, stream, prm, t, cache, c.gemm, c.smem_bytes);
-  } else {
-    check(d.cuLaunchKernel(c.gemm, shape.gemm_grid, shape.gemm_splits, 1, threads, 1, 1,
-                           static_cast<unsigned>(c.smem_bytes), stream, args, nullptr),
-          "cuLaunchKernel(fj_gemm)");
-  }
+  // fj_gemm, or recompute's fj_gemm_affine: the same grid, x, W and y (tensor maps included).
+  auto gemm = [&](CUfunction f, int smem_bytes, const char* name) {
+    if (c.config.variant == Variant::warpspec) {
+      launch_warpspec(c, shape, stream, prm, t, cache, f, smem_bytes, name);
+      return;
+    }
+    const CUresult r = d.cuLaunchKernel(f, shape.gemm_grid, shape.gemm_splits, 1, threads, 1, 1,
+                                        static_cast<unsigned>(smem_bytes), stream, args, nullptr);
+    if (r != CUDA_SUCCESS) check(r, fmt::format("cuLaunchKernel({})", name).c_str());
+  };
+  // A synchronized rank with no rows has nothing to multiply (a grid of 0 blocks would not
+  // launch).
+  if (shape.gemm) gemm(c.gemm, c.smem_bytes, "fj_gemm");
   // The split-K reduce and the BatchNorm passes go out as programmatic dependent launches on
   // sm_90+ (they wait for the previous kernel inside, see templates/common/grid_dependency.cuh).
   CUlaunchAttribute pdl{};
@@ -214,17 +218,9 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   if (shape.finalize)
     dependent(c.finalize, c.finalize_shape.grid_x, c.finalize_shape.threads,
               "cuLaunchKernelEx(fj_finalize)");
-  if (shape.affine) {
-    // An ordinary launch: the GEMM's CTAs must not take SMs while waiting for the finalize, and
-    // in stream order it is the counter's last reader's successor (it bumps it).
-    if (c.config.variant == Variant::warpspec)
-      launch_warpspec(c, shape, stream, prm, t, cache, c.gemm_affine, c.gemm_affine_smem_bytes);
-    else
-      check(
-          d.cuLaunchKernel(c.gemm_affine, shape.gemm_grid, 1, 1, threads, 1, 1,
-                           static_cast<unsigned>(c.gemm_affine_smem_bytes), stream, args, nullptr),
-          "cuLaunchKernel(fj_gemm_affine)");
-  }
+  // An ordinary launch: the GEMM's CTAs must not take SMs while waiting for the finalize, and
+  // in stream order it is the counter's last reader's successor (it bumps it).
+  if (shape.affine) gemm(c.gemm_affine, c.gemm_affine_smem_bytes, "fj_gemm_affine");
   if (shape.apply)
     dependent(shape.apply, shape.apply_grid, c.apply_shape.threads, "cuLaunchKernelEx(fj_apply)");
   if (shape.bump) dependent(c.bump, 1, 1, "cuLaunchKernelEx(fj_bump)");

@@ -106,9 +106,10 @@ void launch(const PlanCore&, const RunShape& shape, CUstream stream, const Tenso
             void* workspace, RunCache* cache = nullptr, const StatsExchange* exchange = nullptr);
 // The warpspec GEMM's launch: its TMA descriptors name the run's x, W and y and its rows, so
 // they are encoded on the host (a pure host call: no sync, no allocation) when those change.
-// `gemm`/`smem_bytes`: fj_gemm's, or (recompute) fj_gemm_affine's, on the same tensor maps.
+// `gemm`/`smem_bytes`/`name`: fj_gemm's, or (recompute) fj_gemm_affine's, on the same tensor
+// maps.
 void launch_warpspec(const PlanCore&, const RunShape& shape, CUstream stream,
                      const fj::Params& params, const Tensors&, RunCache* cache, CUfunction gemm,
-                     int smem_bytes);
+                     int smem_bytes, const char* name);
 
 }  // namespace fusejit

@@ -1,3 +1,5 @@
+#include <fmt/format.h>
+
 #include "fusejit/device/driver.hpp"
 #include "fusejit/plan/launch.hpp"
 #include "fusejit/plan/tma_descriptor.hpp"
@@ -6,7 +8,7 @@ namespace fusejit {
 
 void launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
                      const fj::Params& params, const Tensors& t, RunCache* cache, CUfunction gemm,
-                     int smem_bytes) {
+                     int smem_bytes, const char* name) {
   WarpspecTensorMaps fresh;
   const WarpspecTensorMaps* maps = &fresh;
   // The cache is taken only when free: a concurrent run of the same plan encodes its own.
@@ -31,8 +33,9 @@ void launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
   const auto smem = static_cast<unsigned>(smem_bytes);
   const Driver& d = driver();
   if (c.config.cluster_m == 1) {
-    check(d.cuLaunchKernel(gemm, shape.gemm_grid, 1, 1, threads, 1, 1, smem, stream, args, nullptr),
-          "cuLaunchKernel(fj_gemm)");
+    const CUresult r =
+        d.cuLaunchKernel(gemm, shape.gemm_grid, 1, 1, threads, 1, 1, smem, stream, args, nullptr);
+    if (r != CUDA_SUCCESS) check(r, fmt::format("cuLaunchKernel({})", name).c_str());
     return;
   }
   CUlaunchAttribute cluster{};
@@ -49,7 +52,8 @@ void launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
   cfg.hStream = stream;
   cfg.attrs = &cluster;
   cfg.numAttrs = 1;
-  check(d.cuLaunchKernelEx(&cfg, gemm, args, nullptr), "cuLaunchKernelEx(fj_gemm, cluster)");
+  const CUresult r = d.cuLaunchKernelEx(&cfg, gemm, args, nullptr);
+  if (r != CUDA_SUCCESS) check(r, fmt::format("cuLaunchKernelEx({}, cluster)", name).c_str());
 }
 
 }  // namespace fusejit
