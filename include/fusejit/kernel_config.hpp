@@ -54,6 +54,11 @@ struct KernelConfig {
   // its accumulators (key suffix ".rc"). Costs a second mainloop, saves y's round trip through
   // memory: the cheaper of the two when K is small against y's bytes.
   bool recompute = false;
+  // warpspec, for rows TMA cannot load (a row stride or pointer not 16-byte aligned: odd K in
+  // 16-bit types, K % 4 != 0 in fp32, odd ldx/ldw/ldy, sliced tensors): a copy kernel first
+  // writes x and W into 128-byte aligned rows in the plan's workspace, which the GEMM then
+  // loads with TMA; y is stored as aligned as the problem allows (key suffix ".pad").
+  bool pad_operands = false;
 
   int threads() const;
   // Dynamic shared memory bytes the GEMM kernel needs (stages and the epilogue's tile).
@@ -67,8 +72,8 @@ struct KernelConfig {
   bool valid_for(const Problem& p, const Device& d) const { return why_invalid(p, d).empty(); }
   // Stable text naming every field, e.g. "tiled.128x128x32.w2x4.s3.g8", with ".k8" appended
   // for split_k = 8 (nothing for 1, so keys from before split-K are unchanged); warpspec keys
-  // end in ".pp" for pingpong and ".ts" for tma_store; recompute appends ".rc", then exact_m
-  // ".xm".
+  // end in ".pp" for pingpong and ".ts" for tma_store; then pad_operands appends ".pad",
+  // recompute ".rc", exact_m ".xm".
   std::string key() const;
   // Inverse of key(); throws InvalidArgument("config", ...).
   static KernelConfig parse(std::string_view key);

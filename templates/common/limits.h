@@ -26,6 +26,9 @@ constexpr int kApplyRowThreads = 8;
 constexpr int kApplyThreads = kApplyColThreads * kApplyRowThreads;
 constexpr int kApplyBlockRows = kApplyRows * kApplyRowThreads;
 
+// fj_pad_operands' block (kernels/pad_operands.cuh); its grid-stride loop takes any grid.
+constexpr int kPadThreads = 256;
+
 // True when `count` (a 64-bit exact value of something a kernel computes in int) fits int.
 FJ_HOST_DEVICE constexpr bool fits_int(long long count) {
   return count >= -kIntMax - 1 && count <= kIntMax;

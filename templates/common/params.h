@@ -37,6 +37,9 @@ struct Params {
   // rank's own slot among them, which the all-gather fills in place on the other ranks.
   const unsigned char* ws_ranks;
   unsigned char* ws_rank_record;
+  // Workspace (warpspec, KernelConfig::pad_operands): W's N rows, then x's m rows, each of
+  // Spec::KP elements, 128-byte aligned; written by fj_pad_operands, loaded by the GEMM's TMA.
+  void* ws_padded;
   // Rows of this run: x is [m][ldx], y [m][ldy]. Kernels compiled for an exact M ignore it
   // (common/rows.cuh).
   int m;

@@ -79,7 +79,11 @@ struct WarpspecGemm {
   static_assert(CLUSTER == 1 || CLUSTER == 2, "warpspec: CLUSTER_M must be 1 or 2");
   static_assert(Spec::MATH != kMathSimtFp32, "warpspec runs on tensor cores (tf32, fp16, bf16)");
   static_assert((Spec::MATH == kMathTf32) == (sizeof(T) == 4), "warpspec: tf32 iff T is float");
-  static_assert(Spec::VEC_BYTES == 16, "warpspec: TMA and the stores need 16-byte aligned rows");
+  // x and W come through TMA (16-byte aligned rows: the host's tensor maps check, and
+  // KernelConfig::pad_operands copies rows that are not); VEC_BYTES is y's and saved's store
+  // width, which TMA stores need whole.
+  static_assert(Spec::VEC_BYTES == 16 || !WarpspecTmaStore<Spec>::value,
+                "warpspec: TMA stores need 16-byte aligned rows of y");
   static_assert(Spec::K >= 1, "warpspec: K must be positive");
   // Tile counts are (D + T - 1) / T in int (Problem::validate, KernelConfig::why_invalid).
   static_assert(Spec::M >= 0 && Spec::M <= kMaxDim && Spec::N <= kMaxDim && Spec::K <= kMaxDim,

@@ -241,3 +241,35 @@ TEST_CASE("schedule_flags makes schedule's decisions without the names") {
           }
         }
 }
+
+TEST_CASE("pad_operands: the copy kernel runs first, and only padded sets name KP") {
+  Problem p = problem();
+  p.K = 67;  // 134-byte bf16 rows: TMA cannot load them
+  for (Mode m : {Mode::train, Mode::eval}) {
+    CAPTURE(static_cast<int>(m));
+    p.mode = m;
+    for (const char* key : {"warpspec.128x128x64.c2.s6.g8.cl1.p1.pad",
+                            "warpspec.128x128x64.c2.s6.g8.cl1.p1.pad.rc"}) {
+      CAPTURE(key);
+      const KernelConfig c = KernelConfig::parse(key);
+      if (c.recompute && m == Mode::eval) continue;
+      const std::vector<std::string> k = kernel_set(p, c);
+      REQUIRE(!k.empty());
+      CHECK(k.front() == "fj_pad_operands");
+      CHECK(std::count(k.begin(), k.end(), "fj_pad_operands") == 1);
+      for (const std::int64_t rows : {std::int64_t{2}, std::int64_t{129}, p.M})
+        CHECK(schedule_flags(p, c, rows).pad);
+      const KernelSource src = generate(p, c);
+      // K rounded up to 128 bytes; LDX and LDW stay the caller's (the copy reads them).
+      CHECK(src.text.find("static constexpr int KP = 128;") != std::string::npos);
+      CHECK(src.text.find("static constexpr int LDX = 67, LDW = 67") != std::string::npos);
+      CHECK(src.text.find("fj_pad_operands(const fj::Params p)") != std::string::npos);
+      CHECK(compile(src, "sm_90a").binary.size() > 0);
+    }
+  }
+  // An aligned problem's source is as it was: no KP, no copy.
+  const KernelSource plain =
+      generate(problem(), KernelConfig::parse("warpspec.128x128x64.c2.s6.g8.cl1.p1"));
+  CHECK(plain.text.find("KP") == std::string::npos);
+  CHECK(plain.text.find("pad_operands") == std::string::npos);
+}

@@ -328,3 +328,56 @@ TEST_CASE("a key with control characters is refused with them escaped") {
     CHECK(std::string(e.what()).find("'tiled\\x07'") != std::string::npos);
   }
 }
+
+TEST_CASE("pad_operands: warpspec on rows TMA cannot load, after a copy into aligned rows") {
+  const Device h100 = Device::for_arch("sm_90a");
+  const Device a100 = Device::for_arch("sm_80");
+  const KernelConfig pad = KernelConfig::parse("warpspec.128x128x64.c2.s6.g8.cl1.p1.pad");
+  CHECK(pad.pad_operands);
+  CHECK(pad.key() == "warpspec.128x128x64.c2.s6.g8.cl1.p1.pad");
+  const KernelConfig all = KernelConfig::parse("warpspec.128x128x64.c2.s6.g8.cl1.p1.pad.rc.xm");
+  CHECK((all.pad_operands && all.recompute && all.exact_m));
+  CHECK(all.key() == "warpspec.128x128x64.c2.s6.g8.cl1.p1.pad.rc.xm");
+  CHECK_THROWS_AS(KernelConfig::parse("warpspec.128x128x64.c2.s6.g8.cl1.p1.rc.pad"),
+                  InvalidArgument);
+  CHECK_THROWS_AS(KernelConfig::parse("warpspec.128x128x64.c2.s6.g8.cl1.p1.pad.pad"),
+                  InvalidArgument);
+
+  // Valid exactly where the rows are not 16-byte aligned: odd K (16-bit), K % 4 (tf32), an odd
+  // stride, a promised alignment below 16.
+  CHECK(pad.valid_for(problem(DType::bf16, Mode::train, 777, 1536, 2050), h100));
+  CHECK(pad.why_invalid(problem(DType::bf16, Mode::train, 777, 1536, 2048), h100)
+            .find("aligned already") != std::string::npos);
+  Problem odd_ldy = problem(DType::fp16, Mode::eval, 1000, 64, 64);
+  odd_ldy.ldy = 65;
+  CHECK(pad.valid_for(odd_ldy, h100));
+  Problem promised = problem(DType::bf16, Mode::eval, 1000, 64, 64);
+  promised.alignment = 4;
+  CHECK(pad.valid_for(promised, h100));
+  CHECK(KernelConfig::parse("warpspec.128x128x32.c2.s6.g8.cl1.p1.pad")
+            .valid_for(problem(DType::tf32, Mode::eval, 300, 72, 131), h100));
+  // Not on tiled (it loads any alignment), not before Hopper, not with TMA stores (y is as
+  // unaligned as x), not in strict fp32; recompute's own rules still hold.
+  CHECK(!KernelConfig::parse("tiled.128x128x64.w2x2.s3.g8.pad")
+             .valid_for(problem(DType::bf16, Mode::eval, 777, 1536, 2050), h100));
+  CHECK(!pad.valid_for(problem(DType::bf16, Mode::eval, 777, 1536, 2050), a100));
+  CHECK(!KernelConfig::parse("warpspec.128x128x64.c2.s6.g8.cl1.p1.ts.pad")
+             .valid_for(problem(DType::bf16, Mode::eval, 777, 1536, 2050), h100));
+  const KernelConfig pad_rc = KernelConfig::parse("warpspec.128x128x64.c2.s6.g8.cl1.p1.pad.rc");
+  CHECK(!pad_rc.valid_for(problem(DType::fp16, Mode::eval, 300, 200, 67), h100));
+  CHECK(!pad_rc.valid_for(problem(DType::fp16, Mode::train, 2, 7, 5), h100));
+  CHECK(pad_rc.valid_for(problem(DType::fp16, Mode::train, 300, 200, 67), h100));
+
+  // The heuristic on H100 takes the padded warpspec path for unaligned rows (measured: 777x1536x
+  // 2050 bf16 train 0.036 ms padded vs 0.101 tiled, docs/performance.md), and the candidates
+  // hold no unpadded warpspec config there.
+  for (Mode m : {Mode::train, Mode::eval}) {
+    const Problem p = problem(DType::bf16, m, 777, 1536, 2050);
+    CHECK(default_config(p, h100).pad_operands);
+    for (const auto& c : candidate_configs(p, h100))
+      CHECK((c.variant == Variant::tiled) != c.pad_operands);
+  }
+  CHECK(padded_row_elements(problem(DType::bf16, Mode::eval, 1, 1, 2050)) == 2112);
+  CHECK(padded_row_elements(problem(DType::tf32, Mode::eval, 1, 1, 131)) == 160);
+  CHECK(padded_row_elements(problem(DType::fp16, Mode::eval, 1, 1, 64)) == 64);
+}

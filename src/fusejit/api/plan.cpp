@@ -90,10 +90,16 @@ std::string recipe_key(const Problem& p, const PlanOptions& o, CUcontext ctx) {
                       int(o.use_tuning_db), int(o.config.has_value())})
     append_bytes(key, v);
   if (o.config) {
+    // Every field: a forced config that differs in one flag is another recipe (recompute was
+    // missing here, so a forced .rc config could be served the plain one's recipe). The
+    // static_assert makes a new field fail to compile until it is listed.
     const KernelConfig& c = *o.config;
-    for (const int v : {static_cast<int>(c.variant), c.bm, c.bn, c.bk, c.warps_m, c.warps_n,
-                        c.stages, c.group_m, c.cluster_m, int(c.persistent), int(c.pingpong),
-                        int(c.tma_store), c.split_k, int(c.exact_m)})
+    static_assert(sizeof(KernelConfig) == 48,
+                  "KernelConfig changed: list every field in recipe_key, then update the size");
+    for (const int v :
+         {static_cast<int>(c.variant), c.bm, c.bn, c.bk, c.warps_m, c.warps_n, c.stages, c.group_m,
+          c.cluster_m, int(c.persistent), int(c.pingpong), int(c.tma_store), c.split_k,
+          int(c.exact_m), int(c.recompute), int(c.pad_operands)})
       append_bytes(key, v);
   }
   key += o.cache_dir;

@@ -35,6 +35,7 @@ const char* b(bool v) {
 KernelSchedule schedule_flags(const Problem& p, const KernelConfig& c, std::int64_t rows) {
   KernelSchedule s;
   s.split_k = c.variant == Variant::tiled && c.split_k > 1;
+  s.pad = c.pad_operands;
   if (p.mode != Mode::train) return s;
   s.single_pass = single_pass_class(p, c);
   if (p.stat_ranks > 0) {
@@ -42,6 +43,7 @@ KernelSchedule schedule_flags(const Problem& p, const KernelConfig& c, std::int6
     // apply to, so fj_bump counts its batch.
     s.exchange = true;
     s.gemm = rows > 0;
+    s.pad = s.pad && s.gemm;
     s.apply = rows > 0;
     s.bump = rows == 0;
     return s;
@@ -60,6 +62,7 @@ KernelSchedule schedule_flags(const Problem& p, const KernelConfig& c, std::int6
 
 KernelSchedule schedule(const Problem& p, const KernelConfig& c, std::int64_t rows) {
   KernelSchedule s = schedule_flags(p, c, rows);
+  if (s.pad) s.kernels.push_back("fj_pad_operands");
   if (s.gemm) s.kernels.push_back("fj_gemm");
   if (s.gemm && s.split_k) s.kernels.push_back("fj_splitk_reduce");
   // The all-gather between them is NCCL's kernel, not one of the set's.
@@ -79,7 +82,9 @@ std::vector<std::string> kernel_set(const Problem& p, const KernelConfig& c) {
   // Two-pass over any rows: the GEMM (and split-K's reduce) as schedule_flags decides, then every
   // pass a run may pick. Unsynchronized: both apply paths, the finalize and (cumulative) the
   // bump; synchronized: the exchange's two kernels, the apply and the bump of an empty rank.
-  std::vector<std::string> k{"fj_gemm"};
+  std::vector<std::string> k;
+  if (c.pad_operands) k.push_back("fj_pad_operands");
+  k.push_back("fj_gemm");
   if (schedule_flags(p, c, p.M).split_k) k.push_back("fj_splitk_reduce");
   if (synced) {
     k.insert(k.end(), {"fj_rank_stats", "fj_rank_finalize", "fj_apply", "fj_bump"});
@@ -151,6 +156,9 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   // Likewise only recompute sets name STATS_ONLY (fj_gemm stores no y) and SpecAffine, the
   // second pass: eval mode's GEMM with the finalize's coefficients (WS_AFFINE).
   if (c.recompute) t += "  static constexpr bool STATS_ONLY = true;\n";
+  // Only padded sets name KP, the padded rows' length in elements (LDX and LDW stay the
+  // caller's: the copy kernel reads them; the GEMM's tensor maps carry KP).
+  if (c.pad_operands) t += fmt::format("  static constexpr int KP = {};\n", padded_row_elements(p));
   t += "};\n";
   if (c.recompute) {
     t += "struct SpecAffine : Spec {\n"
@@ -172,6 +180,7 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
       has("fj_finalize") || has("fj_apply") || has("fj_apply_fold") || has("fj_bump");
   if (bn_passes) t += "#include \"kernels/bn_apply.cuh\"\n";
   if (has("fj_rank_stats")) t += "#include \"kernels/bn_ranks.cuh\"\n";
+  if (has("fj_pad_operands")) t += "#include \"kernels/pad_operands.cuh\"\n";
   // The host reads the exact dynamic shared memory size and the launch shapes of the BatchNorm
   // passes from the module: the templates are their one source of truth. Grids that grow with
   // M are given per unit (launch[0]): the split-K reduce's per output tile, fj_apply's per slab
@@ -234,6 +243,9 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
     } else if (k == "fj_apply_fold") {
       t += "extern \"C\" __global__ void __launch_bounds__(fj::kApplyThreads)\n"
            "fj_apply_fold(const fj::Params p) { fj::bn_apply<Spec, true>(p); }\n";
+    } else if (k == "fj_pad_operands") {
+      t += "extern \"C\" __global__ void __launch_bounds__(fj::kPadThreads)\n"
+           "fj_pad_operands(const fj::Params p) { fj::pad_operands<Spec>(p); }\n";
     } else if (k == "fj_bump") {
       t += "extern \"C\" __global__ void fj_bump(const fj::Params p) { fj::bump_batches(p); }\n";
     }

@@ -40,7 +40,11 @@ struct KernelSchedule {
   // fj_rank_finalize stand where fj_finalize stands; a run of no rows (an empty rank) launches
   // no GEMM (`gemm` false) and no apply, only the exchange and fj_bump.
   bool exchange = false, gemm = true;
-  std::vector<std::string> kernels;  // e.g. {"fj_gemm", "fj_splitk_reduce", "fj_finalize", ...}
+  // KernelConfig::pad_operands: fj_pad_operands copies x and W into aligned rows before the
+  // GEMM (whenever there is a GEMM).
+  bool pad = false;
+  // e.g. {"fj_gemm", "fj_splitk_reduce", "fj_finalize", ...}; fj_pad_operands comes first.
+  std::vector<std::string> kernels;
 };
 KernelSchedule schedule(const Problem&, const KernelConfig&, std::int64_t rows);
 // The same decisions without the kernel names (allocates nothing): Plan::run(rows) sizes its

@@ -23,6 +23,13 @@ bool single_pass_class(const Problem&, const KernelConfig&);
 // KernelConfig::recompute's second GEMM pass computes y as eval mode does, from coefficients the
 // finalize wrote: its kernel is specialized (and its shared memory sized) as eval mode's.
 Problem recompute_affine_problem(Problem p);
+// KernelConfig::pad_operands: x and W are copied into rows of padded_row_elements() elements
+// (K rounded up to kPaddedRowAlign bytes: every TMA box row then starts on a 128-byte line),
+// W's N rows first, then x's. The GEMM's tensor maps are those of padded_operands_problem(p),
+// p with those row strides.
+inline constexpr std::int64_t kPaddedRowAlign = 128;
+std::int64_t padded_row_elements(const Problem&);
+Problem padded_operands_problem(Problem p);
 
 // M classes: the ranges of M for which the dispatch makes one choice of config, so that the
 // batch sizes of one layer share a few kernel sets (M is a run-time value in them, codegen.hpp)

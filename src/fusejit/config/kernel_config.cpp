@@ -109,6 +109,16 @@ Problem recompute_affine_problem(Problem p) {
   return p;
 }
 
+std::int64_t padded_row_elements(const Problem& p) {
+  const auto eb = static_cast<std::int64_t>(storage_bytes(p.dtype));
+  return (p.K * eb + kPaddedRowAlign - 1) / kPaddedRowAlign * kPaddedRowAlign / eb;
+}
+
+Problem padded_operands_problem(Problem p) {
+  p.ldx = p.ldw = padded_row_elements(p);
+  return p;
+}
+
 int KernelConfig::threads() const {
   return variant == Variant::tiled ? warps_m * warps_n * 32 : 128 * (warps_m + 1);
 }
@@ -161,8 +171,11 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
     if (d.cc() != 90)
       return "warpspec needs sm_90a (Hopper); this device is sm_" + std::to_string(d.cc());
     if (strict_fp32) return "warpspec has no strict-fp32 path (wgmma multiplies fp32 as tf32)";
-    if (p.effective_alignment() < 16)
-      return "warpspec loads with TMA, which needs 16-byte aligned rows";
+    if (p.effective_alignment() < 16 && !pad_operands)
+      return "warpspec loads with TMA, which needs 16-byte aligned rows (pad_operands copies "
+             "x and W into aligned rows first)";
+    if (pad_operands && p.effective_alignment() >= 16)
+      return "pad_operands: x and W rows are 16-byte aligned already (TMA loads them as they are)";
     if (warps_m < 1 || warps_m > 2) return "warpspec: 1 or 2 consumer warpgroups";
     if (pingpong) {
       if (warps_m != 2 || !persistent)
@@ -190,10 +203,13 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
       if (storage_bytes(p.dtype) != 2) return "warpspec: tma_store needs 16-bit y (bf16, fp16)";
       // TMA stores 16-byte units: a row end inside one would write into y's padding.
       if (p.N % 8 != 0) return "warpspec: tma_store needs N to be a multiple of 8";
+      if (p.effective_alignment() < 16)
+        return "warpspec: tma_store needs 16-byte aligned rows of y";
     }
   } else {
     if (cluster_m != 1 || persistent || pingpong || tma_store)
       return "tiled has no clusters, persistent scheduling, pingpong or TMA stores";
+    if (pad_operands) return "pad_operands: tiled loads rows of any alignment itself";
     if (warps_m < 1 || warps_n < 1 || threads() > 1024) return "tiled: bad warp layout";
     const int wtm = bm / warps_m, wtn = bn / warps_n;  // warp tile
     if (bm % warps_m != 0 || bn % warps_n != 0) return "tiled: warps must divide the tile";
@@ -256,7 +272,8 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
 }
 
 std::string KernelConfig::key() const {
-  const std::string tail = fmt::format("{}{}", recompute ? ".rc" : "", exact_m ? ".xm" : "");
+  const std::string tail = fmt::format("{}{}{}", pad_operands ? ".pad" : "", recompute ? ".rc" : "",
+                                       exact_m ? ".xm" : "");
   if (variant == Variant::tiled)
     return fmt::format("tiled.{}x{}x{}.w{}x{}.s{}.g{}{}{}", bm, bn, bk, warps_m, warps_n, stages,
                        group_m, split_k != 1 ? fmt::format(".k{}", split_k) : "", tail);
@@ -300,6 +317,8 @@ KernelConfig KernelConfig::parse(std::string_view whole) {
   if (c.exact_m) key.remove_suffix(3);
   c.recompute = key.ends_with(".rc");
   if (c.recompute) key.remove_suffix(3);
+  c.pad_operands = key.ends_with(".pad");
+  if (c.pad_operands) key.remove_suffix(4);
   if (auto v = match_key(key, "tiled.#x#x#.w#x#.s#.g#.k#");
       v || (v = match_key(key, "tiled.#x#x#.w#x#.s#.g#"))) {
     c.variant = Variant::tiled;
@@ -323,7 +342,7 @@ KernelConfig KernelConfig::parse(std::string_view whole) {
   }
   throw InvalidArgument("config",
                         "expected a key like tiled.128x128x32.w2x4.s4.g8[.k4][.rc][.xm] or "
-                        "warpspec.128x256x64.c2.s4.g8.cl1.p1[.pp|.ts][.rc][.xm]; got '" +
+                        "warpspec.128x256x64.c2.s4.g8.cl1.p1[.pp|.ts][.pad][.rc][.xm]; got '" +
                             printable(whole) + "'");
 }
 
@@ -502,6 +521,11 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c) {
     us += 2.5 + waves * slice / kSmL2BytesPerUs +
           std::ceil(tiles / sms) * splits * slice / kSmL2BytesPerUs;
   }
+  if (c.pad_operands) {
+    // The copy's launch, and x and W read and written once at about the rate an
+    // element-aligned copy reaches (~2.5 TB/s on H100).
+    us += 3.0 + 2.0 * double(p.M + p.N) * double(p.K) * storage_bytes(p.dtype) / 2.5e12 * 1e6;
+  }
   if (p.mode == Mode::train && p.M > c.bm) {
     // recompute: the finalize's launch and the GEMM again, whose statistics epilogue costs
     // about what storing a tile does (~2 us per tile and CTA on H100, docs/performance.md)
@@ -539,7 +563,13 @@ std::vector<KernelConfig> candidate_configs(const Problem& p, const Device& d) {
   // Hopper: wgmma is the fast path; the tiled variant stays as a fallback and contender.
   const bool train = p.mode == Mode::train && p.stat_ranks == 0;  // valid_for drops one-pass
   if (d.cc() == 90) {
-    const std::vector<KernelConfig> ws = warpspec_candidates(p);
+    std::vector<KernelConfig> ws = warpspec_candidates(p);
+    // Rows TMA cannot load: the same configs behind the padding copy (TMA stores need aligned
+    // y rows, so those drop out).
+    if (p.effective_alignment() < 16) {
+      std::erase_if(ws, [](const KernelConfig& c) { return c.tma_store; });
+      for (auto& c : ws) c.pad_operands = true;
+    }
     keep(ws);
     if (train) keep(recompute_twins(ws, 3));
   }

@@ -40,6 +40,15 @@ RunShape run_shape(const PlanCore& c, std::int64_t rows, const WorkspaceLayout& 
   r.exchange = s.exchange;
   r.bump = s.bump;
   r.affine = s.affine;
+  if (s.pad) {
+    // One thread per 16-byte unit of W's and x's padded rows, in at most 8 blocks per SM (the
+    // kernel's grid-stride loop takes the rest).
+    const std::int64_t units =
+        (c.problem.N + rows) * ((c.problem.K * storage_bytes(c.problem.dtype) + 15) / 16);
+    const std::int64_t blocks = (units + fj::kPadThreads - 1) / fj::kPadThreads;
+    r.pad_grid = static_cast<unsigned>(
+        std::max<std::int64_t>(1, std::min<std::int64_t>(blocks, 8 * c.device.sm_count)));
+  }
   if (s.apply) {
     r.apply = s.fold_finalize ? c.apply_fold : c.apply;
     const auto slabs =
@@ -164,6 +173,7 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   prm.ws_rank_record =
       ranks ? ranks + static_cast<std::size_t>(exchange->rank()) * shape.workspace.rank_record_bytes
             : nullptr;
+  prm.ws_padded = shape.pad_grid ? ws + shape.workspace.padded_offset : nullptr;
   prm.m = shape.rows;
   prm.eps = static_cast<float>(c.problem.eps);
   prm.momentum = static_cast<float>(c.problem.momentum.value_or(0.0));
@@ -172,10 +182,22 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   // Test-only (util/fault.hpp): the first launch failing, so nothing of this run is enqueued.
   if (fault::fire(Fault::kernel_launch))
     check(CUDA_ERROR_LAUNCH_FAILED, "cuLaunchKernel(fj_gemm) [injected fault kernel_launch]");
+  // pad_operands: the GEMM's x and W are the padded copies (W's rows first).
+  Tensors gemm_tensors = t;
+  if (shape.pad_grid) {
+    check(d.cuLaunchKernel(c.pad_operands, shape.pad_grid, 1, 1, fj::kPadThreads, 1, 1, 0, stream,
+                           args, nullptr),
+          "cuLaunchKernel(fj_pad_operands)");
+    gemm_tensors.w = prm.ws_padded;
+    gemm_tensors.x = static_cast<char*>(prm.ws_padded) +
+                     static_cast<std::size_t>(c.problem.N) *
+                         static_cast<std::size_t>(padded_row_elements(c.problem)) *
+                         storage_bytes(c.problem.dtype);
+  }
   // fj_gemm, or recompute's fj_gemm_affine: the same grid, x, W and y (tensor maps included).
   auto gemm = [&](CUfunction f, int smem_bytes, const char* name) {
     if (c.config.variant == Variant::warpspec) {
-      launch_warpspec(c, shape, stream, prm, t, cache, f, smem_bytes, name);
+      launch_warpspec(c, shape, stream, prm, gemm_tensors, cache, f, smem_bytes, name);
       return;
     }
     const CUresult r = d.cuLaunchKernel(f, shape.gemm_grid, shape.gemm_splits, 1, threads, 1, 1,

@@ -40,6 +40,7 @@ struct RunShape {
   unsigned gemm_grid = 0;
   unsigned gemm_splits = 1;  // the GEMM's grid y: split-K's S
   unsigned splitk_grid = 0, apply_grid = 0;
+  unsigned pad_grid = 0;       // fj_pad_operands (KernelConfig::pad_operands), 0: not launched
   CUfunction apply = nullptr;  // fj_apply, fj_apply_fold, or none
   bool gemm = true;  // false: a synchronized rank with no rows (only the exchange and fj_bump)
   bool finalize = false, exchange = false, bump = false;

@@ -25,6 +25,7 @@ std::shared_ptr<const PlanCore> build_plan_core(const Problem& problem, const Ke
   FJ_CU(cuCtxSetCurrent(core->context));
   core->device = Device::current();
   core->config = config;
+  core->gemm_problem = config.pad_operands ? padded_operands_problem(problem) : problem;
   const KernelSource src = generate(problem, core->config);
   LoadedKernelSet loaded = load_kernel_set(src, core->device, cache_dir);
   core->module = std::move(loaded.module);
@@ -60,6 +61,7 @@ std::shared_ptr<const PlanCore> build_plan_core(const Problem& problem, const Ke
       core->apply_shape = launch_shape("fj_apply_launch");
     }
     if (k == "fj_bump") core->bump = core->module->function(k);
+    if (k == "fj_pad_operands") core->pad_operands = core->module->function(k);
     if (k == "fj_gemm_affine") {
       core->gemm_affine = core->module->function(k);
       core->gemm_affine_smem_bytes =
@@ -126,6 +128,11 @@ WorkspaceLayout workspace_layout(const Problem& p, const KernelConfig& c) {
   w.rank_record_bytes = p.stat_ranks > 0 ? static_cast<std::size_t>(fj::rank_record_bytes(p.N)) : 0;
   region(w.rank_record_bytes * static_cast<std::size_t>(p.stat_ranks), w.ranks_offset,
          w.ranks_bytes);
+  region(c.pad_operands
+             ? static_cast<std::size_t>(p.N + p.M) *
+                   static_cast<std::size_t>(padded_row_elements(p)) * storage_bytes(p.dtype)
+             : 0,
+         w.padded_offset, w.padded_bytes);
   return w;
 }
 

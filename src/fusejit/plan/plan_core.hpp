@@ -31,6 +31,8 @@ struct WorkspaceLayout {
   // Synchronized statistics: [stat_ranks] rank records (common/column_stats.h), rank order.
   std::size_t ranks_offset = 0, ranks_bytes = 0;
   std::size_t rank_record_bytes = 0;
+  // KernelConfig::pad_operands: W's N rows then x's M rows of padded_row_elements() elements.
+  std::size_t padded_offset = 0, padded_bytes = 0;
   std::size_t total = 0;
 };
 // For runs of up to p.M rows (a run of fewer rows uses a prefix of each region's layout).
@@ -44,13 +46,16 @@ struct PlanCore {
   // The problem the set was first built for. Everything of it but M holds for every plan the
   // set serves; a run's M comes with the run (RunShape, plan/launch.hpp).
   Problem problem;
+  // The problem as the warpspec GEMM's tensor maps see x and W: `problem`, or with
+  // KernelConfig::pad_operands the padded copies' row strides (padded_operands_problem).
+  Problem gemm_problem;
   KernelConfig config;
   Device device;
   CUcontext context = nullptr;
   std::shared_ptr<const Module> module;
   CUfunction gemm = nullptr, splitk_reduce = nullptr, finalize = nullptr, apply = nullptr,
              apply_fold = nullptr, bump = nullptr, rank_stats = nullptr, rank_finalize = nullptr,
-             gemm_affine = nullptr;
+             gemm_affine = nullptr, pad_operands = nullptr;
   int smem_bytes = 0, gemm_affine_smem_bytes = 0;
   // From the module (templates/kernels/splitk_reduce.cuh, bn_*.cuh). grid_x of the split-K
   // reduce is per output tile and of fj_apply per kApplyBlockRows-row slab.

@@ -17,14 +17,14 @@ void launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
     if (!cache->valid || cache->x != t.x || cache->w != t.w || cache->y != t.y ||
         cache->rows != shape.rows) {
       cache->valid = false;  // stays so if encoding throws
-      cache->maps = warpspec_tensor_maps(c.problem, c.config, shape.rows, t.x, t.w, t.y);
+      cache->maps = warpspec_tensor_maps(c.gemm_problem, c.config, shape.rows, t.x, t.w, t.y);
       cache->x = t.x, cache->w = t.w, cache->y = t.y, cache->rows = shape.rows;
       cache->valid = true;
     }
     fresh = cache->maps;
     cache->busy.clear(std::memory_order_release);
   } else {
-    fresh = warpspec_tensor_maps(c.problem, c.config, shape.rows, t.x, t.w, t.y);
+    fresh = warpspec_tensor_maps(c.gemm_problem, c.config, shape.rows, t.x, t.w, t.y);
   }
   fj::Params prm = params;
   void* args[] = {&prm, const_cast<CUtensorMap*>(&maps->x), const_cast<CUtensorMap*>(&maps->w),
