@@ -259,6 +259,16 @@ TEST_CASE("unaligned rows on wgmma: pad_operands configs (sm_90 only)") {
         const Plan plan(c.problem, PlanOptions{.variant = Variant::warpspec});
         CHECK(plan.config().pad_operands);
       }
+      // Every residue of K that leaves a row's end inside a 16-byte unit (K % 8 in 1..7 for
+      // 16-bit types, K % 4 in 1..3 for fp32), on the planner's warpspec choice.
+      std::vector<SweepCase> residues;
+      const std::int64_t per16 = 16 / static_cast<std::int64_t>(storage_bytes(d));
+      for (std::int64_t r = 1; r < per16; ++r)
+        residues.push_back(parse_sweep_line(
+            fmt::format("300x136x{} {} {} non_centred", 64 + r, name(d), name(m))));
+      const SweepSummary s =
+          run_cases(residues, d, m, Implementation::plan, Variant::warpspec, std::nullopt);
+      CHECK(s.passed == residues.size());
     }
 }
 

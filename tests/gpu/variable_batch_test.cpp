@@ -93,6 +93,10 @@ TEST_CASE("warpspec and split-K families run every smaller M too") {
     cases.push_back({"1500x264x136 fp16 eval", "warpspec.128x128x64.c2.s6.g8.cl2.p1"});
     cases.push_back({"1500x264x136 bf16 train", "warpspec.128x128x64.c2.s5.g8.cl1.p1.pp"});
     cases.push_back({"1500x264x136 tf32 train", "warpspec.64x128x32.c1.s6.g8.cl1.p1"});
+    // Unaligned rows: the copy takes the run's rows of x, the tensor maps follow them.
+    cases.push_back({"1500x264x131 bf16 train ldy=265", "warpspec.128x128x64.c2.s6.g8.cl1.p1.pad"});
+    cases.push_back({"1500x264x131 fp16 eval", "warpspec.128x128x64.c2.s6.g8.cl1.p1.pad"});
+    cases.push_back({"1500x264x131 tf32 train", "warpspec.64x128x32.c1.s6.g8.cl1.p1.pad.rc"});
   }
   for (const auto& c : cases) {
     // Named, not structured bindings: doctest's CAPTURE is a lambda, which clang 14 (the
