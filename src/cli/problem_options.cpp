@@ -23,7 +23,7 @@ std::vector<std::string> split_list(const std::string& text) {
 void ProblemOptions::add_to(CLI::App& cmd, bool lists) {
   const char* s = lists ? "Shapes MxNxK, comma-separated" : "Shape MxNxK (x is MxK, W is NxK)";
   cmd.add_option(lists ? "--shapes,--shape" : "--shape", shapes, s)->capture_default_str();
-  cmd.add_option(lists ? "--dtypes,--dtype" : "--dtype", dtypes, "fp32, tf32, fp16 or bf16")
+  cmd.add_option(lists ? "--dtypes,--dtype" : "--dtype", dtypes, "fp32, tf32, fp16, bf16 or tf32x3")
       ->capture_default_str();
   cmd.add_option(lists ? "--modes,--mode" : "--mode", modes, "train or eval")
       ->capture_default_str();

@@ -48,6 +48,26 @@ __device__ __forceinline__ unsigned to_tf32(unsigned f32_bits) {
                                                                          : f32_bits;
 }
 
+// 3xTF32 (kMathTf32x3): x = big + small, big = x rounded to tf32 (nearest, exactly the value
+// the tensor core multiplies) and small = x - big, exact in fp32 (big keeps x's leading 11
+// bits), returned through to_tf32 so the core rounds it to nearest too. big * big + big * small
+// + small * big then misses only small * small and small's own rounding, ~2^-22 of |x| per
+// operand, against strict fp32's 2^-24 per product (CUTLASS's "3xTF32"). A big that rounds up
+// past the largest finite value is truncated instead (x stays finite, small stays exact); Inf and
+// NaN pass through as big with a zero small.
+__device__ __forceinline__ void split_tf32(unsigned x, unsigned& big, unsigned& small) {
+  const float f = __uint_as_float(x);
+  if (fabsf(f) < __uint_as_float(0x7f800000u)) {
+    unsigned b = (x + 0x1000u) & 0xffffe000u;
+    if ((b & 0x7f800000u) == 0x7f800000u) b = x & 0xffffe000u;
+    big = b;
+    small = to_tf32(__float_as_uint(f - __uint_as_float(b)));
+  } else {
+    big = x;
+    small = 0u;
+  }
+}
+
 // D = A * B + D for one 16x8 fp32 accumulator tile (row-major A 16xK, "col" B = [n][k] in
 // memory, which is the nn.Linear weight layout as it is). Per lane: d[0..1] at
 // (row lane/4, cols 2*(lane%4) + 0..1), d[2..3] the same 8 rows further down.
@@ -67,7 +87,9 @@ __device__ __forceinline__ void mma_16x8(float (&d)[4], const unsigned (&a)[4],
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
   } else {
-    static_assert(MATH == kMathTf32, "mma_16x8: MATH must be kMathBf16, kMathFp16 or kMathTf32");
+    // kMathTf32x3 multiplies its split parts with this same tf32 instruction.
+    static_assert(MATH == kMathTf32 || MATH == kMathTf32x3,
+                  "mma_16x8: MATH must be kMathBf16, kMathFp16, kMathTf32 or kMathTf32x3");
     asm volatile(
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
         "{%8, %9}, {%0, %1, %2, %3};\n"

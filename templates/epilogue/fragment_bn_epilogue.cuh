@@ -476,22 +476,22 @@ struct FragmentBnEpilogue {
           }
         }
       }
-      return;
-    }
+    } else {
 #pragma unroll
-    for (int i = wtid; i < WG_M * 8; i += 128) {
-      const int r = i / 8, u = i % 8;
-      const int grow = row_base + r;
-      const int gcol = col_base + u * kVec;
-      if (grow < rows_of<Spec>(p) && gcol < Spec::N) {
-        const char* src = stage + r * kStageLd + u * 16;
-        T* dst = out + static_cast<long long>(grow) * Spec::LDY + gcol;
-        if (gcol + kVec <= Spec::N) {
-          *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-        } else {
-          // Column tail: element by element straight from shared memory (a register copy
-          // indexed at run time would live in local memory).
-          for (int e = 0; e < Spec::N - gcol; ++e) dst[e] = reinterpret_cast<const T*>(src)[e];
+      for (int i = wtid; i < WG_M * 8; i += 128) {
+        const int r = i / 8, u = i % 8;
+        const int grow = row_base + r;
+        const int gcol = col_base + u * kVec;
+        if (grow < rows_of<Spec>(p) && gcol < Spec::N) {
+          const char* src = stage + r * kStageLd + u * 16;
+          T* dst = out + static_cast<long long>(grow) * Spec::LDY + gcol;
+          if (gcol + kVec <= Spec::N) {
+            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+          } else {
+            // Column tail: element by element straight from shared memory (a register copy
+            // indexed at run time would live in local memory).
+            for (int e = 0; e < Spec::N - gcol; ++e) dst[e] = reinterpret_cast<const T*>(src)[e];
+          }
         }
       }
     }

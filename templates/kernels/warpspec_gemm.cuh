@@ -42,6 +42,7 @@
 #pragma once
 #include "common/limits.h"
 #include "common/math_kind.cuh"
+#include "common/mma.cuh"
 #include "common/params.h"
 #include "common/rows.cuh"
 #include "common/select.cuh"
@@ -78,7 +79,12 @@ struct WarpspecGemm {
   static_assert(CONSUMERS == 1 || CONSUMERS == 2, "warpspec: 1 or 2 consumer warpgroups");
   static_assert(CLUSTER == 1 || CLUSTER == 2, "warpspec: CLUSTER_M must be 1 or 2");
   static_assert(Spec::MATH != kMathSimtFp32, "warpspec runs on tensor cores (tf32, fp16, bf16)");
-  static_assert((Spec::MATH == kMathTf32) == (sizeof(T) == 4), "warpspec: tf32 iff T is float");
+  static_assert((Spec::MATH == kMathTf32 || Spec::MATH == kMathTf32x3) == (sizeof(T) == 4),
+                "warpspec: tf32 and tf32x3 iff T is float");
+  // 3xTF32: the consumers split each landed stage into big and small parts in shared memory
+  // (split_stage), issue three wgmma per k-step where tf32 issues one, and add each slice's
+  // products to the tile's sums in fp32 themselves (consume()).
+  static constexpr bool kSplit3 = Spec::MATH == kMathTf32x3;
   // x and W come through TMA (16-byte aligned rows: the host's tensor maps check, and
   // KernelConfig::pad_operands copies rows that are not); VEC_BYTES is y's and saved's store
   // width, which TMA stores need whole.
@@ -149,11 +155,24 @@ struct WarpspecGemm {
   // One k-slice of the ring: the x and W tiles as BK / kAtomK slabs of [rows][128 bytes] each,
   // which TMA writes with the 128-byte swizzle. TMA and wgmma agree on that pattern only from
   // 1024-byte aligned addresses, hence the alignment of every slab.
-  struct Stage {
+  struct PlainStage {
     alignas(1024) unsigned char a[kKAtoms][BM][128];
     alignas(1024) unsigned char b[kKAtoms][BN][128];
   };
-  static_assert(sizeof(Stage) == kKAtoms * (kASlab + kBSlab), "warpspec: slabs pack the stage");
+  // 3xTF32: TMA fills a and b with raw fp32; split_stage rounds them in place to their big parts
+  // and writes the small parts beside them in the same swizzled layout (the split is per
+  // element, so the layout does not matter to it, and the same descriptors read both).
+  struct SplitStage {
+    alignas(1024) unsigned char a[kKAtoms][BM][128];
+    alignas(1024) unsigned char b[kKAtoms][BN][128];
+    alignas(1024) unsigned char a_small[kKAtoms][BM][128];
+    alignas(1024) unsigned char b_small[kKAtoms][BN][128];
+  };
+  using Stage = typename Select<kSplit3, SplitStage, PlainStage>::type;
+  // What TMA writes into a stage (the full barrier's transaction count).
+  static constexpr int kStageTmaBytes = kKAtoms * (kASlab + kBSlab);
+  static_assert(sizeof(Stage) == (kSplit3 ? 2 : 1) * kStageTmaBytes,
+                "warpspec: slabs pack the stage");
   struct Barriers {
     MbarrierSlot full[STAGES];   // the stage's TMA bytes have landed (the producer's arrival)
     MbarrierSlot empty[STAGES];  // every consumer warp of every CTA that got the stage read it
@@ -289,6 +308,13 @@ struct WarpspecGemm {
       return addr + FJ_OFFSETOF(Stage, b) + ka * static_cast<unsigned>(sizeof(Stage::b[0])) +
              row * static_cast<unsigned>(sizeof(Stage::b[0][0]));
     }
+    // 3xTF32: the small parts, at the same offsets from their own arrays.
+    __device__ __forceinline__ unsigned a_small(int ka, unsigned row = 0) const {
+      return a(ka, row) + FJ_OFFSETOF(Stage, a_small) - FJ_OFFSETOF(Stage, a);
+    }
+    __device__ __forceinline__ unsigned b_small(int ka, unsigned row = 0) const {
+      return b(ka, row) + FJ_OFFSETOF(Stage, b_small) - FJ_OFFSETOF(Stage, b);
+    }
   };
 
   // What every role of the CTA works with: the storage (ordinary loads and stores go through
@@ -360,7 +386,7 @@ struct WarpspecGemm {
         const Mbarrier full = c.full[pipe.index];
         c.empty[pipe.index].wait(pipe.phase ^ 1u);
         // The whole W tile arrives in every CTA of the cluster (half of it from the peer).
-        full.arrive_expect_tx(static_cast<unsigned>(sizeof(Stage)));
+        full.arrive_expect_tx(static_cast<unsigned>(kStageTmaBytes));
         const StageAddr stage = c.stage(pipe.index);
 #pragma unroll
         for (int ka = 0; ka < kKAtoms; ++ka) {
@@ -442,6 +468,12 @@ struct WarpspecGemm {
       }
       if constexpr (kPingpong) turn_mine.wait((loops + group + 1) & 1);
       const TileCoord t = coord(c, ct);
+      if constexpr (kSplit3) {
+#pragma unroll
+        for (int ma = 0; ma < kMAtoms; ++ma)
+#pragma unroll
+          for (int j = 0; j < BN / 2; ++j) acc[ma][j] = 0.f;
+      }
 #pragma unroll
       for (int ma = 0; ma < kMAtoms; ++ma) wgmma_fence_operands(acc[ma]);
       for (int kt = 0; kt < kKTiles; ++kt, slice.advance()) {
@@ -450,6 +482,42 @@ struct WarpspecGemm {
         const StageAddr stage = c.stage(i);
         const unsigned long long da = wgmma_desc_sw128(stage.a(0, a_row0));
         const unsigned long long db = wgmma_desc_sw128(stage.b(0));
+        if constexpr (kSplit3) {
+          // 3xTF32: the slice's three products go into `part` and are added to the tile's sums
+          // on the CUDA cores. wgmma's own accumulation keeps fewer bits than an fp32 add (its
+          // tf32 kernels measured ~1e-5 relative error against tf32-rounded inputs where the
+          // tiled mma.sync kernels stay near 1e-6), which would cap 3xTF32 far above strict
+          // fp32's error; summed per slice, that loss applies to 32 terms only. The price: the
+          // slice's wgmma complete before the next slice is issued.
+          split_stage(c.s.ring[i], a_row0, ctid, group);
+          const unsigned long long das = wgmma_desc_sw128(stage.a_small(0, a_row0));
+          const unsigned long long dbs = wgmma_desc_sw128(stage.b_small(0));
+          Acc part;
+          wgmma_fence();
+#pragma unroll
+          for (int ka = 0; ka < kKAtoms; ++ka)
+#pragma unroll
+            for (int ks = 0; ks < kKSteps; ++ks)
+#pragma unroll
+              for (int ma = 0; ma < kMAtoms; ++ma) {
+                const unsigned a_off = (ka * kASlab + ma * 64 * 128 + ks * 32) >> 4;
+                const unsigned b_off = (ka * kBSlab + ks * 32) >> 4;
+                // small * big and big * small before big * big, as in the tiled mainloop.
+                Wgmma<T, BN>::mma(part[ma], das + a_off, db + b_off, (ka | ks) != 0 ? 1 : 0);
+                Wgmma<T, BN>::mma(part[ma], da + a_off, dbs + b_off, 1);
+                Wgmma<T, BN>::mma(part[ma], da + a_off, db + b_off, 1);
+              }
+          wgmma_commit();
+          wgmma_wait<0>();
+#pragma unroll
+          for (int ma = 0; ma < kMAtoms; ++ma) {
+            wgmma_fence_operands(part[ma]);
+#pragma unroll
+            for (int j = 0; j < BN / 2; ++j) acc[ma][j] += part[ma][j];
+          }
+          release(c.empty[i], lane);
+          continue;
+        }
         wgmma_fence();
 #pragma unroll
         for (int ka = 0; ka < kKAtoms; ++ka)
@@ -475,8 +543,10 @@ struct WarpspecGemm {
         if (lane == 0) turn_other.arrive();
         ++loops;
       }
-      wgmma_wait<0>();
-      release(c.empty[slice.previous_index()], lane);
+      if constexpr (!kSplit3) {  // 3xTF32 waited and released every slice already
+        wgmma_wait<0>();
+        release(c.empty[slice.previous_index()], lane);
+      }
 #pragma unroll
       for (int ma = 0; ma < kMAtoms; ++ma) wgmma_fence_operands(acc[ma]);
 
@@ -515,6 +585,41 @@ struct WarpspecGemm {
       if (blockIdx.x == 0 && ctid == 0 && p.num_batches_tracked) *p.num_batches_tracked += 1;
     }
   }
+
+  // 3xTF32: splits a landed stage in place (split_tf32, common/mma.cuh): a and b become their
+  // big parts, a_small and b_small get the small ones. Each consumer warpgroup splits its own
+  // rows of x; the team that shares the tile splits W between its threads, fences its writes
+  // for the async proxy (wgmma reads shared memory through it) and meets at a named barrier
+  // before anyone's wgmma reads the stage.
+  __device__ __forceinline__ static void split_stage(Stage& st, int a_row0, int ctid, int group) {
+    constexpr int kVecs = 128 / 16;  // uint4 per 128-byte row
+    const int gtid = ctid % 128;
+    const int team_tid = kPingpong ? gtid : ctid;
+    auto split = [](uint4* big, uint4* small, int v) {
+      uint4 x = big[v], s;
+      split_tf32(x.x, x.x, s.x);
+      split_tf32(x.y, x.y, s.y);
+      split_tf32(x.z, x.z, s.z);
+      split_tf32(x.w, x.w, s.w);
+      big[v] = x;
+      small[v] = s;
+    };
+#pragma unroll
+    for (int ka = 0; ka < kKAtoms; ++ka) {
+      uint4* ab = reinterpret_cast<uint4*>(&st.a[ka][a_row0][0]);
+      uint4* as = reinterpret_cast<uint4*>(&st.a_small[ka][a_row0][0]);
+#pragma unroll 4
+      for (int v = gtid; v < kWgM * kVecs; v += 128) split(ab, as, v);
+      uint4* bb = reinterpret_cast<uint4*>(&st.b[ka][0][0]);
+      uint4* bs = reinterpret_cast<uint4*>(&st.b_small[ka][0][0]);
+#pragma unroll 4
+      for (int v = team_tid; v < BN * kVecs; v += 128 * kTeam) split(bb, bs, v);
+    }
+    fence_async_shared();
+    // IDs past the epilogues' (1 .. 2 kTeam + 1): one per team.
+    named_barrier_sync(kSplitBarrier + (kPingpong ? group : 0), 128 * kTeam);
+  }
+  static constexpr int kSplitBarrier = 8;
 
   // Every warp of this consumer group has finished reading the stage (its wgmma completed).
   __device__ __forceinline__ static void release(Mbarrier empty, int lane) {

@@ -106,13 +106,14 @@ struct TiledMmaMainloop {
   // k-tiles when the reduction length is a constant (0 when it is the run's: see k_tiles()).
   static constexpr int KT = G::RED > 0 ? (G::RED + BK - 1) / BK : 0;
 
-  static_assert(MATH == kMathBf16 || MATH == kMathFp16 || MATH == kMathTf32,
-                "TiledMmaMainloop: MATH must be kMathBf16, kMathFp16 or kMathTf32 (strict fp32 "
-                "uses SimtFp32Mainloop)");
+  static_assert(MATH == kMathBf16 || MATH == kMathFp16 || MATH == kMathTf32 || MATH == kMathTf32x3,
+                "TiledMmaMainloop: MATH must be kMathBf16, kMathFp16, kMathTf32 or kMathTf32x3 "
+                "(strict fp32 uses SimtFp32Mainloop)");
   static_assert((MATH == kMathBf16 && detail::IsSame<T, bf16_t>::value) ||
                     (MATH == kMathFp16 && detail::IsSame<T, half_t>::value) ||
-                    (MATH == kMathTf32 && detail::IsSame<T, float>::value),
-                "TiledMmaMainloop: T must be bf16_t for bf16, half_t for fp16, float for tf32");
+                    ((MATH == kMathTf32 || MATH == kMathTf32x3) && detail::IsSame<T, float>::value),
+                "TiledMmaMainloop: T must be bf16_t for bf16, half_t for fp16, float for tf32 and "
+                "tf32x3");
   static_assert(G::ROWS >= 0 && G::COLS >= 1 && G::RED >= 0,
                 "the column count must be positive, rows and reduction positive or 0 (the run's)");
   static_assert(THREADS == WARPS_M * WARPS_N * 32, "THREADS must be WARPS_M * WARPS_N * 32");
@@ -140,6 +141,7 @@ struct TiledMmaMainloop {
   static_assert(kSmemBytes <= 227 * 1024,
                 "the cp.async ring needs more than 227 KB of shared memory: lower STAGES or BK");
   static constexpr bool kTf32Round = MATH == kMathTf32 && detail::Tf32Round<G>::value;
+  static constexpr bool kSplit3 = MATH == kMathTf32x3;
 
   __device__ __forceinline__ static int k_tiles(const GemmOperands& op) {
     if constexpr (KT > 0)
@@ -336,14 +338,37 @@ struct TiledMmaMainloop {
           load_frags(fa[nxt], fb[nxt], pa, pb, s0 + rs * kStageBytes, nks);
         }
         round_frags(fa[cur], fb[cur]);
+        if constexpr (kSplit3) {
+          // 3xTF32: the fragments become their big parts, sa / sb hold the small ones; the
+          // small products go first so they are not lost against a large running sum.
+          unsigned sa[MT][4], sb[NT][2];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+          for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            // Serpentine over n so consecutive mmas share an A fragment or a B fragment.
-            const int n = (mt & 1) ? NT - 1 - nt : nt;
-            mma_16x8<MATH>(acc[mt][n], fa[cur][mt], fb[cur][n]);
-          }
+            for (int i = 0; i < 4; ++i) split_tf32(fa[cur][mt][i], fa[cur][mt][i], sa[mt][i]);
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) split_tf32(fb[cur][nt][i], fb[cur][nt][i], sb[nt][i]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              const int n = (mt & 1) ? NT - 1 - nt : nt;
+              mma_16x8<MATH>(acc[mt][n], sa[mt], fb[cur][n]);
+              mma_16x8<MATH>(acc[mt][n], fa[cur][mt], sb[n]);
+              mma_16x8<MATH>(acc[mt][n], fa[cur][mt], fb[cur][n]);
+            }
+        } else {
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              // Serpentine over n so consecutive mmas share an A fragment or a B fragment.
+              const int n = (mt & 1) ? NT - 1 - nt : nt;
+              mma_16x8<MATH>(acc[mt][n], fa[cur][mt], fb[cur][n]);
+            }
+        }
         if constexpr (!kPingPong) {
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt)

@@ -20,6 +20,8 @@ const char* template_math_name(DType d) {
       return "fj::kMathFp16";
     case DType::bf16:
       return "fj::kMathBf16";
+    case DType::tf32x3:
+      return "fj::kMathTf32x3";
   }
   return "?";
 }

@@ -134,7 +134,8 @@ int KernelConfig::smem_bytes(const Problem& p) const {
     // alignment (the ring's, for the 128-byte swizzle), and kSmemBytes adds 1 KiB more to align
     // the dynamic shared memory base. The kernel static_asserts the match where the Spec
     // carries this count (SMEM_BYTES; tests/cpu/smem_formula_test.cpp).
-    const int ring = stages * (bm + bn) * bk * eb;
+    // tf32x3: each stage also holds the operands' small parts (SplitStage).
+    const int ring = stages * (bm + bn) * bk * eb * (p.dtype == DType::tf32x3 ? 2 : 1);
     const int bars = (2 * stages + 6) * 8;
     const int staging =
         tma_store ? 4 * warps_m * 2 * kTmaStoreBoxRows * kTmaStoreBoxRowBytes : bm * (128 + 8 * eb);
@@ -198,6 +199,9 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
     if (bk * static_cast<int>(storage_bytes(p.dtype)) % 128 != 0)
       return "warpspec: bk must span whole 128-byte swizzle rows";
     if (cluster_m != 1 && cluster_m != 2) return "warpspec: cluster_m must be 1 or 2";
+    if (p.dtype == DType::tf32x3 && bn > 128)
+      return "warpspec tf32x3: bn must be at most 128 (each slice's partial sums double the "
+             "accumulator registers)";
     if (tma_store) {
       if (pingpong) return "warpspec: tma_store and pingpong do not combine";
       if (storage_bytes(p.dtype) != 2) return "warpspec: tma_store needs 16-bit y (bf16, fp16)";
@@ -416,6 +420,7 @@ std::vector<KernelConfig> tiled_candidates(const Problem& p, const Device& d) {
       break;
     }
     case DType::tf32:
+    case DType::tf32x3:
       out = {tiled(128, 128, 32, 2, 2, 3), tiled(64, 128, 32, 2, 2, 3),
              tiled(128, 256, 32, 2, 4, 3), tiled(128, 64, 32, 4, 1, 3),
              tiled(64, 64, 32, 2, 2, 3),   tiled(128, 32, 32, 4, 1, 3)};
@@ -434,7 +439,13 @@ std::vector<KernelConfig> tiled_candidates(const Problem& p, const Device& d) {
 std::vector<KernelConfig> warpspec_candidates(const Problem& p) {
   // Persistent cooperative kernels (two consumer warpgroups on one 128-row tile) measured best
   // on H100; 64-row tiles with one consumer for small M.
-  const int bk = p.dtype == DType::tf32 ? 32 : 64;
+  const int bk = storage_bytes(p.dtype) == 4 ? 32 : 64;
+  if (p.dtype == DType::tf32x3) {
+    // 3xTF32: every stage holds x, W and both small parts (twice tf32's bytes), so fewer
+    // stages fit; three wgmma per k-step keep each stage busy three times as long.
+    return {warpspec(128, 128, bk, 2, 3, true), warpspec(64, 128, bk, 1, 4, true),
+            warpspec(128, 64, bk, 2, 4, true)};
+  }
   if (p.dtype == DType::tf32) {
     // tf32 on H100, each config forced (docs/performance.md, "tf32 tiles"): 6 stages beat 5 on
     // 128x128 tiles everywhere measured. Train also takes 128x256 tiles (3 stages; 4 need
@@ -486,6 +497,9 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c) {
       break;
     case DType::tf32:
       per_sm = ws ? 2.9e12 : 1.6e12;
+      break;
+    case DType::tf32x3:  // three tf32 products per step, plus the split (not yet measured)
+      per_sm = (ws ? 2.9e12 : 1.6e12) / 3.0;
       break;
     default:
       per_sm = ws ? 5.9e12 : 3.7e12;

@@ -20,7 +20,9 @@ CUtensorMapDataType tma_type(DType d) {
     // truncate the low mantissa bits instead, which biases every product toward zero.
     case DType::tf32:
       return CU_TENSOR_MAP_DATA_TYPE_TFLOAT32;
+    // 3xTF32 splits the raw fp32 values itself: the copy engine must not round them.
     case DType::fp32:
+    case DType::tf32x3:
       return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
   }
   return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;

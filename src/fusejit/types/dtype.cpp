@@ -14,6 +14,8 @@ std::string_view name(DType d) {
       return "fp16";
     case DType::bf16:
       return "bf16";
+    case DType::tf32x3:
+      return "tf32x3";
   }
   return "?";
 }
@@ -23,10 +25,10 @@ std::string_view name(Mode m) {
 }
 
 DType parse_dtype(std::string_view s) {
-  for (DType d : {DType::fp32, DType::tf32, DType::fp16, DType::bf16})
+  for (DType d : {DType::fp32, DType::tf32, DType::fp16, DType::bf16, DType::tf32x3})
     if (s == name(d)) return d;
-  throw InvalidArgument("dtype",
-                        "expected one of fp32, tf32, fp16, bf16; got '" + printable(s) + "'");
+  throw InvalidArgument(
+      "dtype", "expected one of fp32, tf32, fp16, bf16, tf32x3; got '" + printable(s) + "'");
 }
 
 Mode parse_mode(std::string_view s) {
@@ -40,7 +42,7 @@ std::size_t storage_bytes(DType d) {
 }
 
 DType storage_type(DType d) {
-  return d == DType::tf32 ? DType::fp32 : d;
+  return d == DType::tf32 || d == DType::tf32x3 ? DType::fp32 : d;
 }
 
 const char* template_type_name(DType d) {

@@ -224,6 +224,7 @@ SweepCase parse_sweep_line(std::string_view line) {
 double sweep_threshold(DType dtype) {
   switch (dtype) {
     case DType::fp32:
+    case DType::tf32x3:  // held to strict fp32's tolerance
       return 2e-5;
     case DType::tf32:
       return 2e-3;

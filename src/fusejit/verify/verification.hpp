@@ -7,7 +7,7 @@
 //
 //     MxNxK dtype mode [param_dtype] [flag ...]
 //
-//   dtype        fp32 | tf32 | fp16 | bf16
+//   dtype        fp32 | tf32 | fp16 | bf16 | tf32x3
 //   mode         train | eval
 //   param_dtype  fp32 (default) | same | the input's storage type (storage of bias, scale,
 //                gamma, beta and the running stats)
