@@ -494,19 +494,12 @@ struct WarpspecGemm {
           const unsigned long long dbs = wgmma_desc_sw128(stage.b_small(0));
           Acc part;
           wgmma_fence();
-#pragma unroll
-          for (int ka = 0; ka < kKAtoms; ++ka)
-#pragma unroll
-            for (int ks = 0; ks < kKSteps; ++ks)
-#pragma unroll
-              for (int ma = 0; ma < kMAtoms; ++ma) {
-                const unsigned a_off = (ka * kASlab + ma * 64 * 128 + ks * 32) >> 4;
-                const unsigned b_off = (ka * kBSlab + ks * 32) >> 4;
-                // small * big and big * small before big * big, as in the tiled mainloop.
-                Wgmma<T, BN>::mma(part[ma], das + a_off, db + b_off, (ka | ks) != 0 ? 1 : 0);
-                Wgmma<T, BN>::mma(part[ma], da + a_off, dbs + b_off, 1);
-                Wgmma<T, BN>::mma(part[ma], da + a_off, db + b_off, 1);
-              }
+          for_each_kstep([&](int ma, unsigned a_off, unsigned b_off, bool first) {
+            // small * big and big * small before big * big, as in the tiled mainloop.
+            Wgmma<T, BN>::mma(part[ma], das + a_off, db + b_off, first ? 0 : 1);
+            Wgmma<T, BN>::mma(part[ma], da + a_off, dbs + b_off, 1);
+            Wgmma<T, BN>::mma(part[ma], da + a_off, db + b_off, 1);
+          });
           wgmma_commit();
           wgmma_wait<0>();
 #pragma unroll
@@ -519,17 +512,9 @@ struct WarpspecGemm {
           continue;
         }
         wgmma_fence();
-#pragma unroll
-        for (int ka = 0; ka < kKAtoms; ++ka)
-#pragma unroll
-          for (int ks = 0; ks < kKSteps; ++ks)
-#pragma unroll
-            for (int ma = 0; ma < kMAtoms; ++ma) {
-              // Descriptor addresses are in 16-byte units: slab ka, row 64 ma, byte 32 ks.
-              const unsigned a_off = (ka * kASlab + ma * 64 * 128 + ks * 32) >> 4;
-              const unsigned b_off = (ka * kBSlab + ks * 32) >> 4;
-              Wgmma<T, BN>::mma(acc[ma], da + a_off, db + b_off, (kt | ka | ks) != 0 ? 1 : 0);
-            }
+        for_each_kstep([&](int ma, unsigned a_off, unsigned b_off, bool first) {
+          Wgmma<T, BN>::mma(acc[ma], da + a_off, db + b_off, kt == 0 && first ? 0 : 1);
+        });
         wgmma_commit();
         if (kt > 0) {
           // The slice before this one is done: hand its stage back to the producer(s).
@@ -584,6 +569,21 @@ struct WarpspecGemm {
                   WsAffine<Spec>::value) {
       if (blockIdx.x == 0 && ctid == 0 && p.num_batches_tracked) *p.num_batches_tracked += 1;
     }
+  }
+
+  // The wgmma of one k-slice in issue order: f(ma, a_off, b_off, first) for each slab ka, k-step
+  // ks and M atom ma, with the operands' descriptor offsets in their 16-byte units (slab ka, row
+  // 64 ma, byte 32 ks); `first`: the slice's first k-step (ka = ks = 0).
+  template <class F>
+  __device__ __forceinline__ static void for_each_kstep(F&& f) {
+#pragma unroll
+    for (int ka = 0; ka < kKAtoms; ++ka)
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks)
+#pragma unroll
+        for (int ma = 0; ma < kMAtoms; ++ma)
+          f(ma, static_cast<unsigned>((ka * kASlab + ma * 64 * 128 + ks * 32) >> 4),
+            static_cast<unsigned>((ka * kBSlab + ks * 32) >> 4), (ka | ks) == 0);
   }
 
   // 3xTF32: splits a landed stage in place (split_tf32, common/mma.cuh): a and b become their
