@@ -436,7 +436,7 @@ std::vector<KernelConfig> tiled_candidates(const Problem& p, const Device& d) {
   return out;
 }
 
-std::vector<KernelConfig> warpspec_candidates(const Problem& p) {
+std::vector<KernelConfig> warpspec_tiles(const Problem& p) {
   // Persistent cooperative kernels (two consumer warpgroups on one 128-row tile) measured best
   // on H100; 64-row tiles with one consumer for small M.
   const int bk = storage_bytes(p.dtype) == 4 ? 32 : 64;
@@ -484,6 +484,18 @@ std::vector<KernelConfig> warpspec_candidates(const Problem& p) {
           warpspec(64, 256, bk, 2, 4, true, true)};
 }
 
+// warpspec_tiles, and for rows TMA cannot load the same configs behind the padding copy
+// (KernelConfig::pad_operands; TMA stores need aligned y rows, so those drop out): what the
+// heuristic, the tuner and default_config's refusal all list.
+std::vector<KernelConfig> warpspec_candidates(const Problem& p) {
+  std::vector<KernelConfig> ws = warpspec_tiles(p);
+  if (p.effective_alignment() < 16) {
+    std::erase_if(ws, [](const KernelConfig& c) { return c.tma_store; });
+    for (auto& c : ws) c.pad_operands = true;
+  }
+  return ws;
+}
+
 }  // namespace
 
 double estimated_us(const Problem& p, const Device& d, const KernelConfig& c) {
@@ -498,7 +510,10 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c) {
     case DType::tf32:
       per_sm = ws ? 2.9e12 : 1.6e12;
       break;
-    case DType::tf32x3:  // three tf32 products per step, plus the split (not yet measured)
+    // Three tf32 products per step. Measured on H100 it is slower than that: 2.74 ms (warpspec)
+    // and 3.23 ms (tiled) at 1024x8192x8192 eval, 7.5x and 9x tf32's warpspec 0.36 ms. Only
+    // the variants' order matters here, and it holds (docs/performance.md, "3xTF32").
+    case DType::tf32x3:
       per_sm = (ws ? 2.9e12 : 1.6e12) / 3.0;
       break;
     default:
@@ -577,13 +592,7 @@ std::vector<KernelConfig> candidate_configs(const Problem& p, const Device& d) {
   // Hopper: wgmma is the fast path; the tiled variant stays as a fallback and contender.
   const bool train = p.mode == Mode::train && p.stat_ranks == 0;  // valid_for drops one-pass
   if (d.cc() == 90) {
-    std::vector<KernelConfig> ws = warpspec_candidates(p);
-    // Rows TMA cannot load: the same configs behind the padding copy (TMA stores need aligned
-    // y rows, so those drop out).
-    if (p.effective_alignment() < 16) {
-      std::erase_if(ws, [](const KernelConfig& c) { return c.tma_store; });
-      for (auto& c : ws) c.pad_operands = true;
-    }
+    const std::vector<KernelConfig> ws = warpspec_candidates(p);
     keep(ws);
     if (train) keep(recompute_twins(ws, 3));
   }

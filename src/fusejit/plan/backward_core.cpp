@@ -96,6 +96,7 @@ std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& c, const
                                   const Device& d) {
   if (c.split_k != 1) return "the gradient GEMMs have no split-K";
   if (c.exact_m) return "the gradient GEMMs read M at run time";
+  if (c.pad_operands) return "the gradient GEMMs do not pad their operands";
   if (c.variant == Variant::warpspec) {
     if (storage_bytes(p.dtype) != 2)
       return "the warpspec gradient GEMMs read MN-major operands through wgmma's transpose, "
