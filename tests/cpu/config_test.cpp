@@ -6,6 +6,7 @@
 
 #include "fusejit/config/candidates.hpp"
 #include "fusejit/error.hpp"
+#include "fusejit/plan/plan_core.hpp"
 
 using namespace fusejit;
 
@@ -377,6 +378,18 @@ TEST_CASE("pad_operands: warpspec on rows TMA cannot load, after a copy into ali
     for (const auto& c : candidate_configs(p, h100))
       CHECK((c.variant == Variant::tiled) != c.pad_operands);
   }
+  // The workspace holds W's copy, then x's (the GEMM's two tensor maps), after train's regions.
+  const Problem unaligned = problem(DType::bf16, Mode::train, 777, 1536, 2050);
+  const WorkspaceLayout w = workspace_layout(unaligned, pad);
+  CHECK(w.padded_offset >= w.coef_offset + w.coef_bytes);
+  CHECK(w.padded_offset % kWorkspaceAlign == 0);
+  CHECK(w.padded_bytes == std::size_t{1536 + 777} * 2112 * 2);
+  CHECK(w.padded_x_offset == w.padded_offset + std::size_t{1536} * 2112 * 2);
+  CHECK(w.padded_x_offset % 128 == 0);
+  CHECK(w.total >= w.padded_offset + w.padded_bytes);
+  KernelConfig plain = pad;
+  plain.pad_operands = false;
+  CHECK(workspace_layout(unaligned, plain).padded_bytes == 0);
   CHECK(padded_row_elements(problem(DType::bf16, Mode::eval, 1, 1, 2050)) == 2112);
   CHECK(padded_row_elements(problem(DType::tf32, Mode::eval, 1, 1, 131)) == 160);
   CHECK(padded_row_elements(problem(DType::fp16, Mode::eval, 1, 1, 64)) == 64);

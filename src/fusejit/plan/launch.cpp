@@ -189,10 +189,7 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
                            args, nullptr),
           "cuLaunchKernel(fj_pad_operands)");
     gemm_tensors.w = prm.ws_padded;
-    gemm_tensors.x = static_cast<char*>(prm.ws_padded) +
-                     static_cast<std::size_t>(c.problem.N) *
-                         static_cast<std::size_t>(padded_row_elements(c.problem)) *
-                         storage_bytes(c.problem.dtype);
+    gemm_tensors.x = ws + shape.workspace.padded_x_offset;
   }
   // fj_gemm, or recompute's fj_gemm_affine: the same grid, x, W and y (tensor maps included).
   auto gemm = [&](CUfunction f, int smem_bytes, const char* name) {

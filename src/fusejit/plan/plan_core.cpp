@@ -128,11 +128,11 @@ WorkspaceLayout workspace_layout(const Problem& p, const KernelConfig& c) {
   w.rank_record_bytes = p.stat_ranks > 0 ? static_cast<std::size_t>(fj::rank_record_bytes(p.N)) : 0;
   region(w.rank_record_bytes * static_cast<std::size_t>(p.stat_ranks), w.ranks_offset,
          w.ranks_bytes);
-  region(c.pad_operands
-             ? static_cast<std::size_t>(p.N + p.M) *
-                   static_cast<std::size_t>(padded_row_elements(p)) * storage_bytes(p.dtype)
-             : 0,
-         w.padded_offset, w.padded_bytes);
+  const std::size_t padded_row_bytes =
+      c.pad_operands ? static_cast<std::size_t>(padded_row_elements(p)) * storage_bytes(p.dtype)
+                     : 0;
+  region(static_cast<std::size_t>(p.N + p.M) * padded_row_bytes, w.padded_offset, w.padded_bytes);
+  w.padded_x_offset = w.padded_offset + static_cast<std::size_t>(p.N) * padded_row_bytes;
   return w;
 }
 

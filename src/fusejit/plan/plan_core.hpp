@@ -31,8 +31,9 @@ struct WorkspaceLayout {
   // Synchronized statistics: [stat_ranks] rank records (common/column_stats.h), rank order.
   std::size_t ranks_offset = 0, ranks_bytes = 0;
   std::size_t rank_record_bytes = 0;
-  // KernelConfig::pad_operands: W's N rows then x's M rows of padded_row_elements() elements.
-  std::size_t padded_offset = 0, padded_bytes = 0;
+  // KernelConfig::pad_operands: W's N rows then x's M rows of padded_row_elements() elements
+  // (Params::ws_padded; x's copy starts at padded_x_offset, the GEMM's tensor map of x).
+  std::size_t padded_offset = 0, padded_bytes = 0, padded_x_offset = 0;
   std::size_t total = 0;
 };
 // For runs of up to p.M rows (a run of fewer rows uses a prefix of each region's layout).
