@@ -32,12 +32,12 @@ union PadUnit {
   unsigned short h[8];
 };
 
-// Element j (of the unit's kVec) from a `bytes`-wide aligned load at `src` (element units).
+// Elements at..at + BYTES / sizeof(Raw) - 1 of the unit from one BYTES-wide aligned load at
+// `src`. Never 16: a padded problem's rows are less aligned than that.
 template <int BYTES, class Raw>
 __device__ __forceinline__ void pad_load(PadUnit& u, int at, const Raw* src) {
-  if constexpr (BYTES == 16)
-    u.v = *reinterpret_cast<const uint4*>(src);
-  else if constexpr (BYTES == 8)
+  static_assert(BYTES == 8 || BYTES == 4 || BYTES == 2, "pad_load: 2, 4 or 8 bytes");
+  if constexpr (BYTES == 8)
     u.d[at * sizeof(Raw) / 8] = *reinterpret_cast<const uint2*>(src);
   else if constexpr (BYTES == 4)
     u.w[at * sizeof(Raw) / 4] = *reinterpret_cast<const unsigned*>(src);
@@ -54,8 +54,9 @@ __device__ void pad_operands(const Params& p) {
   using Raw = typename Select<sizeof(T) == 2, unsigned short, unsigned>::type;
   constexpr int kElem = static_cast<int>(sizeof(T));
   constexpr int kVec = 16 / kElem;  // elements per unit written
-  constexpr int kLoadBytes = Spec::VEC_BYTES < 16 ? Spec::VEC_BYTES : 16;
-  static_assert(kLoadBytes >= kElem, "pad_operands: alignment below one element");
+  constexpr int kLoadBytes = Spec::VEC_BYTES;
+  static_assert(kLoadBytes >= kElem && kLoadBytes < 16,
+                "pad_operands: rows aligned to at least one element and less than 16 bytes");
   constexpr int kLoad = kLoadBytes / kElem;            // elements per load
   constexpr int kUnits = (Spec::K + kVec - 1) / kVec;  // units a row needs (the rest: never read)
   static_assert(Spec::KP % kVec == 0 && Spec::KP >= kUnits * kVec,

@@ -484,11 +484,11 @@ struct WarpspecGemm {
         const unsigned long long db = wgmma_desc_sw128(stage.b(0));
         if constexpr (kSplit3) {
           // 3xTF32: the slice's three products go into `part` and are added to the tile's sums
-          // on the CUDA cores. wgmma's own accumulation keeps fewer bits than an fp32 add (its
-          // tf32 kernels measured ~1e-5 relative error against tf32-rounded inputs where the
-          // tiled mma.sync kernels stay near 1e-6), which would cap 3xTF32 far above strict
-          // fp32's error; summed per slice, that loss applies to 32 terms only. The price: the
-          // slice's wgmma complete before the next slice is issued.
+          // on the CUDA cores. wgmma's own accumulation keeps fewer bits than an fp32 add: with
+          // the whole K summed in it, 3xTF32 measured 24-90x strict fp32's error and failed its
+          // 2e-5 tolerance at 512x256x4096 (H100); summed per 32-deep slice, 0.8-1.3x
+          // (docs/performance.md, "3xTF32"). The price: the slice's wgmma complete before the
+          // next slice is issued.
           split_stage(c.s.ring[i], a_row0, ctid, group);
           const unsigned long long das = wgmma_desc_sw128(stage.a_small(0, a_row0));
           const unsigned long long dbs = wgmma_desc_sw128(stage.b_small(0));
