@@ -195,7 +195,7 @@ def show(shape, dtype, what, r):
         flush=True)
 
 
-def forward_entries(shape, dtype, modes, use_compile):
+def forward_entries(shape, dtype, modes, use_compile, configs=()):
     M, N, K = (int(v) for v in shape.split("x"))
     dt = torch_dtype(dtype)
     torch.manual_seed(0)
@@ -216,6 +216,10 @@ def forward_entries(shape, dtype, modes, use_compile):
                                  ("fusejit_tiled", {"variant": "tiled"}),
                                  ("fusejit_warpspec", {"variant": "warpspec"})):
                 systems[name] = fusejit_forward(model, x, dtype, mode, **forced)
+            # --configs: forced kernel configs beside the others (an error where one does not
+            # fit the problem), to compare schedules in the same rounds.
+            for key in configs:
+                systems[f"fusejit[{key}]"] = fusejit_forward(model, x, dtype, mode, config=key)
             systems["eager"] = (lambda: model(x), "")
             if compiled is not None:
                 systems["compile"] = compiled_call(compiled, x)
@@ -260,7 +264,7 @@ def cmd_measure(a):
             torch.backends.cuda.matmul.allow_tf32 = tf32
             torch.backends.cudnn.allow_tf32 = tf32
             forward += forward_entries(shape, dtype, split(a.modes),
-                                       dtype in split(a.compile_dtypes))
+                                       dtype in split(a.compile_dtypes), split(a.configs))
         torch.backends.cuda.matmul.allow_tf32 = False
         for dtype in split(a.backward_dtypes):
             backward.append(backward_entry(shape, dtype, dtype in split(a.compile_dtypes)))
@@ -414,6 +418,8 @@ def main():
     m.add_argument("--backward-dtypes", default="bf16")
     m.add_argument("--compile-dtypes", default="bf16", help="torch.compile these dtypes only "
                    "(seconds of compile per graph)")
+    m.add_argument("--configs", default="", help="also time fusejit forced to these kernel "
+                   "configs (keys as `fusejit bench` prints them), comma-separated")
     j = sub.add_parser("jit")
     j.add_argument("--out", required=True)
     p = sub.add_parser("plan-once")

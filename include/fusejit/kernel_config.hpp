@@ -59,6 +59,13 @@ struct KernelConfig {
   // writes x and W into 128-byte aligned rows in the plan's workspace, which the GEMM then
   // loads with TMA; y is stored as aligned as the problem allows (key suffix ".pad").
   bool pad_operands = false;
+  // warpspec, with recompute, cluster_m 1, not pingpong: when all of a run's tiles fit on the GPU
+  // at once (one CTA per tile, a cooperative launch), the first pass finishes the job itself:
+  // every CTA writes its tile's column partials, waits at a grid barrier, merges its columns over
+  // all row tiles and stores y = A a + B from the accumulators it still holds. One kernel, no
+  // second mainloop; the results are recompute's bit for bit. Runs whose tiles do not fit take
+  // recompute's three kernels (key suffix ".gs" after ".rc").
+  bool grid_sync = false;
 
   int threads() const;
   // Dynamic shared memory bytes the GEMM kernel needs (stages and the epilogue's tile).
@@ -73,7 +80,7 @@ struct KernelConfig {
   // Stable text naming every field, e.g. "tiled.128x128x32.w2x4.s3.g8", with ".k8" appended
   // for split_k = 8 (nothing for 1, so keys from before split-K are unchanged); warpspec keys
   // end in ".pp" for pingpong and ".ts" for tma_store; then pad_operands appends ".pad",
-  // recompute ".rc", exact_m ".xm".
+  // recompute ".rc", grid_sync ".gs", exact_m ".xm".
   std::string key() const;
   // Inverse of key(); throws InvalidArgument("config", ...).
   static KernelConfig parse(std::string_view key);

@@ -280,10 +280,11 @@ void add_compile(CLI::App& app, Action& action) {
                   "Compile a tuning database's winners (FILE, or every database under "
                   "<cache dir>/tuning) for --arch or the tuned GPU's architecture")
       ->expected(0, 1);
-  cmd->add_flag("--every-m", a->every_m,
-                "Warm every batch size of each layer: one kernel set per M class (1-64, 65-128, "
-                "129-256, 257-1024, 1025-4096, 4097-16384, larger), so a Plan of any M compiles "
-                "nothing");
+  cmd->add_flag(
+      "--every-m", a->every_m,
+      "Warm every batch size of each layer: one kernel set per M class (1-64, 65-128, "
+      "129-256, 257-1024, 1025-2048, 2049-4096, 4097-16384, larger), so a Plan of any M compiles "
+      "nothing");
   cmd->add_flag("--backward", a->backward,
                 "Also compile each problem's backward kernel set (what a BackwardPlan loads)");
   cmd->add_option("--emit-source", a->emit_dir,

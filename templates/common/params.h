@@ -45,6 +45,11 @@ struct Params {
   int m;
   float eps;
   float momentum;  // ignored when Spec::CUMULATIVE
+  // Train, KernelConfig::grid_sync (Spec::GRID_SYNC): 1 when the host launched fj_gemm
+  // cooperatively with one CTA per tile, so that it finishes the statistics and stores y itself
+  // (nothing runs after it); 0 when the run's tiles do not fit on the GPU at once and fj_gemm
+  // only writes the partials, as recompute's first pass.
+  int grid_sync;
 };
 
 }  // namespace fj

@@ -17,6 +17,10 @@ namespace fj {
 // with each column's affine from the finalize (WS_AFFINE: p.ws_coef's {A, B, mean_a, -}).
 FJ_SPEC_FLAG(StatsOnly, STATS_ONLY, false);
 FJ_SPEC_FLAG(WsAffine, WS_AFFINE, false);
+// KernelConfig::grid_sync (a recompute set's fj_gemm, warpspec): with Params::grid_sync the
+// STATS_ONLY pass finishes the statistics across the grid and stores y itself
+// (FragmentBnEpilogue::finish_resident).
+FJ_SPEC_FLAG(GridSync, GRID_SYNC, false);
 
 struct Affine {
   float a, b;

@@ -25,11 +25,13 @@
 // of the group owns 16 rows and lane (g = lane / 4, q = lane % 4) holds, for every 8-column
 // block j, d[4j + 2h + e] at row 64 ma + 16 w + g + 8 h, column 8 j + 2 q + e.
 #pragma once
+#include "common/grid_barrier.cuh"
 #include "common/params.h"
 #include "common/rows.cuh"
 #include "common/select.cuh"
 #include "common/types.cuh"
 #include "epilogue/bn_math.cuh"
+#include "epilogue/column_merge.cuh"
 #include "mainloop/mbarrier.cuh"
 #include "mainloop/tma.cuh"
 
@@ -167,6 +169,12 @@ struct FragmentBnEpilogue {
           coef_a[c] = 1.f;
           coef_b[c] = -mean;
         }
+        if constexpr (GridSync<Spec>::value) {
+          if (p.grid_sync) {
+            finish_resident(p, acc, coef_a, coef_b, saved_b, staging, m0, n0, row_tile, tid, ty);
+            return;
+          }
+        }
       }
     }
     all_sync();
@@ -186,6 +194,38 @@ struct FragmentBnEpilogue {
   }
 
  private:
+  // Spec::GRID_SYNC with p.grid_sync (a cooperative launch, one CTA per tile): this tile's
+  // partials are written; once every CTA's are, each CTA merges its columns over all row tiles
+  // itself, in fj_finalize's order (column_merge.cuh), and stores y = A a + B and `saved`
+  // straight from its accumulators, as recompute's second pass would from the same ones. The
+  // results are then recompute's bit for bit, without its second mainloop, the finalize launch
+  // and the GEMM's relaunch. The CTAs of row tile 0 record the running and saved stats; CTA 0
+  // bumps num_batches_tracked after the barrier (consume()), which every CTA read before it.
+  __device__ static void finish_resident(const Params& p, Acc& acc, float* coef_a, float* coef_b,
+                                         float* saved_b, char* staging, int m0, int n0,
+                                         int row_tile, int tid, const TmaDescriptor* ty) {
+    const int cols = min(BN, Spec::N - n0);
+    const float factor = momentum_factor<Spec>(p);
+    all_sync();  // the team's partials before the arrival that releases them
+    if (tid == 0) grid_barrier_arrive_and_wait();
+    all_sync();
+    const float rows = static_cast<float>(rows_of<Spec>(p));
+    for (int c = tid; c < BN; c += NT) {
+      Affine f{0.f, 0.f};
+      float cnt = 0.f, mean = 0.f, m2 = 0.f;
+      if (c < cols) {
+        merge_column_in_finalize_order<Spec>(p, n0 + c, cnt, mean, m2);
+        f = train_column<Spec>(p, n0 + c, mean, m2 / rows, factor, row_tile == 0);
+      }
+      coef_a[c] = f.a;
+      coef_b[c] = f.b;
+      saved_b[c] = -mean;
+    }
+    all_sync();
+    store<false>(p, acc, coef_a, coef_b, staging, m0, n0, tid, ty);
+    if (p.saved) store<true>(p, acc, nullptr, saved_b, staging, m0, n0, tid, ty);
+  }
+
   __device__ __forceinline__ static void all_sync() {
     asm volatile("bar.sync %0, %1;\n" ::"n"(BAR0), "n"(NT) : "memory");
   }

@@ -10,48 +10,9 @@
 #include "common/params.h"
 #include "common/rows.cuh"
 #include "epilogue/bn_math.cuh"
+#include "epilogue/column_merge.cuh"
 
 namespace fj {
-
-template <class Spec>
-struct FinalizeShape {
-  static constexpr int kCols = 32;
-  // Narrow layers (N < 1024: fewer than 32 blocks) take 32 groups instead of 8, so that a
-  // thread's chain of dependent merges over many row tiles is 4x shorter (65536x256x64 has 512
-  // row tiles on 8 blocks). Not timed on its own: two device calls before and after measured
-  // 0.0515 and 0.0483 ms for the whole two-pass train op there (docs/performance.md), which
-  // calls' drift could also explain.
-  static constexpr int kGroups = (Spec::N + kCols - 1) / kCols < 32 ? 32 : 8;
-  static constexpr int kThreads = kCols * kGroups;
-  static constexpr int kGridX = (Spec::N + kCols - 1) / kCols;
-};
-
-// Chan-merges column n's partials of row tiles first, first + step, ... into (cnt, mean, m2).
-// The loads of UNROLL tiles go out before their merges, so a thread waits on memory once per
-// UNROLL tiles rather than once per tile.
-template <class Spec>
-__device__ __forceinline__ void merge_row_tiles(const Params& p, int n, int first, int step,
-                                                float& cnt, float& mean, float& m2) {
-  const int m = rows_of<Spec>(p);
-  const int row_tiles = row_tiles_of<Spec>(p);
-  constexpr int kUnroll = 4;
-  const float2* partials = reinterpret_cast<const float2*>(p.ws_partials);
-  for (int t0 = first; t0 < row_tiles; t0 += kUnroll * step) {
-    float2 pm[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int t = t0 + u * step;
-      pm[u] = t < row_tiles ? partials[static_cast<long long>(t) * Spec::N + n] : float2{};
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int t = t0 + u * step;
-      if (t >= row_tiles) break;
-      const float rows = static_cast<float>(min(Spec::BM, m - t * Spec::BM));
-      chan_merge(cnt, mean, m2, rows, pm[u].x, pm[u].y);
-    }
-  }
-}
 
 // One thread's whole finalize of column n (bn_apply's folded path). `record`: this call is
 // the one per column that updates the running stats and writes the saved stats. `mean_a`

@@ -123,6 +123,14 @@ struct WarpspecGemm {
   static_assert(BM <= 256, "warpspec: a TMA box has at most 256 rows");
   static_assert(BN % (8 * CLUSTER) == 0,
                 "warpspec: the multicast W half must be whole 8-row groups");
+  // A resident run's CTAs each own one tile and meet at a grid barrier: no cluster (a CTA past
+  // M would skip the epilogue that arrives), no pingpong (tiles alternate between groups), and
+  // only the fragment epilogue finishes resident.
+  static_assert(!GridSync<Spec>::value ||
+                    (StatsOnly<Spec>::value && CLUSTER == 1 && !WarpspecPingpong<Spec>::value &&
+                     WarpspecFragmentEpilogue<Spec>::value),
+                "warpspec: GRID_SYNC needs STATS_ONLY, CLUSTER_M = 1, no PINGPONG and the "
+                "fragment epilogue");
 
   static constexpr int kASlab = BM * 128;  // bytes of one K slab of the x tile
   static constexpr int kBSlab = BN * 128;
@@ -564,10 +572,14 @@ struct WarpspecGemm {
     if constexpr (kFragment) FragEpi::drain(etid);
     // Single-pass train with a fixed momentum: nobody reads num_batches_tracked, so one thread
     // bumps it here (cumulative mode launches bump_batches after the GEMM instead).
-    // Recompute's affine pass likewise: it runs after fj_finalize, the counter's last reader.
+    // Recompute's affine pass likewise: it runs after fj_finalize, the counter's last reader. A
+    // resident run (GRID_SYNC): CTA 0 is past the grid barrier here, before which every CTA
+    // read the counter.
     if constexpr ((Spec::TRAIN && Spec::SINGLE_PASS && !Spec::CUMULATIVE) ||
-                  WsAffine<Spec>::value) {
-      if (blockIdx.x == 0 && ctid == 0 && p.num_batches_tracked) *p.num_batches_tracked += 1;
+                  WsAffine<Spec>::value || GridSync<Spec>::value) {
+      const bool bumps = !GridSync<Spec>::value || p.grid_sync;
+      if (bumps && blockIdx.x == 0 && ctid == 0 && p.num_batches_tracked)
+        *p.num_batches_tracked += 1;
     }
   }
 

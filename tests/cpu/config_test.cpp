@@ -60,9 +60,10 @@ TEST_CASE("tf32 on Hopper: train takes 128x256 tiles where they fit, eval 128x12
   for (const auto& s : shapes) {
     const std::int64_t M = s[0];
     CAPTURE(M);
-    // K = 64: the recompute twin (the GEMM twice instead of y's round trip).
+    // K = 64: the recompute twin (the GEMM twice instead of y's round trip), grid_sync as every
+    // warpspec twin without cluster or pingpong is.
     CHECK(default_config(problem(DType::tf32, Mode::train, M, s[1], s[2]), h100).key() ==
-          (s[2] == 64 ? "warpspec.128x256x32.c2.s3.g16.cl1.p1.rc"
+          (s[2] == 64 ? "warpspec.128x256x32.c2.s3.g16.cl1.p1.rc.gs"
                       : "warpspec.128x256x32.c2.s3.g16.cl1.p1"));
     CHECK(default_config(problem(DType::tf32, Mode::eval, M, s[1], s[2]), h100).key() ==
           "warpspec.128x128x32.c2.s6.g8.cl1.p1");
@@ -102,11 +103,12 @@ TEST_CASE("recompute: train's two-pass class only; the heuristic takes it where 
       std::string::npos);
 
   // H100, bf16 (measured, docs/performance.md): at K = 64 the second mainloop costs less than
-  // y's round trip; at K = 512 and above it does not.
+  // y's round trip; at K = 512 and above it does not. 2048x2048x512 fits the GPU at once
+  // (128 tiles of 128x256): its recompute twin runs as one kernel (grid_sync), no second pass.
   CHECK(default_config(problem(DType::bf16, Mode::train, 65536, 256, 64), h100).recompute);
-  for (const auto& s :
-       {std::array<std::int64_t, 3>{2048, 2048, 512}, std::array<std::int64_t, 3>{4096, 4096, 4096},
-        std::array<std::int64_t, 3>{1024, 8192, 8192}}) {
+  CHECK(default_config(problem(DType::bf16, Mode::train, 2048, 2048, 512), h100).grid_sync);
+  for (const auto& s : {std::array<std::int64_t, 3>{4096, 4096, 4096},
+                        std::array<std::int64_t, 3>{1024, 8192, 8192}}) {
     CAPTURE(s[0]);
     CHECK(!default_config(problem(DType::bf16, Mode::train, s[0], s[1], s[2]), h100).recompute);
   }
@@ -118,6 +120,44 @@ TEST_CASE("recompute: train's two-pass class only; the heuristic takes it where 
         any = any || c.recompute;
       CHECK(any == (m == Mode::train && M > 128));
     }
+}
+
+TEST_CASE("grid_sync: recompute's warpspec twins without cluster or pingpong, key suffix .gs") {
+  const Device h100 = Device::for_arch("sm_90a");
+  const Problem train = problem(DType::bf16, Mode::train, 2048, 2048, 512);
+  const KernelConfig gs = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.gs.xm");
+  CHECK((gs.grid_sync && gs.recompute && gs.exact_m && gs.tma_store));
+  CHECK(gs.key() == "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.gs.xm");
+  CHECK(gs.valid_for(train, h100));
+  CHECK_THROWS_AS(KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1.gs.rc"),
+                  InvalidArgument);
+  // Each rule refuses by name.
+  auto refused = [&](const char* key, const char* why) {
+    CAPTURE(key);
+    const std::string got = KernelConfig::parse(key).why_invalid(train, h100);
+    CHECK_MESSAGE(got.find(why) != std::string::npos, got);
+  };
+  refused("warpspec.128x256x64.c2.s4.g16.cl1.p1.gs", "only with recompute");
+  refused("tiled.128x128x32.w2x4.s3.g8.rc.gs", "warpspec only");
+  refused("warpspec.128x256x64.c2.s4.g16.cl2.p1.rc.gs", "cluster");
+  refused("warpspec.128x128x64.c2.s5.g8.cl1.p1.pp.rc.gs", "pingpong");
+  CHECK(!gs.valid_for(problem(DType::bf16, Mode::train, 128, 2048, 512), h100));  // one pass
+  // The twins: every warpspec recompute candidate that can be grid_sync is; none other is.
+  for (const Problem& p : {train, problem(DType::bf16, Mode::train, 65536, 256, 64),
+                           problem(DType::tf32, Mode::train, 4096, 4096, 4096)})
+    for (const KernelConfig& c : candidate_configs(p, h100)) {
+      CAPTURE(c.key());
+      CHECK(c.grid_sync ==
+            (c.recompute && c.variant == Variant::warpspec && c.cluster_m == 1 && !c.pingpong));
+    }
+  // The time model: one kernel where every tile fits at once (1024x4096: 8 x 16 tiles of
+  // 128x256 on 132 SMs), recompute's cost where they do not (4096x4096: 512 tiles).
+  const KernelConfig rc = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc");
+  const KernelConfig one = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.gs");
+  const Problem fits = problem(DType::bf16, Mode::train, 1024, 4096, 4096);
+  const Problem big = problem(DType::bf16, Mode::train, 4096, 4096, 4096);
+  CHECK(estimated_us(fits, h100, one) < estimated_us(fits, h100, rc));
+  CHECK(estimated_us(big, h100, one) == estimated_us(big, h100, rc));
 }
 
 TEST_CASE(

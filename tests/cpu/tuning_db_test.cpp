@@ -481,8 +481,8 @@ TEST_CASE("dispatch: a tuned M serves its layer's whole M class, as the dynamic-
     CHECK(c.source == KernelChoice::Source::m_class);
     CHECK(c.config.key() == kTiled);
   }
-  // 1025..4096 holds only M = 3000, even where M = 1000 is nearer by ratio.
-  c = choose_from_table(t, problem(1100, 256, 512), sm80);
+  // 2049..4096 holds only M = 3000, even where M = 1000 is nearer by ratio.
+  c = choose_from_table(t, problem(2100, 256, 512), sm80);
   CHECK(c.source == KernelChoice::Source::m_class);
   CHECK(c.detail.find("M = 3000") != std::string::npos);
   // Another layer (N differs) never counts as the same class.

@@ -92,14 +92,15 @@ std::string recipe_key(const Problem& p, const PlanOptions& o, CUcontext ctx) {
   if (o.config) {
     // Every field: a forced config that differs in one flag is another recipe (recompute was
     // missing here, so a forced .rc config could be served the plain one's recipe). The
-    // static_assert makes a new field fail to compile until it is listed.
+    // static_assert makes a new field fail to compile until it is listed (a bool that fits the
+    // padding does not change the size: grid_sync did not; check the list by hand too).
     const KernelConfig& c = *o.config;
     static_assert(sizeof(KernelConfig) == 48,
                   "KernelConfig changed: list every field in recipe_key, then update the size");
     for (const int v :
          {static_cast<int>(c.variant), c.bm, c.bn, c.bk, c.warps_m, c.warps_n, c.stages, c.group_m,
           c.cluster_m, int(c.persistent), int(c.pingpong), int(c.tma_store), c.split_k,
-          int(c.exact_m), int(c.recompute), int(c.pad_operands)})
+          int(c.exact_m), int(c.recompute), int(c.pad_operands), int(c.grid_sync)})
       append_bytes(key, v);
   }
   key += o.cache_dir;
@@ -155,6 +156,11 @@ std::shared_ptr<const PlanRecipe> make_recipe(const Problem& problem, const Plan
   r->workspace = workspace_layout(problem, config);
   r->shape = run_shape(*r->core, problem.M, r->workspace);
   r->kernel_names = r->reference ? r->reference->kernel_names() : schedule(problem, config).kernels;
+  if (r->shape.grid_sync) {
+    // A resident run of M rows: the GEMM finishes alone (recompute's passes are its fallback).
+    std::erase(r->kernel_names, std::string("fj_finalize"));
+    std::erase(r->kernel_names, std::string("fj_gemm_affine"));
+  }
   return r;
 }
 

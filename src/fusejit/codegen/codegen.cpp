@@ -158,6 +158,8 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   // Likewise only recompute sets name STATS_ONLY (fj_gemm stores no y) and SpecAffine, the
   // second pass: eval mode's GEMM with the finalize's coefficients (WS_AFFINE).
   if (c.recompute) t += "  static constexpr bool STATS_ONLY = true;\n";
+  // And only grid_sync sets name GRID_SYNC: their fj_gemm may finish a run alone.
+  if (c.grid_sync) t += "  static constexpr bool GRID_SYNC = true;\n";
   // Only padded sets name KP, the padded rows' length in elements (LDX and LDW stay the
   // caller's: the copy kernel reads them; the GEMM's tensor maps carry KP).
   if (c.pad_operands) t += fmt::format("  static constexpr int KP = {};\n", padded_row_elements(p));
@@ -166,6 +168,7 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
     t += "struct SpecAffine : Spec {\n"
          "  static constexpr bool TRAIN = false, SINGLE_PASS = false, STATS_ONLY = false;\n"
          "  static constexpr bool WS_AFFINE = true;\n";
+    if (c.grid_sync) t += "  static constexpr bool GRID_SYNC = false;\n";
     if (ws)
       t += fmt::format("  static constexpr int SMEM_BYTES = {};\n",
                        c.smem_bytes(recompute_affine_problem(p)));

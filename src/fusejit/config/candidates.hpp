@@ -34,17 +34,18 @@ Problem padded_operands_problem(Problem p);
 // M classes: the ranges of M for which the dispatch makes one choice of config, so that the
 // batch sizes of one layer share a few kernel sets (M is a run-time value in them, codegen.hpp)
 // instead of compiling one each. Bounds (inclusive upper): 64 and 128, the two tile heights,
-// below which train mode runs in one pass; 256; 1024; 4096; 16384; then everything larger. Each
-// class spans at most a factor 4 of M, inside which the heuristic's time model (waves of tiles)
-// ranks the configs alike, and each lies inside one schedule class (BM and 8 BM are class
-// bounds), so a class needs at most one kernel set and M = 1..8192 at most six.
+// below which train mode runs in one pass; 256; 1024; 2048 (where grid_sync stops fitting a
+// 2048-wide layer on an H100); 4096; 16384; then everything larger. Each class spans at most a
+// factor 4 of M, inside which the heuristic's time model (waves of tiles) ranks the configs
+// alike, and each lies inside one schedule class (BM and 8 BM are class bounds), so a class
+// needs at most one kernel set and M = 1..8192 at most seven.
 struct MClass {
   std::int64_t lo = 1, hi = 1;  // inclusive
   // The M the heuristic ranks configs at: the class's largest (the top class: 65536).
   std::int64_t representative() const;
 };
 MClass m_class(std::int64_t M);
-inline constexpr int kMaxMClassesUpTo8192 = 6;
+inline constexpr int kMaxMClassesUpTo8192 = 7;
 
 // A rough time model (waves x tile time + extra passes) that orders candidates until the
 // autotuner measures them.

@@ -254,6 +254,12 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
       return fmt::format("recompute: M = {} rows fit one tile (bm = {}), which runs in one pass",
                          p.M, bm);
   }
+  if (grid_sync) {
+    if (!recompute) return "grid_sync: only with recompute (its kernels run when tiles do not fit)";
+    if (variant != Variant::warpspec) return "grid_sync: warpspec only";
+    if (cluster_m != 1) return "grid_sync: not with clusters (cluster_m must be 1)";
+    if (pingpong) return "grid_sync: not with pingpong (one tile per CTA)";
+  }
   if (const std::int64_t kt = k_tiles(p, bk); split_k > kt)
     return fmt::format(
         "split_k {} exceeds the {} k tiles of K = {} (BK = {}): a split would be empty", split_k,
@@ -276,8 +282,9 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
 }
 
 std::string KernelConfig::key() const {
-  const std::string tail = fmt::format("{}{}{}", pad_operands ? ".pad" : "", recompute ? ".rc" : "",
-                                       exact_m ? ".xm" : "");
+  const std::string tail =
+      fmt::format("{}{}{}{}", pad_operands ? ".pad" : "", recompute ? ".rc" : "",
+                  grid_sync ? ".gs" : "", exact_m ? ".xm" : "");
   if (variant == Variant::tiled)
     return fmt::format("tiled.{}x{}x{}.w{}x{}.s{}.g{}{}{}", bm, bn, bk, warps_m, warps_n, stages,
                        group_m, split_k != 1 ? fmt::format(".k{}", split_k) : "", tail);
@@ -319,6 +326,8 @@ KernelConfig KernelConfig::parse(std::string_view whole) {
   std::string_view key = whole;
   c.exact_m = key.ends_with(".xm");
   if (c.exact_m) key.remove_suffix(3);
+  c.grid_sync = key.ends_with(".gs");
+  if (c.grid_sync) key.remove_suffix(3);
   c.recompute = key.ends_with(".rc");
   if (c.recompute) key.remove_suffix(3);
   c.pad_operands = key.ends_with(".pad");
@@ -556,9 +565,15 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c) {
     us += 3.0 + 2.0 * double(p.M + p.N) * double(p.K) * storage_bytes(p.dtype) / 2.5e12 * 1e6;
   }
   if (p.mode == Mode::train && p.M > c.bm) {
-    // recompute: the finalize's launch and the GEMM again, whose statistics epilogue costs
-    // about what storing a tile does (~2 us per tile and CTA on H100, docs/performance.md)
-    if (c.recompute)
+    // grid_sync with every tile resident: one kernel, whose grid barrier and per-column merge of
+    // the partials cost a few microseconds. Otherwise recompute: the finalize's launch and the
+    // GEMM again, whose statistics epilogue costs about what storing a tile does (~2 us per tile
+    // and CTA on H100, docs/performance.md)
+    const bool resident =
+        c.grid_sync && tiles <= double(sms) * per_sm_ctas && (!c.persistent || tiles <= sms);
+    if (resident)
+      us += 3.0;
+    else if (c.recompute)
       us += 3.0 + waves * (wave_us + 2.0 * sharing) + 3.0;
     else  // two more launches and one read + write of y (fj_apply)
       us += 6.0 + 2.0 * double(p.M) * p.N * storage_bytes(p.dtype) / 2.5e12 * 1e6;
@@ -569,13 +584,17 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c) {
 namespace {
 
 // Train's two-pass class: recompute twins (KernelConfig::recompute) of the first `count`
-// configs of `list`, for the time model and the tuner to weigh against storing y twice.
+// configs of `list`, for the time model and the tuner to weigh against storing y twice. Those
+// that can (warpspec, no cluster, no pingpong) are grid_sync as well: such a set runs
+// recompute's kernels whenever a run's tiles do not all fit at once, and one kernel when they
+// do.
 std::vector<KernelConfig> recompute_twins(const std::vector<KernelConfig>& list,
                                           std::size_t count) {
   std::vector<KernelConfig> out;
   for (std::size_t i = 0; i < std::min(count, list.size()); ++i) {
     KernelConfig c = list[i];
     c.recompute = true;
+    c.grid_sync = c.variant == Variant::warpspec && c.cluster_m == 1 && !c.pingpong;
     out.push_back(c);
   }
   return out;
@@ -607,7 +626,10 @@ std::vector<KernelConfig> candidate_configs(const Problem& p, const Device& d) {
 }
 
 MClass m_class(std::int64_t M) {
-  constexpr std::int64_t kBounds[] = {64, 128, 256, 1024, 4096, 16384};
+  // 2048: where many layers' grids stop fitting the GPU at once (N = 2048 in 128x256 tiles on
+  // 132 SMs), which decides whether KernelConfig::grid_sync runs as one kernel; a class that
+  // straddled it would get one config for both sides.
+  constexpr std::int64_t kBounds[] = {64, 128, 256, 1024, 2048, 4096, 16384};
   std::int64_t lo = 1;
   for (const std::int64_t hi : kBounds) {
     if (M <= hi) return {lo, hi};

@@ -36,6 +36,7 @@ namespace fusejit {
   X(cuModuleGetFunction) \
   X(cuFuncSetAttribute) \
   X(cuFuncGetAttribute) \
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
   X(cuLaunchKernel) \
   X(cuLaunchKernelEx) \
   X(cuMemAlloc) \

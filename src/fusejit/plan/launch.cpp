@@ -40,6 +40,10 @@ RunShape run_shape(const PlanCore& c, std::int64_t rows, const WorkspaceLayout& 
   r.exchange = s.exchange;
   r.bump = s.bump;
   r.affine = s.affine;
+  if (s.affine && k.grid_sync && r.gemm_grid == tiles && tiles <= c.resident_ctas) {
+    r.grid_sync = true;
+    r.finalize = r.affine = false;
+  }
   if (s.pad) {
     // One thread per 16-byte unit of W's and x's padded rows, in at most 8 blocks per SM (the
     // kernel's grid-stride loop takes the rest).
@@ -177,6 +181,7 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   prm.m = shape.rows;
   prm.eps = static_cast<float>(c.problem.eps);
   prm.momentum = static_cast<float>(c.problem.momentum.value_or(0.0));
+  prm.grid_sync = shape.grid_sync ? 1 : 0;
   void* args[] = {&prm};
   const auto threads = static_cast<unsigned>(c.config.threads());
   // Test-only (util/fault.hpp): the first launch failing, so nothing of this run is enqueued.
@@ -201,9 +206,21 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
                                         static_cast<unsigned>(smem_bytes), stream, args, nullptr);
     if (r != CUDA_SUCCESS) check(r, fmt::format("cuLaunchKernel({})", name).c_str());
   };
-  // A synchronized rank with no rows has nothing to multiply (a grid of 0 blocks would not
-  // launch).
-  if (shape.gemm) gemm(c.gemm, c.smem_bytes, "fj_gemm");
+  bool finalize = shape.finalize, affine = shape.affine;
+  if (shape.grid_sync) {
+    if (!launch_warpspec(c, shape, stream, prm, gemm_tensors, cache, c.gemm, c.smem_bytes,
+                         "fj_gemm", true)) {
+      // The device cannot hold the grid now after all (another process's or MPS's share of
+      // the SMs): recompute's schedule, which needs no co-residency, gives the same bits.
+      prm.grid_sync = 0;
+      gemm(c.gemm, c.smem_bytes, "fj_gemm");
+      finalize = affine = true;
+    }
+  } else if (shape.gemm) {
+    // A synchronized rank with no rows has nothing to multiply (a grid of 0 blocks would not
+    // launch).
+    gemm(c.gemm, c.smem_bytes, "fj_gemm");
+  }
   // The split-K reduce and the BatchNorm passes go out as programmatic dependent launches on
   // sm_90+ (they wait for the previous kernel inside, see templates/common/grid_dependency.cuh).
   CUlaunchAttribute pdl{};
@@ -234,12 +251,12 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
                            c.rank_finalize_shape.threads, 1, 1, 0, stream, args, nullptr),
           "cuLaunchKernel(fj_rank_finalize)");
   }
-  if (shape.finalize)
+  if (finalize)
     dependent(c.finalize, c.finalize_shape.grid_x, c.finalize_shape.threads,
               "cuLaunchKernelEx(fj_finalize)");
   // An ordinary launch: the GEMM's CTAs must not take SMs while waiting for the finalize, and
   // in stream order it is the counter's last reader's successor (it bumps it).
-  if (shape.affine) gemm(c.gemm_affine, c.gemm_affine_smem_bytes, "fj_gemm_affine");
+  if (affine) gemm(c.gemm_affine, c.gemm_affine_smem_bytes, "fj_gemm_affine");
   if (shape.apply)
     dependent(shape.apply, shape.apply_grid, c.apply_shape.threads, "cuLaunchKernelEx(fj_apply)");
   if (shape.bump) dependent(c.bump, 1, 1, "cuLaunchKernelEx(fj_bump)");

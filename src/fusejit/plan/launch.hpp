@@ -44,7 +44,10 @@ struct RunShape {
   CUfunction apply = nullptr;  // fj_apply, fj_apply_fold, or none
   bool gemm = true;  // false: a synchronized rank with no rows (only the exchange and fj_bump)
   bool finalize = false, exchange = false, bump = false;
-  bool affine = false;        // KernelConfig::recompute: fj_gemm_affine after the finalize
+  bool affine = false;  // KernelConfig::recompute: fj_gemm_affine after the finalize
+  // KernelConfig::grid_sync, and this run's one-CTA-per-tile grid fits the device at once:
+  // fj_gemm goes out alone as a cooperative launch (no finalize, no affine pass).
+  bool grid_sync = false;
   WorkspaceLayout workspace;  // the plan's: sized for its M, of which a run uses a prefix
 };
 // `rows` must lie within what `workspace` was laid out for (Plan::run checks).
@@ -108,9 +111,11 @@ void launch(const PlanCore&, const RunShape& shape, CUstream stream, const Tenso
 // The warpspec GEMM's launch: its TMA descriptors name the run's x, W and y and its rows, so
 // they are encoded on the host (a pure host call: no sync, no allocation) when those change.
 // `gemm`/`smem_bytes`/`name`: fj_gemm's, or (recompute) fj_gemm_affine's, on the same tensor
-// maps.
-void launch_warpspec(const PlanCore&, const RunShape& shape, CUstream stream,
+// maps. `cooperative` (grid_sync): a cooperative launch; false when the driver refuses it as too
+// large for the device as it is now (nothing enqueued: the caller falls back), true when
+// launched. Every other failure throws.
+bool launch_warpspec(const PlanCore&, const RunShape& shape, CUstream stream,
                      const fj::Params& params, const Tensors&, RunCache* cache, CUfunction gemm,
-                     int smem_bytes, const char* name);
+                     int smem_bytes, const char* name, bool cooperative = false);
 
 }  // namespace fusejit

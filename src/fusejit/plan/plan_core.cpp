@@ -36,6 +36,13 @@ std::shared_ptr<const PlanCore> build_plan_core(const Problem& problem, const Ke
   };
   core->gemm = core->module->function("fj_gemm");
   core->smem_bytes = dynamic_smem(core->gemm, "fj_gemm", "fj_smem_bytes");
+  if (config.grid_sync) {
+    int per_sm = 0;
+    FJ_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, core->gemm, config.threads(),
+                                                      static_cast<std::size_t>(core->smem_bytes)));
+    core->resident_ctas =
+        static_cast<unsigned>(per_sm) * static_cast<unsigned>(core->device.sm_count);
+  }
   auto launch_shape = [&](const char* symbol) {
     const std::vector<int> v = core->module->read_ints(symbol, 3);
     return LaunchShape{static_cast<unsigned>(v[0]), static_cast<unsigned>(v[1]),

@@ -3,12 +3,13 @@
 #include "fusejit/device/driver.hpp"
 #include "fusejit/plan/launch.hpp"
 #include "fusejit/plan/tma_descriptor.hpp"
+#include "fusejit/util/fault.hpp"
 
 namespace fusejit {
 
-void launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
+bool launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
                      const fj::Params& params, const Tensors& t, RunCache* cache, CUfunction gemm,
-                     int smem_bytes, const char* name) {
+                     int smem_bytes, const char* name, bool cooperative) {
   WarpspecTensorMaps fresh;
   const WarpspecTensorMaps* maps = &fresh;
   // The cache is taken only when free: a concurrent run of the same plan encodes its own.
@@ -32,17 +33,22 @@ void launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
   const auto threads = static_cast<unsigned>(c.config.threads());
   const auto smem = static_cast<unsigned>(smem_bytes);
   const Driver& d = driver();
-  if (c.config.cluster_m == 1) {
+  if (c.config.cluster_m == 1 && !cooperative) {
     const CUresult r =
         d.cuLaunchKernel(gemm, shape.gemm_grid, 1, 1, threads, 1, 1, smem, stream, args, nullptr);
     if (r != CUDA_SUCCESS) check(r, fmt::format("cuLaunchKernel({})", name).c_str());
-    return;
+    return true;
   }
-  CUlaunchAttribute cluster{};
-  cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-  cluster.value.clusterDim.x = static_cast<unsigned>(c.config.cluster_m);
-  cluster.value.clusterDim.y = 1;
-  cluster.value.clusterDim.z = 1;
+  CUlaunchAttribute attr{};
+  if (cooperative) {
+    attr.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attr.value.cooperative = 1;
+  } else {
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = static_cast<unsigned>(c.config.cluster_m);
+    attr.value.clusterDim.y = 1;
+    attr.value.clusterDim.z = 1;
+  }
   CUlaunchConfig cfg{};
   cfg.gridDimX = shape.gemm_grid;
   cfg.gridDimY = cfg.gridDimZ = 1;
@@ -50,10 +56,17 @@ void launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
   cfg.blockDimY = cfg.blockDimZ = 1;
   cfg.sharedMemBytes = smem;
   cfg.hStream = stream;
-  cfg.attrs = &cluster;
+  cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  const CUresult r = d.cuLaunchKernelEx(&cfg, gemm, args, nullptr);
-  if (r != CUDA_SUCCESS) check(r, fmt::format("cuLaunchKernelEx({}, cluster)", name).c_str());
+  // Test-only (util/fault.hpp): the driver's refusal, without asking it.
+  const CUresult r = cooperative && fault::fire(Fault::cooperative_too_large)
+                         ? CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
+                         : d.cuLaunchKernelEx(&cfg, gemm, args, nullptr);
+  if (r == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE && cooperative) return false;
+  if (r != CUDA_SUCCESS)
+    check(r, fmt::format("cuLaunchKernelEx({}, {})", name, cooperative ? "cooperative" : "cluster")
+                 .c_str());
+  return true;
 }
 
 }  // namespace fusejit

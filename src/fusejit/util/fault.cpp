@@ -13,7 +13,8 @@ namespace fusejit::fault {
 namespace {
 
 constexpr std::array<std::string_view, kFaultCount> kNames = {
-    "nvrtc_compile", "module_load", "kernel_launch", "disk_full", "disk_read_only"};
+    "nvrtc_compile", "module_load",    "kernel_launch",
+    "disk_full",     "disk_read_only", "cooperative_too_large"};
 
 // Bit i: fault i is armed. kEnvPending: FUSEJIT_FAULTS has not been read yet. Kept in one word
 // so that fire() on the fast path is one relaxed load and a test.
@@ -67,7 +68,8 @@ void read_env_locked() {
       if (!f || !ok) {
         log()->warn(
             "FUSEJIT_FAULTS: ignoring '{}' (expected NAME or NAME:COUNT with NAME one of "
-            "nvrtc_compile, module_load, kernel_launch, disk_full, disk_read_only)",
+            "nvrtc_compile, module_load, kernel_launch, disk_full, disk_read_only, "
+            "cooperative_too_large)",
             item);
         continue;
       }

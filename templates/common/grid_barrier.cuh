@@ -1,0 +1,49 @@
+// A barrier across every CTA of a cooperative launch (CU_LAUNCH_ATTRIBUTE_COOPERATIVE: the
+// driver starts the grid only if all of its CTAs can be resident at once, so none waits for an
+// SM that a waiting CTA holds).
+//
+// The barrier counts on the word the driver gives each cooperative launch, not on one in the
+// plan's workspace: callers pass workspaces fresh from their allocators (fusejit.torch does, on
+// every call), and the protocol below needs a word whose low 31 bits start at zero, which a
+// workspace word would only have after a memset per run (one more node in every step). The
+// driver publishes the word's block in %envreg1 (address bits 63..32) and %envreg2 (31..0) as
+// {u32 size; u32 barrier;}: the ABI CUDA's cooperative_groups header builds grid.sync() on,
+// which the driver keeps for every binary compiled with it.
+//
+// Protocol: each CTA adds to the word once per barrier; CTA 0 adds 2^31 - (ctas - 1) and every
+// other CTA 1, so one barrier's adds total 2^31: bit 31 flips when the last CTA arrives, and the
+// low bits are zero again for the next barrier.
+#pragma once
+
+namespace fj {
+
+__device__ __forceinline__ unsigned* cooperative_barrier_word() {
+  unsigned hi, lo;
+  asm volatile("mov.u32 %0, %%envreg1;" : "=r"(hi));
+  asm volatile("mov.u32 %0, %%envreg2;" : "=r"(lo));
+  const unsigned long long block = (static_cast<unsigned long long>(hi) << 32) | lo;
+  // Not a cooperative launch: no word to count on, and waiting would never end.
+  if (block == 0ull) __trap();
+  return reinterpret_cast<unsigned*>(block) + 1;
+}
+
+// Called by one thread of each CTA once the CTA's writes that others must see are ordered
+// before it (a CTA barrier); returns when every CTA of the grid has called it, with their writes
+// visible to this thread (release by each arrival, acquire by the wait) and, after the caller's
+// next CTA barrier, to its whole CTA.
+__device__ __forceinline__ void grid_barrier_arrive_and_wait() {
+  unsigned* word = cooperative_barrier_word();
+  const unsigned ctas = gridDim.x * gridDim.y * gridDim.z;
+  const bool first = (blockIdx.x | blockIdx.y | blockIdx.z) == 0u;
+  const unsigned add = first ? 0x80000000u - (ctas - 1u) : 1u;
+  unsigned before, now;
+  asm volatile("atom.add.release.gpu.u32 %0, [%1], %2;"
+               : "=r"(before)
+               : "l"(word), "r"(add)
+               : "memory");
+  do {
+    asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(now) : "l"(word) : "memory");
+  } while (((before ^ now) & 0x80000000u) == 0u);
+}
+
+}  // namespace fj

@@ -1,0 +1,221 @@
+// KernelConfig::grid_sync (train, warpspec): when a run's tiles all fit on the GPU at once, fj_gemm
+// goes out alone as a cooperative launch, meets at a grid barrier, merges the column partials
+// in fj_finalize's order and stores y itself. It must give the recompute schedule's outputs bit
+// for bit (same partials, same merge order, same affine on the same accumulators), whichever way
+// a run goes:
+//  - resident: proven to be the one-kernel path by the workspace's coefficient region, which
+//    only fj_finalize writes and which must keep its poison;
+//  - a run whose tiles do not fit (a plan made for more rows) and a cooperative launch the
+//    driver refuses (fault injection): recompute's kernels, coefficients written;
+//  - captured in a CUDA graph and replayed, with momentum=None (the counter CTA 0 bumps after
+//    the barrier every CTA read it before).
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "fusejit/device.hpp"
+#include "fusejit/device/context.hpp"
+#include "fusejit/device/device_memory.hpp"
+#include "fusejit/error.hpp"
+#include "fusejit/plan.hpp"
+#include "fusejit/plan/plan_core.hpp"
+#include "fusejit/util/fault.hpp"
+#include "fusejit/verify/verification.hpp"
+#include "gpu_required.hpp"
+#include "test_graph.hpp"
+#include "test_hopper.hpp"
+
+FUSEJIT_GPU_TEST_EXECUTABLE;
+
+using namespace fusejit;
+using fusejit::test::first_different_output;
+using fusejit::test::on_hopper;
+using fusejit::test::replay_captured;
+
+namespace {
+
+Plan forced_plan(const Problem& p, const KernelConfig& config) {
+  PlanOptions po;
+  po.config = config;
+  po.autotune = false;
+  po.use_tuning_db = false;
+  po.allocate_workspace = false;
+  return Plan(p, po);
+}
+
+KernelConfig without_grid_sync(KernelConfig c) {
+  c.grid_sync = false;
+  return c;
+}
+
+struct Outcome {
+  CaseOutputs out;
+  bool coef_written = false;  // fj_finalize ran: the coefficient region lost its poison
+};
+
+// `rows` rows of `in` (a case of in.c.problem.M >= rows rows) through `plan`, outputs and a
+// caller workspace poisoned with 0xFF bytes first.
+Outcome run_rows(const Plan& plan, const CaseInputs& in, std::int64_t rows, bool with_saved) {
+  DeviceCase dc(in, with_saved);
+  DeviceBuffer ws(plan.workspace_size());
+  ws.fill_bytes(0xFF);
+  const Stream st;
+  plan.run(st, dc.tensors(), rows, ws.get(), plan.workspace_size());
+  st.synchronize();
+  Outcome o;
+  o.out = dc.download(rows);
+  const WorkspaceLayout layout = workspace_layout(plan.problem(), plan.config());
+  REQUIRE(layout.coef_bytes > 0);
+  std::vector<unsigned char> coef(layout.coef_bytes);
+  ws.download(coef.data(), coef.size(), layout.coef_offset);
+  for (const unsigned char b : coef) o.coef_written = o.coef_written || b != 0xFF;
+  return o;
+}
+
+// y (and saved) against float64 by the sweep's rule, for `rows` rows of the case.
+void check_against_float64(const CaseInputs& in, const CaseOutputs& got, std::int64_t rows) {
+  SweepCase c = in.c;
+  c.problem.M = rows;
+  CaseInputs sub = in;
+  sub.c = c;
+  const ReferenceOutputs ref = reference_forward(
+      reference_inputs(sub), reference_settings(c.problem, in.num_batches_tracked));
+  const CaseErrors e = compare(sub, got, ref);
+  std::string why;
+  CHECK_MESSAGE(passes(e, sweep_threshold(c.problem.dtype), &why), why);
+}
+
+struct Keyed {
+  const char* dtype;
+  const char* key;
+};
+// Two consumers with TMA stores, thread stores, one consumer and not persistent, tf32, 3xTF32
+// and unaligned rows through the padded copies.
+constexpr Keyed kConfigs[] = {
+    {"bf16", "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.gs"},
+    {"fp16", "warpspec.128x128x64.c2.s5.g8.cl1.p1.rc.gs"},
+    {"bf16", "warpspec.64x128x64.c1.s6.g8.cl1.p0.rc.gs"},
+    {"tf32", "warpspec.128x128x32.c2.s6.g8.cl1.p1.rc.gs"},
+    {"tf32x3", "warpspec.128x128x32.c2.s3.g8.cl1.p1.rc.gs"},
+};
+
+}  // namespace
+
+TEST_CASE("grid_sync: one kernel gives recompute's outputs bit for bit") {
+  primary_context(0);
+  if (!on_hopper()) {
+    MESSAGE("skipped: grid_sync runs the warpspec kernel (sm_90)");
+    return;
+  }
+  const Device dev = Device::current();
+  for (const Keyed& k : kConfigs) {
+    // Tails in M and N; > 8 row tiles; momentum=None; no bias; no affine; a K tail.
+    for (const char* tail : {"", " momentum=none", " nobias noaffine"}) {
+      const std::string line =
+          fmt::format("1100x328x{} {} train{}", std::string(k.dtype).starts_with("tf32") ? 100 : 72,
+                      k.dtype, tail);
+      CAPTURE(line);
+      CAPTURE(k.key);
+      const SweepCase c = parse_sweep_line(line);
+      const KernelConfig gs = KernelConfig::parse(k.key);
+      REQUIRE_MESSAGE(gs.valid_for(c.problem, dev), gs.why_invalid(c.problem, dev));
+      const CaseInputs in = make_case_inputs(c);
+      CAPTURE(in.seed);
+      for (const bool with_saved : {true, false}) {
+        const Outcome one = run_rows(forced_plan(c.problem, gs), in, c.problem.M, with_saved);
+        const Outcome three =
+            run_rows(forced_plan(c.problem, without_grid_sync(gs)), in, c.problem.M, with_saved);
+        CHECK_MESSAGE(!one.coef_written, "the resident run launched fj_finalize");
+        CHECK(three.coef_written);
+        CHECK(first_different_output(one.out, three.out) == "");
+        CHECK(one.out.saved.empty() != with_saved);
+        check_against_float64(in, one.out, c.problem.M);
+      }
+    }
+  }
+  // Unaligned rows (K odd in bf16): the copy kernel first, then the resident GEMM.
+  const std::string line = "1000x1001x1003 bf16 train";
+  CAPTURE(line);
+  const SweepCase c = parse_sweep_line(line);
+  const KernelConfig gs = KernelConfig::parse("warpspec.64x128x64.c1.s6.g8.cl1.p1.pad.rc.gs");
+  REQUIRE_MESSAGE(gs.valid_for(c.problem, dev), gs.why_invalid(c.problem, dev));
+  const CaseInputs in = make_case_inputs(c);
+  const Outcome one = run_rows(forced_plan(c.problem, gs), in, c.problem.M, true);
+  const Outcome three =
+      run_rows(forced_plan(c.problem, without_grid_sync(gs)), in, c.problem.M, true);
+  CHECK(!one.coef_written);
+  CHECK(first_different_output(one.out, three.out) == "");
+  check_against_float64(in, one.out, c.problem.M);
+}
+
+TEST_CASE("grid_sync: runs that cannot be resident take recompute's kernels, same bits") {
+  primary_context(0);
+  if (!on_hopper()) {
+    MESSAGE("skipped: grid_sync runs the warpspec kernel (sm_90)");
+    return;
+  }
+  const Device dev = Device::current();
+  // A plan for 9000 rows of N = 512 in 128x256 tiles: 71 x 2 = 142 tiles, more than one per SM
+  // of an H100 (132) or H200; 2000 rows (32 tiles) fit.
+  const std::string line = "9000x512x64 bf16 train momentum=none";
+  CAPTURE(line);
+  const SweepCase c = parse_sweep_line(line);
+  const KernelConfig gs = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.gs");
+  REQUIRE(gs.valid_for(c.problem, dev));
+  const Plan one = forced_plan(c.problem, gs);
+  const Plan three = forced_plan(c.problem, without_grid_sync(gs));
+  const CaseInputs in = make_case_inputs(c);
+  REQUIRE(142 > dev.sm_count);
+  for (const std::int64_t rows : {std::int64_t{2000}, c.problem.M}) {
+    CAPTURE(rows);
+    const Outcome a = run_rows(one, in, rows, true);
+    const Outcome b = run_rows(three, in, rows, true);
+    CHECK(a.coef_written == (rows == c.problem.M));
+    CHECK(b.coef_written);
+    CHECK(first_different_output(a.out, b.out) == "");
+    check_against_float64(in, a.out, rows);
+  }
+  // The driver refusing the cooperative launch (as with SMs held elsewhere): the same run falls
+  // back, and says nothing.
+  fault::disarm_all();
+  const int before = fault::fired(Fault::cooperative_too_large);
+  fault::arm(Fault::cooperative_too_large, 1);
+  const Outcome refused = run_rows(one, in, 2000, true);
+  fault::disarm_all();
+  CHECK(fault::fired(Fault::cooperative_too_large) == before + 1);
+  CHECK(refused.coef_written);
+  const Outcome resident = run_rows(one, in, 2000, true);
+  CHECK(!resident.coef_written);
+  CHECK(first_different_output(refused.out, resident.out) == "");
+}
+
+TEST_CASE("grid_sync: a captured resident run replays, counting every batch once") {
+  primary_context(0);
+  if (!on_hopper()) {
+    MESSAGE("skipped: grid_sync runs the warpspec kernel (sm_90)");
+    return;
+  }
+  // momentum=None: each replay's factor reads the counter the previous replay bumped.
+  const std::string line = "1500x256x64 bf16 train momentum=none";
+  CAPTURE(line);
+  const SweepCase c = parse_sweep_line(line);
+  const KernelConfig gs = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.gs");
+  const CaseInputs in = make_case_inputs(c);
+  constexpr int kReplays = 3;
+  std::vector<CaseOutputs> outs;
+  for (const KernelConfig& config : {gs, without_grid_sync(gs)}) {
+    const Plan plan = forced_plan(c.problem, config);
+    DeviceCase dc(in, true);
+    DeviceBuffer ws(plan.workspace_size());
+    const Stream st;
+    replay_captured(
+        st, [&] { plan.run(st, dc.tensors(), ws.get(), plan.workspace_size()); }, kReplays);
+    outs.push_back(dc.download());
+  }
+  CHECK(outs[0].num_batches_tracked == in.num_batches_tracked + kReplays);
+  CHECK(first_different_output(outs[0], outs[1]) == "");
+}
