@@ -273,3 +273,28 @@ TEST_CASE("pad_operands: the copy kernel runs first, and only padded sets name K
   CHECK(plain.text.find("KP") == std::string::npos);
   CHECK(plain.text.find("pad_operands") == std::string::npos);
 }
+
+TEST_CASE("grid_sync: recompute's kernel set, its fj_gemm alone names GRID_SYNC, compiles") {
+  Problem p = problem();
+  p.mode = Mode::train;
+  p.M = 2048;
+  const KernelConfig gs = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.gs");
+  KernelConfig rc = gs;
+  rc.grid_sync = false;
+  // The same kernels as recompute (its fallback), whatever the rows.
+  CHECK(kernel_set(p, gs) == kernel_set(p, rc));
+  for (const std::int64_t rows : {std::int64_t{200}, p.M})
+    CHECK(schedule(p, gs, rows).kernels == schedule(p, rc, rows).kernels);
+  const KernelSource src = generate(p, gs);
+  // Spec says GRID_SYNC; SpecAffine, the fallback's second pass, must not inherit it.
+  const auto spec = src.text.find("struct Spec {");
+  const auto affine = src.text.find("struct SpecAffine : Spec {");
+  REQUIRE(spec != std::string::npos);
+  REQUIRE(affine != std::string::npos);
+  const auto on = src.text.find("static constexpr bool GRID_SYNC = true;");
+  const auto off = src.text.find("static constexpr bool GRID_SYNC = false;");
+  CHECK((on > spec && on < affine));
+  CHECK(off > affine);
+  CHECK(generate(p, rc).text.find("GRID_SYNC") == std::string::npos);
+  CHECK(compile(src, "sm_90a").binary.size() > 0);
+}

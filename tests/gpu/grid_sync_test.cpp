@@ -219,3 +219,36 @@ TEST_CASE("grid_sync: a captured resident run replays, counting every batch once
   CHECK(outs[0].num_batches_tracked == in.num_batches_tracked + kReplays);
   CHECK(first_different_output(outs[0], outs[1]) == "");
 }
+
+TEST_CASE("grid_sync: resident runs on two streams at once each meet only their own grid") {
+  primary_context(0);
+  if (!on_hopper()) {
+    MESSAGE("skipped: grid_sync runs the warpspec kernel (sm_90)");
+    return;
+  }
+  // Two plans of 16 tiles each, so both grids fit at once: each cooperative launch must count
+  // its own CTAs (the driver's barrier word per launch), or a barrier would pass early or never.
+  const KernelConfig gs = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.gs");
+  const SweepCase a = parse_sweep_line("1000x512x64 bf16 train");
+  const SweepCase b = parse_sweep_line("1020x512x128 bf16 train momentum=none");
+  const CaseInputs in_a = make_case_inputs(a), in_b = make_case_inputs(b);
+  const Plan plan_a = forced_plan(a.problem, gs), plan_b = forced_plan(b.problem, gs);
+  // Alone first: the expected bits.
+  const Outcome alone_a = run_rows(plan_a, in_a, a.problem.M, true);
+  const Outcome alone_b = run_rows(plan_b, in_b, b.problem.M, true);
+  REQUIRE(!alone_a.coef_written);
+  REQUIRE(!alone_b.coef_written);
+  // Then 20 times each, interleaved on two streams, from the same starting state every time.
+  DeviceBuffer ws_a(plan_a.workspace_size()), ws_b(plan_b.workspace_size());
+  const Stream sa, sb;
+  for (int i = 0; i < 20; ++i) {
+    CAPTURE(i);
+    DeviceCase da(in_a, true), db(in_b, true);
+    plan_a.run(sa, da.tensors(), ws_a.get(), plan_a.workspace_size());
+    plan_b.run(sb, db.tensors(), ws_b.get(), plan_b.workspace_size());
+    sa.synchronize();
+    sb.synchronize();
+    CHECK(first_different_output(da.download(), alone_a.out) == "");
+    CHECK(first_different_output(db.download(), alone_b.out) == "");
+  }
+}
