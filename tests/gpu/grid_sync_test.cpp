@@ -8,12 +8,17 @@
 //  - a run whose tiles do not fit (a plan made for more rows) and a cooperative launch the
 //    driver refuses (fault injection): recompute's kernels, coefficients written;
 //  - captured in a CUDA graph and replayed, with momentum=None (the counter CTA 0 bumps after
-//    the barrier every CTA read it before).
+//    the barrier every CTA read it before);
+//  - strided x, columns whose mean is far above their spread, and two resident plans on two
+//    streams at once.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -135,6 +140,35 @@ TEST_CASE("grid_sync: one kernel gives recompute's outputs bit for bit") {
         CHECK(one.out.saved.empty() != with_saved);
         check_against_float64(in, one.out, c.problem.M);
       }
+    }
+  }
+  // Strided x (ldx > K), and columns whose mean is ~1000 times their spread (x ~ 1000 + N(0,1),
+  // where a lost digit in the merge would show): still recompute's bits, and no NaN.
+  {
+    const std::string line = "1100x328x72 bf16 train ldx=88";
+    CAPTURE(line);
+    const SweepCase c = parse_sweep_line(line);
+    const KernelConfig gs = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.gs");
+    REQUIRE(gs.valid_for(c.problem, dev));
+    for (const bool large_mean : {false, true}) {
+      CAPTURE(large_mean);
+      CaseInputs in = make_case_inputs(c);
+      if (large_mean) {
+        std::mt19937_64 rng(in.seed);
+        std::normal_distribution<double> normal;
+        for (std::int64_t m = 0; m < c.problem.M; ++m)
+          for (std::int64_t k = 0; k < c.problem.K; ++k)
+            in.x.set(static_cast<std::size_t>(m * c.problem.lda_x() + k),
+                     static_cast<float>(1000.0 + normal(rng)));
+      }
+      const Outcome one = run_rows(forced_plan(c.problem, gs), in, c.problem.M, true);
+      const Outcome three =
+          run_rows(forced_plan(c.problem, without_grid_sync(gs)), in, c.problem.M, true);
+      CHECK(!one.coef_written);
+      CHECK(first_different_output(one.out, three.out) == "");
+      CHECK(std::count_if(one.out.y.begin(), one.out.y.end(),
+                          [](double v) { return !std::isfinite(v); }) == 0);
+      if (!large_mean) check_against_float64(in, one.out, c.problem.M);
     }
   }
   // Unaligned rows (K odd in bf16): the copy kernel first, then the resident GEMM.
