@@ -285,6 +285,19 @@ TEST_CASE("grid_sync: recompute's kernel set, its fj_gemm alone names GRID_SYNC,
   CHECK(kernel_set(p, gs) == kernel_set(p, rc));
   for (const std::int64_t rows : {std::int64_t{200}, p.M})
     CHECK(schedule(p, gs, rows).kernels == schedule(p, rc, rows).kernels);
+  // Given the device's capacity (PlanCore::resident_tiles): fj_gemm alone up to that many
+  // tiles, recompute's kernels beyond. 2048 rows x 200 columns in 128x256 tiles: 16 tiles.
+  CHECK(schedule(p, gs, p.M, 16).kernels == std::vector<std::string>{"fj_gemm"});
+  CHECK(schedule_flags(p, gs, p.M, 16).grid_sync);
+  CHECK(schedule(p, gs, p.M, 15).kernels == schedule(p, rc, p.M).kernels);
+  CHECK(schedule(p, gs, 1920, 15).kernels == std::vector<std::string>{"fj_gemm"});  // 15 tiles
+  CHECK(schedule(p, rc, p.M, 132).kernels == schedule(p, rc, p.M).kernels);         // not grid_sync
+  // The capacity rule: one tile per CTA; a persistent grid has at most one CTA per SM.
+  CHECK(resident_tiles(gs, 2, 132) == 132);  // gs is persistent
+  KernelConfig gs_p0 = gs;
+  gs_p0.persistent = false;
+  CHECK(resident_tiles(gs_p0, 2, 132) == 264);
+  CHECK(resident_tiles(rc, 2, 132) == 0);
   const KernelSource src = generate(p, gs);
   // Spec says GRID_SYNC; SpecAffine, the fallback's second pass, must not inherit it.
   const auto spec = src.text.find("struct Spec {");

@@ -155,12 +155,9 @@ std::shared_ptr<const PlanRecipe> make_recipe(const Problem& problem, const Plan
   }
   r->workspace = workspace_layout(problem, config);
   r->shape = run_shape(*r->core, problem.M, r->workspace);
-  r->kernel_names = r->reference ? r->reference->kernel_names() : schedule(problem, config).kernels;
-  if (r->shape.grid_sync) {
-    // A resident run of M rows: the GEMM finishes alone (recompute's passes are its fallback).
-    std::erase(r->kernel_names, std::string("fj_finalize"));
-    std::erase(r->kernel_names, std::string("fj_gemm_affine"));
-  }
+  r->kernel_names = r->reference
+                        ? r->reference->kernel_names()
+                        : schedule(problem, config, problem.M, r->core->resident_tiles).kernels;
   return r;
 }
 

@@ -34,7 +34,8 @@ const char* b(bool v) {
 
 }  // namespace
 
-KernelSchedule schedule_flags(const Problem& p, const KernelConfig& c, std::int64_t rows) {
+KernelSchedule schedule_flags(const Problem& p, const KernelConfig& c, std::int64_t rows,
+                              unsigned resident_tiles) {
   KernelSchedule s;
   s.split_k = c.variant == Variant::tiled && c.split_k > 1;
   s.pad = c.pad_operands;
@@ -56,14 +57,20 @@ KernelSchedule schedule_flags(const Problem& p, const KernelConfig& c, std::int6
   // The affine GEMM is an ordinary launch after fj_finalize, the last reader of the counter, so
   // it bumps it itself.
   s.affine = !s.single_pass && c.recompute;
+  const std::int64_t tiles = (rows + c.bm - 1) / c.bm * ((p.N + c.bn - 1) / c.bn);
+  if (s.affine && c.grid_sync && tiles <= static_cast<std::int64_t>(resident_tiles)) {
+    s.grid_sync = true;
+    s.finalize = s.affine = false;
+  }
   // momentum=None: every reader of num_batches_tracked must finish before it is bumped, which
   // the GEMM's (single-pass) or fj_apply_fold's own increment cannot promise.
   s.bump = (s.single_pass || s.fold_finalize) && !p.momentum;
   return s;
 }
 
-KernelSchedule schedule(const Problem& p, const KernelConfig& c, std::int64_t rows) {
-  KernelSchedule s = schedule_flags(p, c, rows);
+KernelSchedule schedule(const Problem& p, const KernelConfig& c, std::int64_t rows,
+                        unsigned resident_tiles) {
+  KernelSchedule s = schedule_flags(p, c, rows, resident_tiles);
   if (s.pad) s.kernels.push_back("fj_pad_operands");
   if (s.gemm) s.kernels.push_back("fj_gemm");
   if (s.gemm && s.split_k) s.kernels.push_back("fj_splitk_reduce");

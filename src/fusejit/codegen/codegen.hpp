@@ -36,6 +36,10 @@ struct KernelSchedule {
   // KernelConfig::recompute: fj_gemm stores no y (statistics only), fj_finalize folds them, and
   // fj_gemm_affine, the GEMM again, stores y = A a + B and bumps num_batches_tracked.
   bool affine = false;
+  // KernelConfig::grid_sync, and the run's tiles number at most `resident_tiles` (the device's,
+  // config/candidates.hpp): fj_gemm goes out alone as a cooperative launch and finishes the
+  // run; no fj_finalize, no fj_gemm_affine.
+  bool grid_sync = false;
   // Synchronized statistics (Problem::stat_ranks > 0): fj_rank_stats, the all-gather and
   // fj_rank_finalize stand where fj_finalize stands; a run of no rows (an empty rank) launches
   // no GEMM (`gemm` false) and no apply, only the exchange and fj_bump.
@@ -46,10 +50,14 @@ struct KernelSchedule {
   // e.g. {"fj_gemm", "fj_splitk_reduce", "fj_finalize", ...}; fj_pad_operands comes first.
   std::vector<std::string> kernels;
 };
-KernelSchedule schedule(const Problem&, const KernelConfig&, std::int64_t rows);
+// `resident_tiles`: how many tiles the device holds at once for a grid_sync config (the plan's
+// PlanCore::resident_tiles); 0, the default, never runs resident.
+KernelSchedule schedule(const Problem&, const KernelConfig&, std::int64_t rows,
+                        unsigned resident_tiles = 0);
 // The same decisions without the kernel names (allocates nothing): Plan::run(rows) sizes its
 // launches with it on every call.
-KernelSchedule schedule_flags(const Problem&, const KernelConfig&, std::int64_t rows);
+KernelSchedule schedule_flags(const Problem&, const KernelConfig&, std::int64_t rows,
+                              unsigned resident_tiles = 0);
 inline KernelSchedule schedule(const Problem& p, const KernelConfig& c) {
   return schedule(p, c, p.M);
 }

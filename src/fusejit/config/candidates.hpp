@@ -47,6 +47,12 @@ struct MClass {
 MClass m_class(std::int64_t M);
 inline constexpr int kMaxMClassesUpTo8192 = 7;
 
+// KernelConfig::grid_sync: the most tiles a run may have and still run as one kernel. Each CTA
+// must own one tile and all must be resident at once: `ctas_per_sm` x `sm_count`, and for a
+// persistent grid (at most one CTA per SM) `sm_count`. 0 for other configs. The plan passes the
+// module's occupancy (PlanCore::resident_tiles), the time model its estimate of it.
+unsigned resident_tiles(const KernelConfig&, int ctas_per_sm, int sm_count);
+
 // A rough time model (waves x tile time + extra passes) that orders candidates until the
 // autotuner measures them.
 double estimated_us(const Problem&, const Device&, const KernelConfig&);

@@ -507,6 +507,12 @@ std::vector<KernelConfig> warpspec_candidates(const Problem& p) {
 
 }  // namespace
 
+unsigned resident_tiles(const KernelConfig& c, int ctas_per_sm, int sm_count) {
+  if (!c.grid_sync || ctas_per_sm < 1 || sm_count < 1) return 0;
+  const auto sms = static_cast<unsigned>(sm_count);
+  return c.persistent ? sms : static_cast<unsigned>(ctas_per_sm) * sms;
+}
+
 double estimated_us(const Problem& p, const Device& d, const KernelConfig& c) {
   // FLOP/s one SM sustains per math path (H100 measurements, docs/performance.md); only the
   // ratios matter for choosing.
@@ -569,9 +575,7 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c) {
     // the partials cost a few microseconds. Otherwise recompute: the finalize's launch and the
     // GEMM again, whose statistics epilogue costs about what storing a tile does (~2 us per tile
     // and CTA on H100, docs/performance.md)
-    const bool resident =
-        c.grid_sync && tiles <= double(sms) * per_sm_ctas && (!c.persistent || tiles <= sms);
-    if (resident)
+    if (tiles <= resident_tiles(c, per_sm_ctas, sms))
       us += 3.0;
     else if (c.recompute)
       us += 3.0 + waves * (wave_us + 2.0 * sharing) + 3.0;

@@ -34,16 +34,13 @@ RunShape run_shape(const PlanCore& c, std::int64_t rows, const WorkspaceLayout& 
   }
   if (c.splitk_reduce) r.splitk_grid = c.splitk_reduce_shape.grid_x * tiles;
   // Which kernels go out: codegen's schedule, the one rule for it.
-  const KernelSchedule s = schedule_flags(c.problem, c.config, rows);
+  const KernelSchedule s = schedule_flags(c.problem, c.config, rows, c.resident_tiles);
   r.gemm = s.gemm;
   r.finalize = s.finalize;
   r.exchange = s.exchange;
   r.bump = s.bump;
   r.affine = s.affine;
-  if (s.affine && k.grid_sync && r.gemm_grid == tiles && tiles <= c.resident_ctas) {
-    r.grid_sync = true;
-    r.finalize = r.affine = false;
-  }
+  r.grid_sync = s.grid_sync;
   if (s.pad) {
     // One thread per 16-byte unit of W's and x's padded rows, in at most 8 blocks per SM (the
     // kernel's grid-stride loop takes the rest).
@@ -210,8 +207,10 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   if (shape.grid_sync) {
     if (!launch_warpspec(c, shape, stream, prm, gemm_tensors, cache, c.gemm, c.smem_bytes,
                          "fj_gemm", true)) {
-      // The device cannot hold the grid now after all (another process's or MPS's share of
-      // the SMs): recompute's schedule, which needs no co-residency, gives the same bits.
+      // The driver says the device cannot hold the grid at once, though the plan's occupancy
+      // check said it could (never seen on the H100; a device partitioned or shared in ways
+      // the occupancy query does not see could): recompute's schedule, which needs no
+      // co-residency, gives the same bits.
       prm.grid_sync = 0;
       gemm(c.gemm, c.smem_bytes, "fj_gemm");
       finalize = affine = true;

@@ -45,8 +45,8 @@ struct RunShape {
   bool gemm = true;  // false: a synchronized rank with no rows (only the exchange and fj_bump)
   bool finalize = false, exchange = false, bump = false;
   bool affine = false;  // KernelConfig::recompute: fj_gemm_affine after the finalize
-  // KernelConfig::grid_sync, and this run's one-CTA-per-tile grid fits the device at once:
-  // fj_gemm goes out alone as a cooperative launch (no finalize, no affine pass).
+  // KernelSchedule::grid_sync (the run's tiles within PlanCore::resident_tiles): fj_gemm goes out
+  // alone as a cooperative launch (no finalize, no affine pass).
   bool grid_sync = false;
   WorkspaceLayout workspace;  // the plan's: sized for its M, of which a run uses a prefix
 };

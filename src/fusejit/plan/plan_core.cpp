@@ -6,6 +6,7 @@
 
 #include "common/column_stats.h"
 #include "fusejit/compile/compiler.hpp"
+#include "fusejit/config/candidates.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/plan/launch.hpp"
@@ -40,8 +41,7 @@ std::shared_ptr<const PlanCore> build_plan_core(const Problem& problem, const Ke
     int per_sm = 0;
     FJ_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, core->gemm, config.threads(),
                                                       static_cast<std::size_t>(core->smem_bytes)));
-    core->resident_ctas =
-        static_cast<unsigned>(per_sm) * static_cast<unsigned>(core->device.sm_count);
+    core->resident_tiles = resident_tiles(config, per_sm, core->device.sm_count);
   }
   auto launch_shape = [&](const char* symbol) {
     const std::vector<int> v = core->module->read_ints(symbol, 3);

@@ -58,9 +58,9 @@ struct PlanCore {
              apply_fold = nullptr, bump = nullptr, rank_stats = nullptr, rank_finalize = nullptr,
              gemm_affine = nullptr, pad_operands = nullptr;
   int smem_bytes = 0, gemm_affine_smem_bytes = 0;
-  // KernelConfig::grid_sync: how many fj_gemm CTAs the device holds at once (its occupancy per
-  // SM times the SMs); a run whose one-CTA-per-tile grid is larger takes recompute's kernels.
-  unsigned resident_ctas = 0;
+  // KernelConfig::grid_sync: the most tiles a run may have to run as one kernel
+  // (resident_tiles() from fj_gemm's occupancy); a run with more takes recompute's kernels.
+  unsigned resident_tiles = 0;
   // From the module (templates/kernels/splitk_reduce.cuh, bn_*.cuh). grid_x of the split-K
   // reduce is per output tile and of fj_apply per kApplyBlockRows-row slab.
   LaunchShape splitk_reduce_shape, finalize_shape, apply_shape, rank_finalize_shape;
