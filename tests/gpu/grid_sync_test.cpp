@@ -18,7 +18,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -33,23 +32,21 @@
 #include "gpu_required.hpp"
 #include "test_graph.hpp"
 #include "test_hopper.hpp"
+#include "test_inputs.hpp"
 
 FUSEJIT_GPU_TEST_EXECUTABLE;
 
 using namespace fusejit;
 using fusejit::test::first_different_output;
+using fusejit::test::make_x_large_mean;
 using fusejit::test::on_hopper;
 using fusejit::test::replay_captured;
 
 namespace {
 
+// Runs give their own poisoned workspace (run_rows), so the plans have none.
 Plan forced_plan(const Problem& p, const KernelConfig& config) {
-  PlanOptions po;
-  po.config = config;
-  po.autotune = false;
-  po.use_tuning_db = false;
-  po.allocate_workspace = false;
-  return Plan(p, po);
+  return fusejit::test::forced_plan(p, config, false);
 }
 
 KernelConfig without_grid_sync(KernelConfig c) {
@@ -94,6 +91,19 @@ void check_against_float64(const CaseInputs& in, const CaseOutputs& got, std::in
   CHECK_MESSAGE(passes(e, sweep_threshold(c.problem.dtype), &why), why);
 }
 
+// All of `in` through `gs` and through its recompute twin: the resident run leaves the
+// coefficient region poisoned (no fj_finalize), the twin writes it, and every output is the
+// same bits. Returns the resident run's outcome.
+Outcome check_same_as_recompute(const KernelConfig& gs, const CaseInputs& in, bool with_saved) {
+  const Problem& p = in.c.problem;
+  const Outcome one = run_rows(forced_plan(p, gs), in, p.M, with_saved);
+  const Outcome three = run_rows(forced_plan(p, without_grid_sync(gs)), in, p.M, with_saved);
+  CHECK_MESSAGE(!one.coef_written, "the resident run launched fj_finalize");
+  CHECK(three.coef_written);
+  CHECK(first_different_output(one.out, three.out) == "");
+  return one;
+}
+
 struct Keyed {
   const char* dtype;
   const char* key;
@@ -131,12 +141,7 @@ TEST_CASE("grid_sync: one kernel gives recompute's outputs bit for bit") {
       const CaseInputs in = make_case_inputs(c);
       CAPTURE(in.seed);
       for (const bool with_saved : {true, false}) {
-        const Outcome one = run_rows(forced_plan(c.problem, gs), in, c.problem.M, with_saved);
-        const Outcome three =
-            run_rows(forced_plan(c.problem, without_grid_sync(gs)), in, c.problem.M, with_saved);
-        CHECK_MESSAGE(!one.coef_written, "the resident run launched fj_finalize");
-        CHECK(three.coef_written);
-        CHECK(first_different_output(one.out, three.out) == "");
+        const Outcome one = check_same_as_recompute(gs, in, with_saved);
         CHECK(one.out.saved.empty() != with_saved);
         check_against_float64(in, one.out, c.problem.M);
       }
@@ -153,19 +158,8 @@ TEST_CASE("grid_sync: one kernel gives recompute's outputs bit for bit") {
     for (const bool large_mean : {false, true}) {
       CAPTURE(large_mean);
       CaseInputs in = make_case_inputs(c);
-      if (large_mean) {
-        std::mt19937_64 rng(in.seed);
-        std::normal_distribution<double> normal;
-        for (std::int64_t m = 0; m < c.problem.M; ++m)
-          for (std::int64_t k = 0; k < c.problem.K; ++k)
-            in.x.set(static_cast<std::size_t>(m * c.problem.lda_x() + k),
-                     static_cast<float>(1000.0 + normal(rng)));
-      }
-      const Outcome one = run_rows(forced_plan(c.problem, gs), in, c.problem.M, true);
-      const Outcome three =
-          run_rows(forced_plan(c.problem, without_grid_sync(gs)), in, c.problem.M, true);
-      CHECK(!one.coef_written);
-      CHECK(first_different_output(one.out, three.out) == "");
+      if (large_mean) make_x_large_mean(in);
+      const Outcome one = check_same_as_recompute(gs, in, true);
       CHECK(std::count_if(one.out.y.begin(), one.out.y.end(),
                           [](double v) { return !std::isfinite(v); }) == 0);
       if (!large_mean) check_against_float64(in, one.out, c.problem.M);
@@ -178,11 +172,7 @@ TEST_CASE("grid_sync: one kernel gives recompute's outputs bit for bit") {
   const KernelConfig gs = KernelConfig::parse("warpspec.64x128x64.c1.s6.g8.cl1.p1.pad.rc.gs");
   REQUIRE_MESSAGE(gs.valid_for(c.problem, dev), gs.why_invalid(c.problem, dev));
   const CaseInputs in = make_case_inputs(c);
-  const Outcome one = run_rows(forced_plan(c.problem, gs), in, c.problem.M, true);
-  const Outcome three =
-      run_rows(forced_plan(c.problem, without_grid_sync(gs)), in, c.problem.M, true);
-  CHECK(!one.coef_written);
-  CHECK(first_different_output(one.out, three.out) == "");
+  const Outcome one = check_same_as_recompute(gs, in, true);
   check_against_float64(in, one.out, c.problem.M);
 }
 
@@ -193,8 +183,9 @@ TEST_CASE("grid_sync: runs that cannot be resident take recompute's kernels, sam
     return;
   }
   const Device dev = Device::current();
-  // A plan for 9000 rows of N = 512 in 128x256 tiles: 71 x 2 = 142 tiles, more than one per SM
-  // of an H100 (132) or H200; 2000 rows (32 tiles) fit.
+  // A plan for 9000 rows of N = 512 in 128x256 tiles: 71 x 2 = 142 tiles. The config is
+  // persistent, so a resident run has at most one tile per SM (resident_tiles()): 142 is more
+  // than an H100's 132 SMs or an H200's; 2000 rows (32 tiles) fit.
   const std::string line = "9000x512x64 bf16 train momentum=none";
   CAPTURE(line);
   const SweepCase c = parse_sweep_line(line);
@@ -203,7 +194,7 @@ TEST_CASE("grid_sync: runs that cannot be resident take recompute's kernels, sam
   const Plan one = forced_plan(c.problem, gs);
   const Plan three = forced_plan(c.problem, without_grid_sync(gs));
   const CaseInputs in = make_case_inputs(c);
-  REQUIRE(142 > dev.sm_count);
+  REQUIRE((gs.persistent && 142 > dev.sm_count));
   for (const std::int64_t rows : {std::int64_t{2000}, c.problem.M}) {
     CAPTURE(rows);
     const Outcome a = run_rows(one, in, rows, true);

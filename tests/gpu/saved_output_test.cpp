@@ -11,7 +11,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -25,11 +24,14 @@
 #include "gpu_required.hpp"
 #include "test_graph.hpp"
 #include "test_hopper.hpp"
+#include "test_inputs.hpp"
 
 FUSEJIT_GPU_TEST_EXECUTABLE;
 
 using namespace fusejit;
 using fusejit::test::first_different_output;
+using fusejit::test::forced_plan;
+using fusejit::test::make_x_large_mean;
 using fusejit::test::on_hopper;
 using fusejit::test::same_bits;
 
@@ -105,14 +107,6 @@ Run run_once(const Plan& plan, const CaseInputs& in, bool with_saved,
   return r;
 }
 
-Plan forced_plan(const Problem& p, const KernelConfig& config) {
-  PlanOptions po;
-  po.config = config;
-  po.autotune = false;
-  po.use_tuning_db = false;
-  return Plan(p, po);
-}
-
 // `line` (sweep-file syntax) under `key`: saved within `tolerance` of float64 (default: the
 // sweep's threshold for the dtype, which every other figure must meet too); and a second run
 // without saved leaving y, the running and saved stats and the counter the same bits.
@@ -133,14 +127,7 @@ void check_case(const std::string& line, const std::string& key, bool large_mean
   REQUIRE(!plan.uses_reference());
   CaseInputs in = make_case_inputs(c);
   CAPTURE(in.seed);
-  if (large_mean) {
-    std::mt19937_64 rng(in.seed);
-    std::normal_distribution<double> normal;
-    for (std::int64_t m = 0; m < p.M; ++m)
-      for (std::int64_t k = 0; k < p.K; ++k)
-        in.x.set(static_cast<std::size_t>(m * p.lda_x() + k),
-                 static_cast<float>(1000.0 + normal(rng)));
-  }
+  if (large_mean) make_x_large_mean(in);
   const ReferenceInputs ri = reference_inputs(in);
   const std::vector<double> ref_saved = reference_saved(ri, p.mode);
   const double threshold = sweep_threshold(p.dtype);

@@ -1,0 +1,35 @@
+// Helpers of the GPU tests that force a kernel config and draw adversarial inputs. Header-only.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <random>
+
+#include "fusejit/plan.hpp"
+#include "fusejit/verify/verification.hpp"
+
+namespace fusejit::test {
+
+// A plan of exactly `config` (no dispatch, no tuning database). `own_workspace` false: every
+// run must be given a workspace, which lets a test poison it and read it back.
+inline Plan forced_plan(const Problem& p, const KernelConfig& config, bool own_workspace = true) {
+  PlanOptions po;
+  po.config = config;
+  po.autotune = false;
+  po.use_tuning_db = false;
+  po.allocate_workspace = own_workspace;
+  return Plan(p, po);
+}
+
+// x ~ 1000 + N(0, 1) from the case's seed: every column's mean ~1000 times its spread, where a
+// schedule that loses digits in the statistics or in y shows it.
+inline void make_x_large_mean(CaseInputs& in) {
+  const Problem& p = in.c.problem;
+  std::mt19937_64 rng(in.seed);
+  std::normal_distribution<double> normal;
+  for (std::int64_t m = 0; m < p.M; ++m)
+    for (std::int64_t k = 0; k < p.K; ++k)
+      in.x.set(static_cast<std::size_t>(m * p.lda_x() + k),
+               static_cast<float>(1000.0 + normal(rng)));
+}
+
+}  // namespace fusejit::test
