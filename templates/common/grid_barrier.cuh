@@ -7,8 +7,8 @@
 // every call), and the protocol below needs a word whose low 31 bits start at zero, which a
 // workspace word would only have after a memset per run (one more node in every step). The
 // driver publishes the word's block in %envreg1 (address bits 63..32) and %envreg2 (31..0) as
-// {u32 size; u32 barrier;}: the ABI CUDA's cooperative_groups header builds grid.sync() on,
-// which the driver keeps for every binary compiled with it.
+// {u32 size; u32 barrier;}: the ABI that CUDA's cooperative_groups header compiles grid.sync()
+// into user binaries with, so a driver must keep it for those binaries to work.
 //
 // Protocol: each CTA adds to the word once per barrier; CTA 0 adds 2^31 - (ctas - 1) and every
 // other CTA 1, so one barrier's adds total 2^31: bit 31 flips when the last CTA arrives, and the

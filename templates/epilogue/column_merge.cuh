@@ -56,7 +56,8 @@ __device__ __forceinline__ void merge_row_tiles(const Params& p, int n, int firs
 // ones. The same operations on the same values as merge_column_partials in bn_finalize.cuh,
 // where the groups run on separate threads. Here eight groups advance together, so their
 // loads go out at once: a thread then waits on L2 once per eight groups' tiles rather than
-// once per group (the resident GEMM runs this on its critical path).
+// once per group. The resident GEMM runs this on its critical path: on H100, 2048x2048x512 bf16
+// train went from 0.0168 to 0.0155 ms with it (two device calls, docs/performance.md).
 template <class Spec>
 __device__ __forceinline__ void merge_column_in_finalize_order(const Params& p, int n, float& cnt,
                                                                float& mean, float& m2) {

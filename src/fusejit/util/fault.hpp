@@ -23,8 +23,8 @@ enum class Fault {
   disk_full,       // write_file_atomically: a write after the first part fails with ENOSPC
   disk_read_only,  // write_file_atomically: creating the temp file fails with EACCES
   // Plan::run of a grid_sync plan: the driver refuses the cooperative launch as too large
-  // (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE), as it would where another process or MPS holds
-  // SMs; the run falls back to recompute's kernels.
+  // (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE), which the occupancy check of the plan should
+  // prevent and was never seen on the H100; the run falls back to recompute's kernels.
   cooperative_too_large,
 };
 inline constexpr int kFaultCount = 6;
