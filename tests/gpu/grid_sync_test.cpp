@@ -22,7 +22,6 @@
 #include <vector>
 
 #include "fusejit/device.hpp"
-#include "fusejit/device/context.hpp"
 #include "fusejit/device/device_memory.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/plan.hpp"
@@ -121,11 +120,7 @@ constexpr Keyed kConfigs[] = {
 }  // namespace
 
 TEST_CASE("grid_sync: one kernel gives recompute's outputs bit for bit") {
-  primary_context(0);
-  if (!on_hopper()) {
-    MESSAGE("skipped: grid_sync runs the warpspec kernel (sm_90)");
-    return;
-  }
+  if (!on_hopper()) return;  // grid_sync runs the warpspec kernel
   const Device dev = Device::current();
   for (const Keyed& k : kConfigs) {
     // Tails in M and N; > 8 row tiles; momentum=None; no bias; no affine; a K tail.
@@ -177,11 +172,7 @@ TEST_CASE("grid_sync: one kernel gives recompute's outputs bit for bit") {
 }
 
 TEST_CASE("grid_sync: runs that cannot be resident take recompute's kernels, same bits") {
-  primary_context(0);
-  if (!on_hopper()) {
-    MESSAGE("skipped: grid_sync runs the warpspec kernel (sm_90)");
-    return;
-  }
+  if (!on_hopper()) return;  // grid_sync runs the warpspec kernel
   const Device dev = Device::current();
   // A plan for 9000 rows of N = 512 in 128x256 tiles: 71 x 2 = 142 tiles. The config is
   // persistent, so a resident run has at most one tile per SM (resident_tiles()): 142 is more
@@ -219,11 +210,7 @@ TEST_CASE("grid_sync: runs that cannot be resident take recompute's kernels, sam
 }
 
 TEST_CASE("grid_sync: a captured resident run replays, counting every batch once") {
-  primary_context(0);
-  if (!on_hopper()) {
-    MESSAGE("skipped: grid_sync runs the warpspec kernel (sm_90)");
-    return;
-  }
+  if (!on_hopper()) return;  // grid_sync runs the warpspec kernel
   // momentum=None: each replay's factor reads the counter the previous replay bumped.
   const std::string line = "1500x256x64 bf16 train momentum=none";
   CAPTURE(line);
@@ -246,11 +233,7 @@ TEST_CASE("grid_sync: a captured resident run replays, counting every batch once
 }
 
 TEST_CASE("grid_sync: resident runs on two streams at once each meet only their own grid") {
-  primary_context(0);
-  if (!on_hopper()) {
-    MESSAGE("skipped: grid_sync runs the warpspec kernel (sm_90)");
-    return;
-  }
+  if (!on_hopper()) return;  // grid_sync runs the warpspec kernel
   // Two plans of 16 tiles each, so both grids fit at once: each cooperative launch must count
   // its own CTAs (the driver's barrier word per launch), or a barrier would pass early or never.
   const KernelConfig gs = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.gs");
