@@ -59,7 +59,8 @@ struct BackwardOptions {
   // for bf16/fp16 with 16-byte aligned rows warpspec ones without clusters, pingpong or TMA
   // store; never split-K or exact_m (InvalidArgument "dx_config" / "dw_config" otherwise).
   // dx = da W is an M x K GEMM reducing over N; dW = da^T x an N x K GEMM reducing over the
-  // run's M. Unset: the heuristic (warpspec where it can run).
+  // run's M. Unset: the tuning database's backward entry for the layer's M class (`fusejit
+  // autotune --backward`), else the heuristic (warpspec where it can run).
   std::optional<KernelConfig> dx_config, dw_config;
 };
 

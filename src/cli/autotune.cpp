@@ -18,6 +18,8 @@
 #include "fusejit/device/context.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
+#include "fusejit/plan/backward_core.hpp"
+#include "fusejit/tune/backward_tuner.hpp"
 #include "fusejit/tune/tuner.hpp"
 #include "fusejit/tune/tuning_db.hpp"
 #include "fusejit/util/durable_file.hpp"
@@ -35,6 +37,7 @@ struct AutotuneArgs {
   std::string cache_dir;
   unsigned compile_threads = 0;
   bool no_reference = false;
+  bool backward = false;
   bool json = false;
   double target_ms = TunerOptions{}.target_ms;
 };
@@ -70,15 +73,32 @@ std::string ms_text(const std::optional<double>& ms) {
   return ms ? fmt::format("{:.4f}", *ms) : std::string("-");
 }
 
-std::string ratio_text(const TuningEntry& e) {
-  return e.reference_ms ? fmt::format("{:.2f}x", e.winner_ms / *e.reference_ms) : std::string("-");
-}
-
 struct Outcome {
   Problem problem;
   std::optional<TuneResult> result;
   std::string failure;
+  // --backward: the heuristic's pair (default_backward_config), which the winner is compared
+  // with; there is no cuBLASLt contender.
+  std::string heuristic;
+  std::optional<double> heuristic_ms() const {
+    if (result)
+      for (const auto& c : result->candidates)
+        if (c.key == heuristic) return c.median_ms;
+    return std::nullopt;
+  }
+  // The winner's time over its yardstick: the cuBLASLt contender's, or with --backward the
+  // heuristic pair's.
+  std::optional<double> ratio() const {
+    const TuningEntry& e = result->entry;
+    const std::optional<double> base = heuristic.empty() ? e.reference_ms : heuristic_ms();
+    return base ? std::optional<double>(e.winner_ms / *base) : std::nullopt;
+  }
 };
+
+std::string ratio_text(const Outcome& o) {
+  const auto r = o.ratio();
+  return r ? fmt::format("{:.2f}x", *r) : std::string("-");
+}
 
 nlohmann::json outcome_json(const Outcome& o) {
   nlohmann::json j;
@@ -101,6 +121,12 @@ nlohmann::json outcome_json(const Outcome& o) {
   j["reference_ms"] = opt(e.reference_ms);
   j["vs_reference"] =
       e.reference_ms ? nlohmann::json(e.winner_ms / *e.reference_ms) : nlohmann::json(nullptr);
+  if (!o.heuristic.empty()) {
+    j["pass"] = "backward";
+    j["heuristic"] = o.heuristic;
+    j["heuristic_ms"] = opt(o.heuristic_ms());
+    j["vs_heuristic"] = opt(o.ratio());
+  }
   j["runner_up"] = e.runner_up.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.runner_up);
   j["runner_up_ms"] = opt(e.runner_up_ms);
   j["best_fused"] = e.best_fused.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.best_fused);
@@ -122,14 +148,14 @@ nlohmann::json outcome_json(const Outcome& o) {
   return j;
 }
 
-void print_summary(const std::vector<Outcome>& outcomes) {
+void print_summary(const std::vector<Outcome>& outcomes, bool backward) {
   std::size_t wp = 7, ww = 6;
   for (const auto& o : outcomes) {
     wp = std::max(wp, label(o.problem).size());
     if (o.result) ww = std::max(ww, o.result->entry.winner.size());
   }
-  fmt::print("\n{:<{}}  {:<{}}  {:>9}  {:>11}  {:>7}  {}\n", "problem", wp, "winner", ww, "ms",
-             "vs cuBLASLt", "tune s", "runner-up");
+  fmt::print("\n{:<{}}  {:<{}}  {:>9}  {:>12}  {:>7}  {}\n", "problem", wp, "winner", ww, "ms",
+             backward ? "vs heuristic" : "vs cuBLASLt", "tune s", "runner-up");
   for (const auto& o : outcomes) {
     if (!o.result) {
       fmt::print("{:<{}}  FAILED: {}\n", label(o.problem), wp,
@@ -137,8 +163,8 @@ void print_summary(const std::vector<Outcome>& outcomes) {
       continue;
     }
     const TuningEntry& e = o.result->entry;
-    fmt::print("{:<{}}  {:<{}}  {:>9.4f}  {:>11}  {:>7.1f}  {}\n", label(o.problem), wp, e.winner,
-               ww, e.winner_ms, ratio_text(e), o.result->seconds,
+    fmt::print("{:<{}}  {:<{}}  {:>9.4f}  {:>12}  {:>7.1f}  {}\n", label(o.problem), wp, e.winner,
+               ww, e.winner_ms, ratio_text(o), o.result->seconds,
                e.runner_up.empty() ? std::string("-")
                                    : fmt::format("{} {} ms", e.runner_up, ms_text(e.runner_up_ms)));
   }
@@ -172,8 +198,9 @@ int run_autotune(const AutotuneArgs& a) {
   std::FILE* progress_out = a.json ? stderr : stdout;
   TuneProgressBar bar(progress_out, problems.size(), ::isatty(::fileno(progress_out)) == 1);
   if (!a.json)
-    fmt::print("autotune: {} problem(s) on {} ({}), database {}\n", problems.size(), dev.name,
-               dev.arch(), db.path().string());
+    fmt::print("autotune{}: {} problem(s) on {} ({}), database {}\n",
+               a.backward ? " --backward" : "", problems.size(), dev.name, dev.arch(),
+               db.path().string());
   std::fflush(stdout);
 
   std::vector<Outcome> outcomes;
@@ -189,13 +216,18 @@ int run_autotune(const AutotuneArgs& a) {
     o.target_ms = a.target_ms;
     o.on_progress = [&bar](const TuneProgress& p) { bar.update(p); };
     try {
-      out.result = tune(problems[i], o);
+      if (a.backward) {
+        out.heuristic = default_backward_config(problems[i], dev).key();
+        out.result = tune_backward(problems[i], o);
+      } else {
+        out.result = tune(problems[i], o);
+      }
       const TuningEntry& e = out.result->entry;
-      bar.finish(fmt::format("{}: {} {:.4f} ms ({} cuBLASLt), runner-up {}, {:.1f} s{}",
-                             label(problems[i]), e.winner, e.winner_ms, ratio_text(e),
-                             e.runner_up.empty() ? std::string("-") : e.runner_up,
-                             out.result->seconds,
-                             out.result->recorded ? "" : " (not recorded: database not writable)"));
+      bar.finish(fmt::format(
+          "{}: {} {:.4f} ms ({} {}), runner-up {}, {:.1f} s{}", label(problems[i]), e.winner,
+          e.winner_ms, ratio_text(out), a.backward ? "the heuristic" : "cuBLASLt",
+          e.runner_up.empty() ? std::string("-") : e.runner_up, out.result->seconds,
+          out.result->recorded ? "" : " (not recorded: database not writable)"));
     } catch (const std::exception& e) {
       out.failure = e.what();
       bar.finish(fmt::format("{}: FAILED: {}", label(problems[i]),
@@ -219,9 +251,10 @@ int run_autotune(const AutotuneArgs& a) {
     for (const auto& o : outcomes) j["results"].push_back(outcome_json(o));
     fmt::print("{}\n", j.dump(2));
   } else {
-    print_summary(outcomes);
-    fmt::print("\ntuning database: {} ({} entries)\n", db.path().string(),
-               db.table()->entries.size());
+    print_summary(outcomes, a.backward);
+    const auto table = db.table();
+    fmt::print("\ntuning database: {} ({} entries, {} backward)\n", db.path().string(),
+               table->entries.size(), table->backward.size());
   }
   return failed ? 1 : 0;
 }
@@ -243,6 +276,9 @@ void add_autotune(CLI::App& app, Action& action) {
                   "Parallel NVRTC compiles (default: one per core)");
   cmd->add_flag("--no-reference", a->no_reference,
                 "Do not time the cuBLASLt reference op as a contender");
+  cmd->add_flag("--backward", a->backward,
+                "Tune BackwardPlan's gradient GEMMs instead (the tiles of dx and dW, timed as "
+                "whole backward runs, verified against the float64 gradients)");
   cmd->add_option("--target-ms", a->target_ms,
                   "Timed work per candidate that survives the early exit, in ms (less: a faster, "
                   "noisier tune)")

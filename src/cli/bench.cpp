@@ -14,6 +14,7 @@
 #include "cli/problem_options.hpp"
 #include "cli/verbs.hpp"
 #include "fusejit/backward.hpp"
+#include "fusejit/codegen/backward_codegen.hpp"
 #include "fusejit/config/candidates.hpp"
 #include "fusejit/device.hpp"
 #include "fusejit/device/context.hpp"
@@ -262,14 +263,9 @@ nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device
   bo.device = a.device;
   bo.cache_dir = a.cache_dir;
   if (!a.backward_config.empty()) {
-    const std::string& k = a.backward_config;
-    const std::size_t dw = k.find(".dw.");
-    if (!k.starts_with("dx.") || dw == std::string::npos)
-      throw InvalidArgument(
-          "backward-config",
-          "expected dx.<config key>.dw.<config key>, as bench prints it; got '" + k + "'");
-    bo.dx_config = KernelConfig::parse(k.substr(3, dw - 3));
-    bo.dw_config = KernelConfig::parse(k.substr(dw + 4));
+    const BackwardConfig forced = BackwardConfig::parse(a.backward_config);
+    bo.dx_config = forced.dx;
+    bo.dw_config = forced.dw;
   }
   const auto t0 = std::chrono::steady_clock::now();
   const BackwardPlan backward(p, bo);

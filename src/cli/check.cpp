@@ -97,7 +97,7 @@ int run_backward_check(const CheckArgs& a, const std::vector<DType>& dtypes,
     try {
       r = check_backward_case(c, o);
       ok = passes(r, sweep_threshold(c.problem.dtype), &why);
-      worst = std::max(worst, r.worst());
+      worst = std::max(worst, r.errors.worst());
     } catch (const std::exception& e) {
       why = e.what();
     }
@@ -106,9 +106,9 @@ int run_backward_check(const CheckArgs& a, const std::vector<DType>& dtypes,
       fmt::print(
           "{} {} [{}] saved {} dx {} dw {} dbias {} dscale {} dgamma {} dbeta {} seed "
           "{:#x}{}{}\n",
-          ok ? "pass" : "FAIL", c.text(), r.config, figure(r.saved), figure(r.dx), figure(r.dw),
-          figure(r.dbias), figure(r.dscale), figure(r.dgamma), figure(r.dbeta), r.seed,
-          why.empty() ? "" : ": ", why);
+          ok ? "pass" : "FAIL", c.text(), r.config, figure(r.errors.saved), figure(r.errors.dx),
+          figure(r.errors.dw), figure(r.errors.dbias), figure(r.errors.dscale),
+          figure(r.errors.dgamma), figure(r.errors.dbeta), r.seed, why.empty() ? "" : ": ", why);
     std::fflush(stdout);
   }
   fmt::print("check --backward: {} cases, {} passed, {} failed; worst error {}\n", cases.size(),

@@ -22,6 +22,7 @@
 #include "fusejit/error.hpp"
 #include "fusejit/plan/backward_core.hpp"
 #include "fusejit/reference/cublaslt_reference.hpp"
+#include "fusejit/tune/backward_tuner.hpp"
 #include "fusejit/tune/dispatch.hpp"
 #include "fusejit/tune/tuner.hpp"
 #include "fusejit/tune/tuning_db.hpp"
@@ -119,6 +120,18 @@ std::vector<Job> database_jobs(const CompileArgs& a, std::string* target,
         if (seen.insert(dev.arch() + "|" + src.name).second)
           jobs.push_back({std::move(src), dev.arch()});
     }
+    // The backward entries' kernel sets, as a BackwardPlan on that arch chooses them.
+    for (const auto& entry : t.backward) {
+      const TuningEntry& e = entry.second;
+      const BackwardChoice choice = choose_backward_from_table(t, e.problem, dev);
+      if (choice.source != KernelChoice::Source::exact)
+        fmt::print("  skip backward {} {} on {}: {}; the plan falls back to {}\n",
+                   format_shape(e.problem.shape()), e.winner, dev.arch(), choice.detail,
+                   choice.config.key());
+      KernelSource src = generate_backward(e.problem, choice.config);
+      if (seen.insert(dev.arch() + "|" + src.name).second)
+        jobs.push_back({std::move(src), dev.arch()});
+    }
   }
   std::string list;
   for (const auto& s : archs) list += (list.empty() ? "" : ", ") + s;
@@ -210,9 +223,14 @@ int run_compile(const CompileArgs& a) {
         for (KernelSource& src : plan_sources(p, choose_from_table(TuningTable{}, p, dev)))
           add(std::move(src));
       }
-      // What a BackwardPlan of the problem loads.
-      if (a.backward && (p.mode == Mode::eval || p.M >= 2))
-        add(generate_backward(p, default_backward_config(p, dev)));
+      // What a BackwardPlan of the problem loads without a tuning entry; with --variant all,
+      // everything `fusejit autotune --backward` times.
+      if (a.backward && (p.mode == Mode::eval || p.M >= 2)) {
+        if (a.variant == "all")
+          for (KernelSource& src : backward_tuning_sources(p, dev)) add(std::move(src));
+        else
+          add(generate_backward(p, default_backward_config(p, dev)));
+      }
     }
     target = arch;
   }

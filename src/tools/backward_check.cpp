@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "fusejit/backward.hpp"
 #include "fusejit/device/context.hpp"
@@ -34,40 +35,11 @@ bool all_nan(const std::vector<double>& v) {
   return std::all_of(v.begin(), v.end(), [](double d) { return std::isnan(d); });
 }
 
-// ||got - ref|| / max(||ref||, ||natural||): relative error, unless cancellation made the
-// reference small against its terms (cpu_backward_reference.hpp, dx_natural).
-double gradient_error(const std::vector<double>& got, const std::vector<double>& ref,
-                      const std::vector<double>& natural) {
-  double n_ref = 0, n_nat = 0;
-  for (double v : ref) n_ref += v * v;
-  for (double v : natural) n_nat += v * v;
-  const double rel = relative_error(got, ref);
-  return n_nat > n_ref && n_ref > 0 ? rel * std::sqrt(n_ref / n_nat) : rel;
-}
-
-double finite_or_inf(double e) {
-  return std::isfinite(e) ? e : INFINITY;
-}
-
 }  // namespace
-
-double BackwardCheckResult::worst() const {
-  return std::max({saved, dx, dw, dbias, dscale, dgamma, dbeta});
-}
 
 bool passes(const BackwardCheckResult& r, double threshold, std::string* why) {
   std::string w;
-  auto figure = [&](double v, const char* name) {
-    if (!(v < threshold))
-      w += fmt::format("{}{} error {:.3g} >= {:.3g}", w.empty() ? "" : "; ", name, v, threshold);
-  };
-  figure(r.saved, "saved");
-  figure(r.dx, "dx");
-  figure(r.dw, "dw");
-  figure(r.dbias, "dbias");
-  figure(r.dscale, "dscale");
-  figure(r.dgamma, "dgamma");
-  figure(r.dbeta, "dbeta");
+  passes(r.errors, threshold, &w);
   if (!r.untouched_ok) w += std::string(w.empty() ? "" : "; ") + "wrote a gradient not asked for";
   if (why) *why = w;
   return w.empty();
@@ -159,52 +131,52 @@ BackwardCheckResult check_backward_case(const SweepCase& layer, const BackwardCh
       backward_reference(p, reference_inputs(in),
                          dy.packed(static_cast<std::size_t>(p.M), static_cast<std::size_t>(p.N),
                                    static_cast<std::size_t>(p.lda_y())));
-  r.saved = finite_or_inf(relative_error(download(saved, st, p.M, p.N, p.lda_y()), ref.saved));
-
-  auto added = [&](std::vector<double> grad, const HostTensor& before, std::int64_t rows,
-                   std::int64_t cols, std::int64_t ld) {
-    if (!o.accumulate) return grad;
+  // What the run left, against the reference. With accumulation the gradients started from
+  // random values: those are added to a copy of the reference, its naturals and its scales.
+  BackwardReferenceOutputs want = ref;
+  BackwardGradients got;
+  got.saved = download(saved, st, p.M, p.N, p.lda_y());
+  auto add_initial = [&](std::vector<double>& v, const HostTensor& before, std::int64_t rows,
+                         std::int64_t cols, std::int64_t ld, bool magnitude) {
     const std::vector<double> b0 =
         before.packed(static_cast<std::size_t>(rows), static_cast<std::size_t>(cols),
                       static_cast<std::size_t>(ld));
-    for (std::size_t i = 0; i < grad.size(); ++i) grad[i] += b0[i];
-    return grad;
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] += magnitude ? std::abs(b0[i]) : b0[i];
   };
-  const std::vector<double> got_dx = download(dx, st, p.M, p.K, p.lda_x());
-  const std::vector<double> got_dw = download(dw, st, p.N, p.K, p.lda_w());
+  if (o.accumulate) {
+    add_initial(want.dw, dw0, p.N, p.K, p.lda_w(), false);
+    add_initial(want.dw_natural, dw0, p.N, p.K, p.lda_w(), false);
+    for (std::vector<double>* v : {&want.dbias, &want.dscale, &want.dgamma, &want.dbeta})
+      add_initial(*v, params0, 1, p.N, p.N, false);
+    for (std::vector<double>* v : {&want.dbias_scale, &want.dscale_scale})
+      add_initial(*v, params0, 1, p.N, p.N, true);
+  }
+  std::vector<double> got_dx = download(dx, st, p.M, p.K, p.lda_x());
+  std::vector<double> got_dw = download(dw, st, p.N, p.K, p.lda_w());
   if (o.want_dx)
-    r.dx = finite_or_inf(gradient_error(got_dx, ref.dx, ref.dx_natural));
+    got.dx = std::move(got_dx);
   else
     r.untouched_ok &= all_nan(got_dx);
   if (o.want_dw)
-    r.dw = finite_or_inf(gradient_error(got_dw, added(ref.dw, dw0, p.N, p.K, p.lda_w()),
-                                        added(ref.dw_natural, dw0, p.N, p.K, p.lda_w())));
+    got.dw = std::move(got_dw);
   else
     r.untouched_ok &= all_nan(got_dw);
-  // dgamma and dbeta by relative error; dbias and dscale against the scale of their terms
-  // (train's dscale is a sum of dy c that may cancel by chance, with c rounded to the storage
-  // type).
-  auto param = [&](const DeviceBuffer& b, const std::vector<double>& want0,
-                   const std::vector<double>* scale, double& out) {
-    const std::vector<double> got = download(b, pd, 1, p.N, p.N);
-    if (!o.want_params || want0.empty()) {
-      r.untouched_ok &= all_nan(got);
-      return;
-    }
-    const std::vector<double> want = added(want0, params0, 1, p.N, p.N);
-    if (!scale) {
-      out = finite_or_inf(relative_error(got, want));
-      return;
-    }
-    std::vector<double> sc = *scale;
-    if (o.accumulate)
-      for (std::size_t i = 0; i < sc.size(); ++i) sc[i] += std::abs(params0.get(i));
-    out = finite_or_inf(scaled_error(got, want, sc));
+  // The parameter gradients the case has and asked for. compare_gradients takes dgamma and
+  // dbeta by relative error, dbias and dscale against the scale of their terms (train's dscale
+  // is a sum of dy c that may cancel by chance, with c rounded to the storage type).
+  auto param = [&](const DeviceBuffer& b, const std::vector<double>& ref_param,
+                   std::vector<double>& out) {
+    std::vector<double> g = download(b, pd, 1, p.N, p.N);
+    if (!o.want_params || ref_param.empty())
+      r.untouched_ok &= all_nan(g);
+    else
+      out = std::move(g);
   };
-  param(dgamma, ref.dgamma, nullptr, r.dgamma);
-  param(dbeta, ref.dbeta, nullptr, r.dbeta);
-  param(dbias, ref.dbias, &ref.dbias_scale, r.dbias);
-  param(dscale, ref.dscale, &ref.dscale_scale, r.dscale);
+  param(dgamma, ref.dgamma, got.dgamma);
+  param(dbeta, ref.dbeta, got.dbeta);
+  param(dbias, ref.dbias, got.dbias);
+  param(dscale, ref.dscale, got.dscale);
+  r.errors = compare_gradients(want, got);
   return r;
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "fusejit/verify/cpu_backward_reference.hpp"
 #include "fusejit/verify/verification.hpp"
 
 namespace fusejit {
@@ -26,16 +27,15 @@ struct BackwardCheckOptions {
 struct BackwardCheckResult {
   std::uint64_t seed = 0;
   std::string config;  // the backward plan's config key
-  // Relative errors (saved, dx, dw, dgamma, dbeta) and errors against the scale of the terms
-  // (dbias, dscale: they cancel to near zero in train mode). 0 for what the case does not have.
-  double saved = 0, dx = 0, dw = 0, dbias = 0, dscale = 0, dgamma = 0, dbeta = 0;
+  // compare_gradients's figures (cpu_backward_reference.hpp); 0 for what the case does not have.
+  BackwardErrors errors;
   bool untouched_ok = true;  // gradients not asked for still hold their poison
-  double worst() const;
 };
 
 BackwardCheckResult check_backward_case(const SweepCase& c, const BackwardCheckOptions& o = {});
 
-// Every figure finite and under `threshold`, nothing written that was not asked for.
+// passes(r.errors, ...) (every figure finite and under `threshold`), and nothing written that
+// was not asked for.
 bool passes(const BackwardCheckResult& r, double threshold, std::string* why = nullptr);
 
 // The built-in backward sweep: every dtype x mode, tails in M, N and K, M = 2, absent

@@ -7,12 +7,15 @@
 #include <algorithm>
 #include <atomic>
 #include <future>
+#include <set>
 #include <thread>
 
 #include "common/backward_shape.h"
 #include "fusejit/codegen/backward_codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
+#include "fusejit/error.hpp"
 #include "fusejit/plan/backward_core.hpp"
+#include "fusejit/tune/backward_tuner.hpp"
 #include "test_nvrtc_jobs.hpp"
 #include "tools/sweep.hpp"
 
@@ -149,4 +152,58 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
   }
   const std::string failures = fusejit::test::compile_jobs(jobs);
   CHECK_MESSAGE(failures.empty(), failures);
+}
+
+TEST_CASE("backward config keys parse back; bad text names the argument") {
+  const Problem p = parse_sweep_line("300x72x40 bf16 train").problem;
+  for (const Device& d : {Device::for_arch("sm_90a"), Device::for_arch("sm_80")}) {
+    const BackwardConfig c = default_backward_config(p, d);
+    CHECK(BackwardConfig::parse(c.key()).key() == c.key());
+  }
+  for (const char* bad : {"", "tiled.128x128x64.w2x2.s3.g8", "dx.tiled.128x128x64.w2x2.s3.g8",
+                          "dx.tiled.fast.dw.tiled.128x128x64.w2x2.s3.g8"}) {
+    CAPTURE(bad);
+    try {
+      BackwardConfig::parse(bad, "winner");
+      FAIL("parsed");
+    } catch (const InvalidArgument& e) {
+      CHECK(e.argument() == "winner");
+    }
+  }
+}
+
+TEST_CASE(
+    "autotune --backward's candidates: the heuristic's pair first, one GEMM varied at a time") {
+  const Device hopper = Device::for_arch("sm_90a");
+  for (const char* line : {"1024x512x768 bf16 train", "300x72x40 fp32 eval"}) {
+    CAPTURE(line);
+    const Problem p = parse_sweep_line(line).problem;
+    const std::vector<BackwardConfig> cs = backward_tuning_configs(p, hopper);
+    const BackwardConfig h = default_backward_config(p, hopper);
+    REQUIRE(cs.size() > 2);
+    CHECK(cs.front().key() == h.key());
+    std::set<std::string> keys, dx, dw;
+    for (const BackwardConfig& c : cs) {
+      CAPTURE(c.key());
+      CHECK(keys.insert(c.key()).second);  // no pair twice
+      // Every pair keeps one of the heuristic's GEMMs and is one a BackwardPlan accepts.
+      CHECK((c.dx.key() == h.dx.key() || c.dw.key() == h.dw.key()));
+      CHECK(grad_gemm_why_invalid(p, c.dx, backward_gemms(p).dx, hopper) == "");
+      CHECK(grad_gemm_why_invalid(p, c.dw, backward_gemms(p).dw, hopper) == "");
+      dx.insert(c.dx.key());
+      dw.insert(c.dw.key());
+    }
+    // Both GEMMs' lists are searched: |dx| + |dw| - 1 pairs.
+    CHECK(dx.size() > 1);
+    CHECK(dw.size() > 1);
+    CHECK(cs.size() == dx.size() + dw.size() - 1);
+    CHECK(dx.size() == grad_gemm_candidates(p, backward_gemms(p).dx, hopper).size());
+    CHECK(dw.size() == grad_gemm_candidates(p, backward_gemms(p).dw, hopper).size());
+    const std::vector<KernelSource> sources = backward_tuning_sources(p, hopper);
+    REQUIRE(sources.size() == cs.size());
+    CHECK(sources.front().name == generate_backward(p, h).name);
+  }
+  Problem one = parse_sweep_line("2x64x64 bf16 train").problem;
+  one.M = 1;  // train backward needs two rows
+  CHECK_THROWS_AS(backward_tuning_configs(one, hopper), InvalidArgument);
 }

@@ -2,13 +2,17 @@
 // central finite differences of L = sum(y * G) taken through the float64 forward reference, in
 // both modes and with every parameter present or absent; degenerate columns (gamma = 0,
 // scale = 0) and columns whose mean dwarfs their spread; the `saved` tensor is what it claims.
+// backward_reference_from_saved (the gradients from what the forward saved, at index subsets)
+// agrees with it, and compare_gradients / passes measure and judge gradients against it.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fusejit/error.hpp"
@@ -444,4 +448,173 @@ TEST_CASE("mismatched problem and inputs are refused, naming the argument") {
   Case eval_no_stats = make_case(4, 3, 2, Mode::eval, true, true, true, 202);
   eval_no_stats.in.running_var.clear();
   CHECK(refused_for(eval_no_stats) == "running_var");
+}
+
+namespace {
+
+// The first, a middle and the last index of [0, count) (fewer when count < 3).
+std::vector<std::int64_t> ends_and_middle(std::int64_t count) {
+  std::vector<std::int64_t> v{0, count / 2, count - 1};
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
+
+// max |got - want| / max |want| over the tensor (0 when both are all zero).
+double subset_error(const std::vector<double>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  double diff = 0, mag = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    diff = std::max(diff, std::abs(got[i] - want[i]));
+    mag = std::max(mag, std::abs(want[i]));
+  }
+  return mag > 0 ? diff / mag : diff;
+}
+
+// `full` ([rows][cols] packed) at the columns `cols` of every row.
+std::vector<double> columns_of(const std::vector<double>& full, std::size_t cols_total,
+                               const std::vector<std::int64_t>& cols) {
+  std::vector<double> v;
+  for (std::size_t r = 0; r < full.size() / cols_total; ++r)
+    for (std::int64_t c : cols) v.push_back(full[r * cols_total + static_cast<std::size_t>(c)]);
+  return v;
+}
+
+// `full` ([rows][width] packed) at the rows `rows`.
+std::vector<double> rows_of(const std::vector<double>& full, std::size_t width,
+                            const std::vector<std::int64_t>& rows) {
+  std::vector<double> v;
+  for (std::int64_t r : rows)
+    for (std::size_t k = 0; k < width; ++k)
+      v.push_back(full[static_cast<std::size_t>(r) * width + k]);
+  return v;
+}
+
+// What the forward saves for `c`, from the float64 forward: saved from backward_reference,
+// save_invstd (train) from reference_forward.
+SavedForward exact_saved(const Case& c, const BackwardReferenceOutputs& ref) {
+  SavedForward f;
+  f.saved = ref.saved;
+  if (c.p.mode == Mode::train)
+    f.save_invstd = reference_forward(c.in, reference_settings(c.p)).save_invstd;
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("backward_reference_from_saved agrees with backward_reference at index subsets") {
+  std::uint64_t seed = 300;
+  double worst = 0;
+  for (auto [M, N, K] : {std::array<std::int64_t, 3>{7, 5, 3}, {33, 17, 9}})
+    for (Mode mode : {Mode::train, Mode::eval})
+      for (int flags = 0; flags < 8; ++flags) {
+        CAPTURE(M);
+        CAPTURE(N);
+        CAPTURE(K);
+        CAPTURE(name(mode));
+        CAPTURE(flags);
+        const auto c = make_case(M, N, K, mode, flags & 1, flags & 2, flags & 4, seed++);
+        const auto ref = backward_reference(c.p, c.in, c.G);
+        const auto cols = ends_and_middle(K), rows = ends_and_middle(N);
+        REQUIRE(cols.size() == 3);
+        REQUIRE(rows.size() == 3);
+        const auto got =
+            backward_reference_from_saved(c.p, c.in, c.G, exact_saved(c, ref), cols, rows);
+        const auto Ks = static_cast<std::size_t>(K);
+        CHECK(got.saved.empty());
+        CHECK(got.dx.size() == static_cast<std::size_t>(M) * cols.size());
+        CHECK(got.dw.size() == rows.size() * Ks);
+        const std::vector<std::pair<const char*, double>> errors = {
+            {"dx", subset_error(got.dx, columns_of(ref.dx, Ks, cols))},
+            {"dx_natural", subset_error(got.dx_natural, columns_of(ref.dx_natural, Ks, cols))},
+            {"dw", subset_error(got.dw, rows_of(ref.dw, Ks, rows))},
+            {"dw_natural", subset_error(got.dw_natural, rows_of(ref.dw_natural, Ks, rows))},
+            {"dbias", subset_error(got.dbias, ref.dbias)},
+            {"dbias_scale", subset_error(got.dbias_scale, ref.dbias_scale)},
+            {"dscale", subset_error(got.dscale, ref.dscale)},
+            {"dscale_scale", subset_error(got.dscale_scale, ref.dscale_scale)},
+            {"dgamma", subset_error(got.dgamma, ref.dgamma)},
+            {"dbeta", subset_error(got.dbeta, ref.dbeta)}};
+        for (const auto& [what, e] : errors) {
+          CAPTURE(what);
+          CHECK(e < 1e-12);
+          worst = std::max(worst, e);
+        }
+        // Present exactly when the parameter is.
+        CHECK(got.dbias.size() == ref.dbias.size());
+        CHECK(got.dscale.size() == ref.dscale.size());
+        CHECK(got.dgamma.size() == ref.dgamma.size());
+        // Every index: the full tensors again (in train invstd comes from the forward's own
+        // GEMM, hence agreement to rounding, not bit for bit).
+        std::vector<std::int64_t> all_k(Ks), all_n(static_cast<std::size_t>(N));
+        for (std::size_t k = 0; k < all_k.size(); ++k) all_k[k] = static_cast<std::int64_t>(k);
+        for (std::size_t n = 0; n < all_n.size(); ++n) all_n[n] = static_cast<std::int64_t>(n);
+        const auto whole =
+            backward_reference_from_saved(c.p, c.in, c.G, exact_saved(c, ref), all_k, all_n);
+        CHECK(subset_error(whole.dx, ref.dx) < 1e-12);
+        CHECK(subset_error(whole.dw, ref.dw) < 1e-12);
+      }
+  MESSAGE("from_saved vs backward_reference: worst relative difference " << worst);
+}
+
+TEST_CASE("compare_gradients: the reference against itself is 0; a 1% error in dx fails") {
+  for (Mode mode : {Mode::train, Mode::eval}) {
+    CAPTURE(name(mode));
+    const auto c = make_case(33, 17, 9, mode, true, true, true, 400);
+    const auto ref = backward_reference(c.p, c.in, c.G);
+    BackwardGradients got{ref.saved, ref.dx, ref.dw, ref.dbias, ref.dscale, ref.dgamma, ref.dbeta};
+    const BackwardErrors same = compare_gradients(ref, got);
+    CHECK(same.worst() == 0);
+    std::string why = "unchanged";
+    CHECK(passes(same, 1e-6, &why));
+    CHECK(why.empty());
+
+    got.dx[got.dx.size() / 2] *= 1.01;
+    const BackwardErrors off = compare_gradients(ref, got);
+    CHECK(off.dx > 0);
+    CHECK(off.worst() == off.dx);
+    CHECK_FALSE(passes(off, 1e-6, &why));
+    CHECK(why.find("dx") != std::string::npos);
+    CHECK(why.find("dw") == std::string::npos);
+
+    // Not finite: +inf, and it fails at any threshold.
+    got.dx[0] = NAN;
+    const BackwardErrors nan = compare_gradients(ref, got);
+    CHECK(std::isinf(nan.dx));
+    CHECK_FALSE(passes(nan, 1e300));
+
+    // An empty vector is not compared.
+    const BackwardErrors none = compare_gradients(ref, BackwardGradients{});
+    CHECK(none.worst() == 0);
+  }
+}
+
+TEST_CASE("backward_reference_from_saved refuses bad arguments, naming them") {
+  const auto c = make_case(7, 5, 3, Mode::train, true, true, true, 500);
+  const auto ref = backward_reference(c.p, c.in, c.G);
+  const SavedForward f = exact_saved(c, ref);
+  auto refused_for = [&](const Case& cc, const SavedForward& ff, std::vector<std::int64_t> cols,
+                         std::vector<std::int64_t> rows) -> std::string {
+    try {
+      backward_reference_from_saved(cc.p, cc.in, cc.G, ff, cols, rows);
+    } catch (const InvalidArgument& e) {
+      return e.argument();
+    }
+    return "";
+  };
+  CHECK(refused_for(c, f, {0, 2}, {0, 4}).empty());
+  CHECK(refused_for(c, f, {0, 3}, {0}) == "dx_cols");
+  CHECK(refused_for(c, f, {-1}, {0}) == "dx_cols");
+  CHECK(refused_for(c, f, {0}, {5}) == "dw_rows");
+  SavedForward no_invstd = f;
+  no_invstd.save_invstd.clear();
+  CHECK(refused_for(c, no_invstd, {0}, {0}) == "save_invstd");
+  SavedForward short_saved = f;
+  short_saved.saved.pop_back();
+  CHECK(refused_for(c, short_saved, {0}, {0}) == "saved");
+  // Eval normalizes with the running stats: a save_invstd there is a mistake.
+  const auto e = make_case(7, 5, 3, Mode::eval, true, true, true, 501);
+  SavedForward fe = exact_saved(e, backward_reference(e.p, e.in, e.G));
+  CHECK(refused_for(e, fe, {0}, {0}).empty());
+  fe.save_invstd.assign(5, 1.0);
+  CHECK(refused_for(e, fe, {0}, {0}) == "save_invstd");
 }

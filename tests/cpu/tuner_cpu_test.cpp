@@ -23,6 +23,7 @@
 #include "fusejit/config/candidates.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/plan.hpp"
+#include "fusejit/plan/backward_core.hpp"
 #include "fusejit/reference/cublaslt_reference.hpp"
 #include "fusejit/tune/dispatch.hpp"
 #include "fusejit/tune/tuner.hpp"
@@ -431,5 +432,51 @@ TEST_CASE("fusejit compile --from-db compiles the tuned winners without a GPU") 
   CHECK(r.code == 1);
   CHECK(lines(r.out) == 1);
   CHECK(r.out.find("no tuning database") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("fusejit compile --from-db warms the backward entries' kernel sets too") {
+  const fs::path dir = temp_dir("fromdb-backward");
+  const std::string cache = (dir / "cache").string();
+  TuningIdentity id;
+  id.name = "NVIDIA A100-SXM4-80GB";
+  id.cc = 80;
+  id.driver = 13000;
+  id.nvrtc = "13.0";
+  id.fusejit = "test";
+  id.fingerprint = "NVIDIA A100-SXM4-80GB|cc80|driver13000|nvrtc13.0|fusejittest";
+  const TuningDb db(TuningDb::default_dir(cache), id);
+  const Device a100 = Device::for_arch("sm_80");
+  auto add = [&](const Problem& p, const std::string& winner) {
+    TuningEntry e;
+    e.problem = p;
+    e.winner = winner;
+    e.winner_ms = 0.05;
+    e.best_fused = winner;
+    e.best_fused_ms = 0.05;
+    e.timestamp = 1700000000;
+    REQUIRE(db.record(e, TunedPass::backward));
+  };
+  // A tiled pair the A100 runs, and a warpspec pair it cannot (its plan falls back to the
+  // heuristic's pair, which is what must be warm).
+  const Problem tiled = problem(256, 128, 96),
+                hopper_only = problem(200, 64, 64, DType::bf16, Mode::eval);
+  KernelConfig other = default_backward_config(tiled, a100).dw;
+  other.stages = other.stages == 3 ? 4 : 3;
+  const BackwardConfig tuned{default_backward_config(tiled, a100).dx, other};
+  add(tiled, tuned.key());
+  add(hopper_only, "dx.warpspec.128x128x64.c2.s4.g8.cl1.p1.dw.warpspec.128x128x64.c2.s4.g8.cl1.p1");
+  const std::string want_tuned = generate_backward(tiled, tuned).name;
+  const std::string want_fallback =
+      generate_backward(hopper_only, default_backward_config(hopper_only, a100)).name;
+
+  const Result first = run_cli("compile --from-db --cache-dir " + cache, "CUDA_VISIBLE_DEVICES=");
+  REQUIRE_MESSAGE(first.code == 0, first.out);
+  CHECK(first.out.find("2 kernel set(s): 0 hit, 2 compiled") != std::string::npos);
+  CHECK_MESSAGE(first.out.find(want_tuned) != std::string::npos, first.out);
+  CHECK_MESSAGE(first.out.find(want_fallback) != std::string::npos, first.out);
+  CHECK(first.out.find("skip backward 200x64x64") != std::string::npos);
+  // What a BackwardPlan on sm_80 chooses, by the library's rule, is exactly what was warmed.
+  CHECK(choose_backward_from_table(*db.table(), tiled, a100).config.key() == tuned.key());
   fs::remove_all(dir);
 }

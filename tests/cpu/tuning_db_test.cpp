@@ -18,6 +18,7 @@
 
 #include "fusejit/config/candidates.hpp"
 #include "fusejit/error.hpp"
+#include "fusejit/plan/backward_core.hpp"
 #include "fusejit/tune/dispatch.hpp"
 #include "fusejit/tune/tuning_db.hpp"
 #include "fusejit/util/log.hpp"
@@ -552,4 +553,117 @@ TEST_CASE("dispatch heuristic: the reference op for strict fp32 with a long K, e
   CHECK(c.source == KernelChoice::Source::exact);
   CHECK(!c.reference);
   CHECK(c.config.key() == fp32_tiled);
+}
+
+namespace {
+
+// A backward entry as tune_backward records it: the winner (a BackwardConfig key) is also the
+// best fused one; no cuBLASLt contender.
+TuningEntry backward_entry(const Problem& p, const std::string& winner, double ms = 0.5) {
+  TuningEntry e;
+  e.problem = p;
+  e.winner = winner;
+  e.winner_ms = ms;
+  e.best_fused = winner;
+  e.best_fused_ms = ms;
+  e.error = 2e-3;
+  e.candidates = 30;
+  e.timestamp = 1700000000;
+  return e;
+}
+
+const std::string kBackwardTiled = std::string("dx.") + kTiled + ".dw." + kTiled;
+const std::string kBackwardWarpspec =
+    "dx.warpspec.128x128x64.c2.s4.g8.cl1.p1.dw.warpspec.128x256x64.c2.s3.g8.cl1.p1";
+
+}  // namespace
+
+TEST_CASE("backward entries: their own map in the file, round trip, forward entries untouched") {
+  const fs::path dir = temp_dir("backward");
+  const TuningDb db(dir, identity(90));
+  const Problem p = problem(1024, 8192, 8192);
+  REQUIRE(db.record(entry(p, kWarpspec, 0.4)));
+  REQUIRE(db.record(backward_entry(p, kBackwardWarpspec, 0.6), TunedPass::backward));
+  const TuningDb again(dir, identity(90));
+  const auto f = again.find(p);
+  const auto b = again.find(p, TunedPass::backward);
+  REQUIRE(f);
+  REQUIRE(b);
+  CHECK(f->winner == kWarpspec);
+  check_same(*b, backward_entry(p, kBackwardWarpspec, 0.6));
+  CHECK(!again.find(problem(64, 64, 64), TunedPass::backward));
+  const std::string text = read_text(db.path());
+  const TuningTable t = parse_tuning_table(text);
+  CHECK(t.entries.size() == 1);
+  CHECK(t.backward.size() == 1);
+  CHECK(tuning_table_json(t) == text);
+  // A file written before backward entries existed has none and still reads.
+  auto j = nlohmann::json::parse(text);
+  j.erase("backward_entries");
+  const TuningTable old = parse_tuning_table(j.dump());
+  CHECK(old.entries.size() == 1);
+  CHECK(old.backward.empty());
+  fs::remove_all(dir);
+}
+
+TEST_CASE("backward entries: a forward key, the reference or a cuBLASLt time is damage") {
+  const fs::path dir = temp_dir("backward-bad");
+  const TuningDb db(dir, identity(90));
+  const Problem p = problem(256, 256, 256);
+  CHECK_THROWS_AS(db.record(backward_entry(p, kTiled), TunedPass::backward), InvalidArgument);
+  TuningEntry ref = backward_entry(p, kBackwardTiled);
+  ref.winner = std::string(kReferenceCandidate);
+  CHECK_THROWS_AS(db.record(ref, TunedPass::backward), InvalidArgument);
+  TuningEntry timed = backward_entry(p, kBackwardTiled);
+  timed.reference_ms = 0.3;
+  CHECK_THROWS_AS(db.record(timed, TunedPass::backward), InvalidArgument);
+  // ...and the forward map refuses a backward key.
+  CHECK_THROWS_AS(db.record(backward_entry(p, kBackwardTiled)), InvalidArgument);
+  CHECK(!fs::exists(db.path()));
+  // The same damage in a file: the read names the backward entry.
+  TuningTable t;
+  t.identity = identity(90);
+  t.backward[p.key()] = backward_entry(p, kBackwardTiled);
+  auto j = nlohmann::json::parse(tuning_table_json(t));
+  j["backward_entries"][p.key()]["winner"] = kTiled;
+  try {
+    parse_tuning_table(j.dump());
+    FAIL("a backward entry with a forward key was read");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("backward entry") != std::string::npos);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("backward dispatch: exact entry, then the M class, a winner that cannot run skipped") {
+  const Device hopper = Device::for_arch("sm_90a"), sm80 = Device::for_arch("sm_80");
+  const Problem p = problem(1000, 512, 384);
+  TuningTable t;
+  t.identity = identity(90);
+  // Empty: the heuristic.
+  BackwardChoice c = choose_backward_from_table(t, p, hopper);
+  CHECK(c.source == KernelChoice::Source::heuristic);
+  CHECK(c.config.key() == default_backward_config(p, hopper).key());
+  t.backward[p.key()] = backward_entry(p, kBackwardWarpspec);
+  c = choose_backward_from_table(t, p, hopper);
+  CHECK(c.source == KernelChoice::Source::exact);
+  CHECK(c.config.key() == kBackwardWarpspec);
+  // Another M of the class 257..1024 shares it; one outside the class does not.
+  c = choose_backward_from_table(t, problem(300, 512, 384), hopper);
+  CAPTURE(c.detail);
+  CHECK(c.source == KernelChoice::Source::m_class);
+  CHECK(c.config.key() == kBackwardWarpspec);
+  CHECK(c.detail.find("M = 1000") != std::string::npos);
+  c = choose_backward_from_table(t, problem(2000, 512, 384), hopper);
+  CHECK(c.source == KernelChoice::Source::heuristic);
+  // The forward's entries are not the backward's.
+  TuningTable forward_only;
+  forward_only.entries[p.key()] = entry(p, kWarpspec);
+  CHECK(choose_backward_from_table(forward_only, p, hopper).source ==
+        KernelChoice::Source::heuristic);
+  // Warpspec gradient GEMMs cannot run on sm_80: skipped, with the reason, for the heuristic.
+  c = choose_backward_from_table(t, p, sm80);
+  CHECK(c.source == KernelChoice::Source::heuristic);
+  CHECK(c.detail.find("skipped") != std::string::npos);
+  CHECK(c.config.key() == default_backward_config(p, sm80).key());
 }

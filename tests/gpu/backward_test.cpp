@@ -35,7 +35,8 @@ void check(const std::string& line, const BackwardCheckOptions& o = {}) {
   MESSAGE(
       fmt::format("{}: saved {:.2e} dx {:.2e} dw {:.2e} dbias {:.2e} dscale {:.2e} dgamma "
                   "{:.2e} dbeta {:.2e}",
-                  line, r.saved, r.dx, r.dw, r.dbias, r.dscale, r.dgamma, r.dbeta));
+                  line, r.errors.saved, r.errors.dx, r.errors.dw, r.errors.dbias, r.errors.dscale,
+                  r.errors.dgamma, r.errors.dbeta));
   CHECK(ok);
 }
 

@@ -8,6 +8,7 @@
 #include "fusejit/error.hpp"
 #include "fusejit/plan/backward_core.hpp"
 #include "fusejit/plan/launch.hpp"
+#include "fusejit/tune/dispatch.hpp"
 
 namespace fusejit {
 
@@ -18,22 +19,10 @@ struct BackwardPlan::RunState {
 
 BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& options)
     : state_(std::make_unique<RunState>()), problem_(problem), accumulate_(options.accumulate) {
-  problem.validate();
-  // The batch-statistic gradients of synchronized ranks (sum dy, sum dy zh) are global sums:
-  // without their exchange the gradients would be silently those of this rank's rows.
-  if (problem.stat_ranks > 0)
-    throw InvalidArgument("stat_ranks",
-                          "the backward pass of synchronized statistics is not implemented "
-                          "(its column sums would need an all-reduce); expected 0");
-  if (problem.mode == Mode::train && problem.M < 2)
-    throw InvalidArgument("M", "train mode needs at least two rows for a variance");
-  if (problem.dtype == DType::tf32x3)
-    throw InvalidArgument("dtype",
-                          "the backward pass of tf32x3 (3xTF32) is not implemented; expected "
-                          "fp32, tf32, fp16 or bf16 (fp32 gives strict-fp32 gradients)");
+  validate_backward_problem(problem);
   const CUcontext ctx = context_for(options.device);
   const Device device = Device::current();
-  BackwardConfig config = default_backward_config(problem, device);
+  BackwardConfig config = choose_backward(problem, device, options.cache_dir).config;
   auto forced = [&](const std::optional<KernelConfig>& c, const Problem& gemm, const char* arg,
                     KernelConfig& out) {
     if (!c) return;
@@ -41,8 +30,10 @@ BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& option
       throw InvalidArgument(arg, c->key() + ": " + why);
     out = *c;
   };
-  forced(options.dx_config, dx_gemm_problem(problem), "dx_config", config.dx);
-  forced(options.dw_config, dw_gemm_problem(problem), "dw_config", config.dw);
+  // Judged as the heuristic and the tuning entries are: at the M class's representative M.
+  const BackwardGemms gemms = backward_gemms(problem);
+  forced(options.dx_config, gemms.dx, "dx_config", config.dx);
+  forced(options.dw_config, gemms.dw, "dw_config", config.dw);
   core_ = backward_core(problem, config, ctx, options.cache_dir);
   state_->workspace_bytes = backward_workspace(problem, problem.M).total;
   if (const std::size_t bytes = workspace_size(); bytes && options.allocate_workspace) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "fusejit/codegen/codegen.hpp"
+#include "fusejit/error.hpp"
 
 namespace fusejit {
 
@@ -86,6 +87,19 @@ int grad_wgmma_smem_bytes(const KernelConfig& c) {
 
 std::string BackwardConfig::key() const {
   return fmt::format("dx.{}.dw.{}", dx.key(), dw.key());
+}
+
+BackwardConfig BackwardConfig::parse(std::string_view key, const char* arg) {
+  const std::size_t dw = key.find(".dw.");
+  if (!key.starts_with("dx.") || dw == std::string_view::npos)
+    throw InvalidArgument(arg, fmt::format("expected dx.<config key>.dw.<config key>, as "
+                                           "BackwardPlan::config_key() prints it; got '{}'",
+                                           key));
+  try {
+    return {KernelConfig::parse(key.substr(3, dw - 3)), KernelConfig::parse(key.substr(dw + 4))};
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(arg, fmt::format("'{}': {}", key, e.what()));
+  }
 }
 
 Problem dx_gemm_problem(const Problem& p) {

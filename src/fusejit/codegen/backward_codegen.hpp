@@ -3,6 +3,7 @@
 // extern "C" kernels; M is a run-time value, so one set serves every batch size of a layer.
 #pragma once
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fusejit/codegen/kernel_source.hpp"
@@ -17,8 +18,11 @@ namespace fusejit {
 // (N x K, reduction over the run's M).
 struct BackwardConfig {
   KernelConfig dx, dw;
-  // "dx.<key>.dw.<key>": every field of both, for source names, caches and logs.
+  // "dx.<key>.dw.<key>": every field of both, for source names, caches, logs and the tuning
+  // database.
   std::string key() const;
+  // The inverse of key(). Throws InvalidArgument(arg, ...) for text that is not one.
+  static BackwardConfig parse(std::string_view key, const char* arg = "backward-config");
 };
 
 // kernels/grad_wgmma.cuh's dynamic shared memory for a warpspec config (ring, barriers, TMA

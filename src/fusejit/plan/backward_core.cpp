@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <set>
 
 #include "common/backward_params.h"
 #include "common/backward_shape.h"
@@ -20,23 +21,9 @@ namespace fusejit {
 
 namespace {
 
-// The heuristic's first candidate the gradient GEMMs can run, warpspec before tiled: on Hopper
-// the tiled kernels reach about half of the tensor cores' rate (the forward's measurements).
-// tf32 reads its MN-major operands with one 4-byte copy per element, which needs the registers
-// of eight warps: four-warp tiles spill (measured on the compiled kernels), so tf32 takes 256
-// threads.
+// The heuristic's first candidate the gradient GEMMs can run, warpspec before tiled.
 KernelConfig gemm_config(const Problem& p, const Problem& g, const Device& d) {
-  std::vector<KernelConfig> candidates = candidate_configs(g, d);
-  // A TMA-store candidate's staging (a whole bm x bn tile) takes what the forward's per-warp
-  // boxes do not: it gives up ring stages for it, down to two.
-  for (KernelConfig& c : candidates)
-    if (c.variant == Variant::warpspec && c.tma_store)
-      while (c.stages > 2 && grad_wgmma_smem_bytes(c) > d.smem_per_block_optin) --c.stages;
-  for (const Variant v : {Variant::warpspec, Variant::tiled})
-    for (const KernelConfig& c : candidates)
-      if (c.variant == v && (g.dtype != DType::tf32 || c.threads() >= 256) &&
-          grad_gemm_why_invalid(p, c, g, d).empty())
-        return c;
+  if (std::vector<KernelConfig> c = grad_gemm_candidates(p, g, d); !c.empty()) return c.front();
   KernelConfig c = default_config(g, d, Variant::tiled);
   c.split_k = 1;
   c.exact_m = false;
@@ -92,6 +79,44 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
 
 }  // namespace
 
+// Warpspec before tiled: on Hopper the tiled kernels reach about half of the tensor cores' rate
+// (the forward's measurements). tf32 reads its MN-major operands with one 4-byte copy per
+// element, which needs the registers of eight warps: four-warp tiles spill (measured on the
+// compiled kernels), so tf32 takes 256 threads.
+std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& g,
+                                               const Device& d) {
+  std::vector<KernelConfig> candidates = candidate_configs(g, d);
+  // A TMA-store candidate's staging (a whole bm x bn tile) takes what the forward's per-warp
+  // boxes do not: it gives up ring stages for it, down to two.
+  for (KernelConfig& c : candidates)
+    if (c.variant == Variant::warpspec && c.tma_store)
+      while (c.stages > 2 && grad_wgmma_smem_bytes(c) > d.smem_per_block_optin) --c.stages;
+  std::vector<KernelConfig> out;
+  std::set<std::string> seen;
+  for (const Variant v : {Variant::warpspec, Variant::tiled})
+    for (const KernelConfig& c : candidates)
+      if (c.variant == v && (g.dtype != DType::tf32 || c.threads() >= 256) &&
+          grad_gemm_why_invalid(p, c, g, d).empty() && seen.insert(c.key()).second)
+        out.push_back(c);
+  return out;
+}
+
+void validate_backward_problem(const Problem& problem) {
+  problem.validate();
+  // The batch-statistic gradients of synchronized ranks (sum dy, sum dy zh) are global sums:
+  // without their exchange the gradients would be silently those of this rank's rows.
+  if (problem.stat_ranks > 0)
+    throw InvalidArgument("stat_ranks",
+                          "the backward pass of synchronized statistics is not implemented "
+                          "(its column sums would need an all-reduce); expected 0");
+  if (problem.mode == Mode::train && problem.M < 2)
+    throw InvalidArgument("M", "train mode needs at least two rows for a variance");
+  if (problem.dtype == DType::tf32x3)
+    throw InvalidArgument("dtype",
+                          "the backward pass of tf32x3 (3xTF32) is not implemented; expected "
+                          "fp32, tf32, fp16 or bf16 (fp32 gives strict-fp32 gradients)");
+}
+
 std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& c, const Problem& gemm,
                                   const Device& d) {
   if (c.split_k != 1) return "the gradient GEMMs have no split-K";
@@ -114,14 +139,19 @@ std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& c, const
   return c.why_invalid(gemm, d);
 }
 
-BackwardConfig default_backward_config(const Problem& p, const Device& d) {
+BackwardGemms backward_gemms(const Problem& p) {
   // dx's rows and dW's reduction are M: rank the tiles at the M class's representative, as the
   // forward's dispatch does (config/candidates.hpp), so every M of a class shares the kernel set.
   const std::int64_t m = m_class(p.M).representative();
-  Problem dx = dx_gemm_problem(p), dw = dw_gemm_problem(p);
-  dx.M = m;
-  dw.K = m;
-  return {gemm_config(p, dx, d), gemm_config(p, dw, d)};
+  BackwardGemms g{dx_gemm_problem(p), dw_gemm_problem(p)};
+  g.dx.M = m;
+  g.dw.K = m;
+  return g;
+}
+
+BackwardConfig default_backward_config(const Problem& p, const Device& d) {
+  const BackwardGemms g = backward_gemms(p);
+  return {gemm_config(p, g.dx, d), gemm_config(p, g.dw, d)};
 }
 
 std::shared_ptr<const BackwardCore> backward_core(const Problem& problem,

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "fusejit/backward.hpp"
 #include "fusejit/codegen/backward_codegen.hpp"
@@ -33,6 +34,10 @@ struct BackwardCore {
   double compile_seconds = 0;
 };
 
+// What a backward pass can be built for: a valid problem, no synchronized statistics, train
+// with M >= 2, not tf32x3. Throws InvalidArgument naming the argument.
+void validate_backward_problem(const Problem&);
+
 // Why `config` cannot run the gradient GEMM `gemm` (dx_gemm_problem or dw_gemm_problem of the
 // layer `p`) on `device`; empty when it can. Beyond KernelConfig::why_invalid: no split-K or
 // exact M; warpspec only for 16-bit types (MN-major operands through wgmma's transpose bits),
@@ -40,6 +45,19 @@ struct BackwardCore {
 // device's shared memory (grad_wgmma_smem_bytes).
 std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& config, const Problem& gemm,
                                   const Device& device);
+
+// The configs the gradient GEMM `g` (dx_gemm_problem or dw_gemm_problem of `p`) can run on `d`,
+// in the heuristic's order (candidate_configs, warpspec before tiled; TMA-store ones with the
+// ring stages their staging leaves room for): what default_backward_config takes the first of
+// and `fusejit autotune --backward` times.
+std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& g, const Device& d);
+
+// The two GEMMs as their configs are chosen: dx_gemm_problem and dw_gemm_problem with M (dx's
+// rows, dW's reduction) at the M class's representative, so every M of a class chooses alike.
+struct BackwardGemms {
+  Problem dx, dw;
+};
+BackwardGemms backward_gemms(const Problem&);
 
 // The config the backward plan runs: for each GEMM's shape (dx_gemm_problem, dw_gemm_problem;
 // dW's reduction taken at the M class's representative M) the heuristic's first candidate that

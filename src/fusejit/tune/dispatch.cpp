@@ -11,6 +11,7 @@
 #include "fusejit/device/context.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
+#include "fusejit/plan/backward_core.hpp"
 #include "fusejit/reference/cublaslt_reference.hpp"
 #include "fusejit/tune/tuner.hpp"
 #include "fusejit/util/log.hpp"
@@ -160,6 +161,51 @@ KernelChoice choose_kernel(const Problem& p, const Device& d, const std::string&
   }
   log()->info("plan {}: {} {} ({})", p.key(), name(c.source),
               c.reference ? std::string("reference (cuBLASLt)") : c.config.key(), c.detail);
+  return c;
+}
+
+BackwardChoice choose_backward_from_table(const TuningTable& table, const Problem& p,
+                                          const Device& d) {
+  std::string skipped;
+  // The entry's config where both of its GEMMs can run p here.
+  // Judged at the M class's representative, as default_backward_config chooses: the kernel set
+  // reads M at run time and serves the whole class.
+  const BackwardGemms g = backward_gemms(p);
+  auto usable_backward = [&](const TuningEntry& e) -> std::optional<BackwardConfig> {
+    const BackwardConfig c = BackwardConfig::parse(e.winner);
+    std::string why = grad_gemm_why_invalid(p, c.dx, g.dx, d);
+    if (why.empty()) why = grad_gemm_why_invalid(p, c.dw, g.dw, d);
+    if (why.empty()) return c;
+    skipped +=
+        fmt::format("tuned M = {} skipped: {} cannot run it ({}); ", e.problem.M, e.winner, why);
+    return std::nullopt;
+  };
+  BackwardChoice out;
+  const auto& entries = table.of(TunedPass::backward);
+  if (auto it = entries.find(p.key()); it != entries.end())
+    if (auto c = usable_backward(it->second)) {
+      out.source = KernelChoice::Source::exact;
+      out.config = *c;
+      out.detail = fmt::format("tuned: {} {:.4f} ms", it->second.winner, it->second.winner_ms);
+      return out;
+    }
+  if (const TuningEntry* e = same_m_class(table, p, TunedPass::backward))
+    if (auto c = usable_backward(*e)) {
+      out.source = KernelChoice::Source::m_class;
+      out.config = *c;
+      out.detail = fmt::format("{}tuned M = {} of the same layer and M class: {} {:.4f} ms",
+                               skipped, e->problem.M, e->winner, e->winner_ms);
+      return out;
+    }
+  out.config = default_backward_config(p, d);
+  out.detail = skipped + "no usable backward tuning entry";
+  return out;
+}
+
+BackwardChoice choose_backward(const Problem& p, const Device& d, const std::string& cache_dir) {
+  const BackwardChoice c =
+      choose_backward_from_table(*TuningDb::for_device(d, cache_dir).table(), p, d);
+  log()->info("backward plan {}: {} {} ({})", p.key(), name(c.source), c.config.key(), c.detail);
   return c;
 }
 

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fusejit/codegen/backward_codegen.hpp"
 #include "fusejit/codegen/kernel_source.hpp"
 #include "fusejit/config/candidates.hpp"
 #include "fusejit/device.hpp"
@@ -54,5 +55,21 @@ KernelChoice choose_kernel(const Problem& p, const Device& d, const std::string&
 // it even when it runs the reference op) and, when choice.reference, the reference op's plain
 // kernels. `fusejit compile` warms exactly these, so a warmed cache serves the Plan whole.
 std::vector<KernelSource> plan_sources(const Problem& p, const KernelChoice& choice);
+
+// How a BackwardPlan picks its gradient GEMMs' tiles when the caller forces neither: the
+// database's backward entry for the problem (`fusejit autotune --backward`), else one of the same
+// layer and M class (the nearest M first: the class shares a kernel set), else the heuristic
+// (default_backward_config). A winner the problem cannot run (grad_gemm_why_invalid) is skipped
+// with the reason in `detail`. No nearest-bucket step: a backward entry names two GEMMs whose
+// best tiles move with all three sizes.
+struct BackwardChoice {
+  KernelChoice::Source source = KernelChoice::Source::heuristic;  // exact, m_class, heuristic
+  BackwardConfig config;
+  std::string detail;
+};
+BackwardChoice choose_backward_from_table(const TuningTable& table, const Problem& p,
+                                          const Device& d);
+// The same on the database of `d` under `cache_dir`, logged.
+BackwardChoice choose_backward(const Problem& p, const Device& d, const std::string& cache_dir);
 
 }  // namespace fusejit

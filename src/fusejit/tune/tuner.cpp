@@ -3,15 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
 #include <ctime>
 #include <exception>
 #include <future>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -28,6 +25,7 @@
 #include "fusejit/plan/launch.hpp"
 #include "fusejit/plan/plan_core.hpp"
 #include "fusejit/reference/cublaslt_reference.hpp"
+#include "fusejit/tune/measure.hpp"
 #include "fusejit/util/log.hpp"
 #include "fusejit/verify/cpu_reference.hpp"
 #include "fusejit/verify/verification.hpp"
@@ -41,10 +39,6 @@ using Status = CandidateOutcome::Status;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::string first_line(const std::string& s) {
-  return s.substr(0, s.find('\n'));
 }
 
 // One contender: a fused config or the reference op, and what became of it.
@@ -97,73 +91,6 @@ std::vector<Contender> contenders(const Problem& p, const Device& d, bool includ
 
 KernelSource contender_source(const Problem& p, const std::optional<KernelConfig>& config) {
   return config ? generate(p, *config) : reference_kernel_source(p.dtype, p.param_dtype);
-}
-
-void report(const TunerOptions& o, TuneProgress::Stage stage, std::size_t done, std::size_t total,
-            const std::string& candidate) {
-  if (!o.on_progress) return;
-  TuneProgress pr;
-  pr.stage = stage;
-  pr.done = done;
-  pr.total = total;
-  pr.candidate = candidate;
-  o.on_progress(pr);
-}
-
-// Every contender's kernels through compile_cached, `threads` NVRTC jobs at a time. Progress
-// is reported from the calling thread as jobs finish. Returns each job's error ("" if none).
-std::vector<std::string> compile_all(const Problem& p, const std::string& arch,
-                                     const std::vector<Contender>& cs, const TunerOptions& o) {
-  const std::size_t n = cs.size();
-  std::vector<std::string> errors(n);
-  std::atomic<std::size_t> next{0};
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::size_t> finished;
-  auto worker = [&] {
-    for (std::size_t i; (i = next.fetch_add(1)) < n;) {
-      std::string err;
-      try {
-        compile_cached(contender_source(p, cs[i].config), arch, o.cache_dir);
-      } catch (const std::exception& e) {
-        err = first_line(e.what());
-      }
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        errors[i] = std::move(err);
-        finished.push_back(i);
-      }
-      cv.notify_one();
-    }
-  };
-  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  const std::size_t threads = std::min<std::size_t>(n, o.compile_threads ? o.compile_threads : hw);
-  std::vector<std::thread> pool;
-  pool.reserve(threads);
-  try {
-    for (std::size_t t = 0; t < threads; ++t) pool.emplace_back(worker);
-  } catch (...) {
-    if (pool.empty()) throw;  // with one worker or more every job still runs
-  }
-  std::exception_ptr failure;  // from the progress callback: rethrown after the join
-  for (std::size_t reported = 0; reported < n; ++reported) {
-    std::size_t i = 0;
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return finished.size() > reported; });
-      i = finished[reported];
-    }
-    if (!failure) {
-      try {
-        report(o, TuneProgress::Stage::compiling, reported + 1, n, cs[i].out.key);
-      } catch (...) {
-        failure = std::current_exception();
-      }
-    }
-  }
-  for (auto& t : pool) t.join();
-  if (failure) std::rethrow_exception(failure);
-  return errors;
 }
 
 // At most 8 input sets: the tuner times many candidates and must stay within seconds.
@@ -312,7 +239,11 @@ TuneResult tune(const Problem& p, const TunerOptions& o) {
 
   // 1. Compile everything at once (NVRTC dominates a tune), then load sequentially.
   const auto tc = Clock::now();
-  const std::vector<std::string> compile_errors = compile_all(p, dev.arch(), cs, o);
+  std::vector<std::string> keys;
+  for (const Contender& c : cs) keys.push_back(c.out.key);
+  const std::vector<std::string> compile_errors = compile_all(
+      cs.size(), [&](std::size_t i) { return contender_source(p, cs[i].config); }, keys, dev.arch(),
+      o);
   result.compile_seconds = seconds_since(tc);
   for (std::size_t i = 0; i < cs.size(); ++i) {
     Contender& c = cs[i];
@@ -338,11 +269,7 @@ TuneResult tune(const Problem& p, const TunerOptions& o) {
     }
   }
 
-  // One measurement at a time per process: tunings started from several threads (plans made
-  // concurrently with autotuning on) would otherwise time each other's kernels. Compiling
-  // (above) may overlap.
-  static std::mutex measuring;
-  const std::lock_guard<std::mutex> measure_alone(measuring);
+  const std::lock_guard<std::mutex> measure_alone(measuring_lock());
 
   // 2. Inputs (non-centred x, as KernelBench draws it: the harder case for batch statistics),
   // and the float64 reference, computed on the other cores while the GPU times.
@@ -366,74 +293,16 @@ TuneResult tune(const Problem& p, const TunerOptions& o) {
   // stream does not wait for: finish them before anything runs.
   FJ_CU(cuCtxSynchronize());
   const Stream stream;
-  EventTimer timer(stream.get(), o.max_runs);
-  auto timed = [&sets, &timer](const Contender& c, int warmup, int count,
-                               std::vector<double>& times) {
-    timer.time([&](int set, CUstream s) { c.run(s, sets[static_cast<std::size_t>(set)]); },
-               static_cast<int>(sets.size()), warmup, count, times);
-  };
 
   // 3. Time.
-  double best = std::numeric_limits<double>::infinity();
-  for (std::size_t i = 0; i < cs.size(); ++i) {
-    Contender& c = cs[i];
-    if (c.built()) {
-      try {
-        std::vector<double> times;
-        timed(c, o.warmup, o.min_runs, times);
-        double med = median(times);
-        if (med > o.drop_ratio * best) {
-          c.out.status = Status::dropped;
-          c.out.message = fmt::format("{:.2f}x the best after {} runs", med / best, o.min_runs);
-        } else {
-          const int total =
-              static_cast<int>(std::clamp(std::ceil(o.target_ms / std::max(med, 1e-6)),
-                                          double(o.min_runs), double(o.max_runs)));
-          if (total > o.min_runs) timed(c, 0, total - o.min_runs, times);
-          med = median(times);
-          c.out.status = Status::timed;
-          best = std::min(best, med);
-        }
-        c.out.median_ms = med;
-        c.out.runs = static_cast<int>(times.size());
-      } catch (const std::exception& e) {
-        c.out.status = Status::failed;
-        c.out.message = "run: " + first_line(e.what());
-      }
-    }
-    report(o, TuneProgress::Stage::timing, i + 1, cs.size(), c.out.key);
+  std::vector<TimedCandidate> timed;
+  for (Contender& c : cs) {
+    TimedCandidate t{&c.out, {}};
+    if (c.built())
+      t.run = [&sets, &c](CUstream s, int set) { c.run(s, sets[static_cast<std::size_t>(set)]); };
+    timed.push_back(std::move(t));
   }
-
-  // 3b. The close ones again, side by side: final_rounds rounds, each timing every close
-  // candidate once (runs worth ~1 ms, at least one) in an order that rotates, so a clock drift
-  // reaches all of them alike; each ranks by the median of its round medians.
-  std::vector<Contender*> close;
-  for (auto& c : cs)
-    if (c.out.status == Status::timed && *c.out.median_ms <= o.final_ratio * best)
-      close.push_back(&c);
-  if (close.size() > 1 && o.final_rounds > 0) {
-    const int per_round = std::clamp(static_cast<int>(std::ceil(1.0 / std::max(best, 1e-6))), 1,
-                                     std::min(10, o.max_runs));
-    std::vector<std::vector<double>> rounds(close.size());
-    for (int r = 0; r < o.final_rounds; ++r)
-      for (std::size_t j = 0; j < close.size(); ++j) {
-        const std::size_t k = (j + static_cast<std::size_t>(r)) % close.size();
-        if (close[k]->out.status != Status::timed) continue;  // it failed in an earlier round
-        std::vector<double> times;
-        try {
-          timed(*close[k], 0, per_round, times);
-        } catch (const std::exception& e) {
-          close[k]->out.status = Status::failed;
-          close[k]->out.message = "run: " + first_line(e.what());
-        }
-        if (!times.empty()) rounds[k].push_back(median(times));
-      }
-    for (std::size_t k = 0; k < close.size(); ++k) {
-      if (close[k]->out.status != Status::timed || rounds[k].empty()) continue;
-      close[k]->out.median_ms = median(rounds[k]);
-      close[k]->out.runs += o.final_rounds * per_round;
-    }
-  }
+  time_candidates(timed, static_cast<int>(sets.size()), stream.get(), o);
 
   // 4. Verify in order of time until one passes; when the reference wins, go on to the best
   // fused config too (a Plan that runs the reference still reports one).

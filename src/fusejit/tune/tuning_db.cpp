@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "fusejit/cache/disk_cache.hpp"
+#include "fusejit/codegen/backward_codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/config/candidates.hpp"
 #include "fusejit/error.hpp"
@@ -103,18 +104,20 @@ bool get_bool(const json& obj, const char* name, const std::string& where) {
   return v.get<bool>();
 }
 
-// A candidate name as stored: a canonical config key (parse(k).key() == k), or "reference"
-// where `reference_ok`, or "" where `empty_ok`.
+// A candidate name as stored: a canonical key of the pass's config (parse(k).key() == k), or
+// "reference" where `reference_ok` (forward only), or "" where `empty_ok`.
 void check_candidate(const std::string& k, const char* name, const std::string& where,
-                     bool reference_ok, bool empty_ok) {
+                     TunedPass pass, bool reference_ok, bool empty_ok) {
+  const bool backward = pass == TunedPass::backward;
   if (k.empty() && empty_ok) return;
-  if (k == kReferenceCandidate && reference_ok) return;
+  if (k == kReferenceCandidate && reference_ok && !backward) return;
   try {
-    if (KernelConfig::parse(k).key() == k) return;
+    if ((backward ? BackwardConfig::parse(k).key() : KernelConfig::parse(k).key()) == k) return;
   } catch (const InvalidArgument&) {
   }
-  damaged(fmt::format("{}: '{}' = '{}' is not a kernel config key{}", where, name, k,
-                      reference_ok ? " or 'reference'" : ""));
+  damaged(fmt::format("{}: '{}' = '{}' is not a {}{}", where, name, k,
+                      backward ? "backward config key" : "kernel config key",
+                      reference_ok && !backward ? " or 'reference'" : ""));
 }
 
 json problem_json(const Problem& p) {
@@ -183,24 +186,25 @@ json entry_json(const TuningEntry& e) {
               {"timestamp", e.timestamp}};
 }
 
-TuningEntry entry_from_json(const std::string& key, const json& j) {
-  const std::string where = "entry '" + key + "'";
+TuningEntry entry_from_json(const std::string& key, const json& j, TunedPass pass) {
+  const std::string where =
+      (pass == TunedPass::backward ? "backward entry '" : "entry '") + key + "'";
   if (!j.is_object()) damaged(where + " must be an object");
   TuningEntry e;
   e.problem = problem_from_json(field(j, "problem", where), where);
   if (e.problem.key() != key)
     damaged(fmt::format("{}: its problem's key is '{}'", where, e.problem.key()));
   e.winner = get_string(j, "winner", where);
-  check_candidate(e.winner, "winner", where, true, false);
+  check_candidate(e.winner, "winner", where, pass, true, false);
   e.winner_ms = get_positive(j, "winner_ms", where);
   e.reference_ms = get_optional_positive(j, "reference_ms", where);
   e.runner_up = get_string(j, "runner_up", where);
-  check_candidate(e.runner_up, "runner_up", where, true, true);
+  check_candidate(e.runner_up, "runner_up", where, pass, true, true);
   e.runner_up_ms = get_optional_positive(j, "runner_up_ms", where);
   if (e.runner_up.empty() != !e.runner_up_ms)
     damaged(where + ": 'runner_up' and 'runner_up_ms' must be given together");
   e.best_fused = get_string(j, "best_fused", where);
-  check_candidate(e.best_fused, "best_fused", where, false, true);
+  check_candidate(e.best_fused, "best_fused", where, pass, false, true);
   e.best_fused_ms = get_optional_positive(j, "best_fused_ms", where);
   if (e.best_fused.empty() != !e.best_fused_ms)
     damaged(where + ": 'best_fused' and 'best_fused_ms' must be given together");
@@ -208,6 +212,8 @@ TuningEntry entry_from_json(const std::string& key, const json& j) {
     damaged(where + ": a fused winner must also be 'best_fused'");
   if (e.winner == kReferenceCandidate && !e.reference_ms)
     damaged(where + ": the reference won but 'reference_ms' is null");
+  if (pass == TunedPass::backward && e.reference_ms)
+    damaged(where + ": a backward entry has no reference contender ('reference_ms' must be null)");
   e.error = get_double(field(j, "error", where), where + ": 'error'");
   if (e.error < 0) damaged(where + ": 'error' must not be negative");
   e.candidates = static_cast<int>(get_int(j, "candidates", where, 0, 1 << 20));
@@ -358,7 +364,7 @@ struct Slot {
   Stamp stamp;
   std::shared_ptr<const TuningTable> table;
   // Entries this process measured but could not write; they still serve this process.
-  std::map<std::string, TuningEntry> overlay;
+  std::map<std::pair<TunedPass, std::string>, TuningEntry> overlay;
   bool warned_unreadable = false, warned_unwritable = false;
 };
 
@@ -424,9 +430,9 @@ std::shared_ptr<const TuningTable> with_overlay(const Slot& slot) {
   if (slot.overlay.empty()) return slot.table;
   auto merged = std::make_shared<TuningTable>(*slot.table);
   for (const auto& [key, e] : slot.overlay) {
-    auto it = merged->entries.find(key);
-    if (it == merged->entries.end() || it->second.timestamp <= e.timestamp)
-      merged->entries[key] = e;
+    auto& entries = merged->of(key.first);
+    auto it = entries.find(key.second);
+    if (it == entries.end() || it->second.timestamp <= e.timestamp) entries[key.second] = e;
   }
   return merged;
 }
@@ -477,13 +483,13 @@ std::optional<BucketMatch> nearest_bucket(const TuningTable& table, const Proble
   return best;
 }
 
-const TuningEntry* same_m_class(const TuningTable& table, const Problem& p) {
+const TuningEntry* same_m_class(const TuningTable& table, const Problem& p, TunedPass pass) {
   const MClass cls = m_class(p.M);
   const std::string key = p.key();
   const std::string_view layer = std::string_view(key).substr(key.find('x'));
   const TuningEntry* best = nullptr;
   double best_dist = 0;
-  for (const auto& [k, e] : table.entries) {
+  for (const auto& [k, e] : table.of(pass)) {
     const std::int64_t m = e.problem.M;
     if (m < cls.lo || m > cls.hi || std::string_view(k).substr(k.find('x')) != layer) continue;
     const double dist = std::abs(std::log2(static_cast<double>(m) / static_cast<double>(p.M)));
@@ -494,13 +500,15 @@ const TuningEntry* same_m_class(const TuningTable& table, const Problem& p) {
 }
 
 std::string tuning_table_json(const TuningTable& t) {
-  json entries = json::object();
+  json entries = json::object(), backward = json::object();
   for (const auto& [key, e] : t.entries) entries[key] = entry_json(e);
+  for (const auto& [key, e] : t.backward) backward[key] = entry_json(e);
   const json j{{"schema", kSchema},
                {"version", kVersion},
                {"fingerprint", t.identity.fingerprint},
                {"device", identity_json(t.identity)},
-               {"entries", std::move(entries)}};
+               {"entries", std::move(entries)},
+               {"backward_entries", std::move(backward)}};
   return j.dump(2) + "\n";
 }
 
@@ -532,7 +540,13 @@ TuningTable parse_tuning_table(std::string_view text) {
   const json& entries = field(j, "entries", top);
   if (!entries.is_object()) damaged("'entries' must be an object");
   for (const auto& [key, value] : entries.items())
-    t.entries.emplace(key, entry_from_json(key, value));
+    t.entries.emplace(key, entry_from_json(key, value, TunedPass::forward));
+  // Absent from files written before backward tuning existed.
+  if (const auto it = j.find("backward_entries"); it != j.end()) {
+    if (!it->is_object()) damaged("'backward_entries' must be an object");
+    for (const auto& [key, value] : it->items())
+      t.backward.emplace(key, entry_from_json(key, value, TunedPass::backward));
+  }
   return t;
 }
 
@@ -590,17 +604,17 @@ std::shared_ptr<const TuningTable> TuningDb::table() const {
   return with_overlay(slot);
 }
 
-std::optional<TuningEntry> TuningDb::find(const Problem& p) const {
+std::optional<TuningEntry> TuningDb::find(const Problem& p, TunedPass pass) const {
   const auto t = table();
-  auto it = t->entries.find(p.key());
-  if (it == t->entries.end()) return std::nullopt;
+  auto it = t->of(pass).find(p.key());
+  if (it == t->of(pass).end()) return std::nullopt;
   return it->second;
 }
 
-bool TuningDb::record(const TuningEntry& e) const {
+bool TuningDb::record(const TuningEntry& e, TunedPass pass) const {
   // Refuse now what every later read would reject as damage.
   try {
-    entry_from_json(e.problem.key(), entry_json(e));
+    entry_from_json(e.problem.key(), entry_json(e), pass);
   } catch (const Error& err) {
     throw InvalidArgument("entry", err.what());
   }
@@ -618,7 +632,7 @@ bool TuningDb::record(const TuningEntry& e) const {
       Loaded current = load(path_, identity_, true);
       TuningTable t = *current.table;
       t.identity = identity_;
-      t.entries[e.problem.key()] = e;
+      t.of(pass)[e.problem.key()] = e;
       // Writing over a file we could not read would drop every entry in it.
       const std::string text = tuning_table_json(t);
       why = current.unreadable.empty()
@@ -631,14 +645,14 @@ bool TuningDb::record(const TuningEntry& e) const {
         slot.loaded = true;
         slot.stamp = written;
         slot.table = std::make_shared<const TuningTable>(std::move(t));
-        slot.overlay.erase(e.problem.key());
+        slot.overlay.erase({pass, e.problem.key()});
         return true;
       }
     }
   }
   std::lock_guard<std::mutex> g(g_mu);
   Slot& slot = slots()[key];
-  slot.overlay[e.problem.key()] = e;
+  slot.overlay[{pass, e.problem.key()}] = e;
   if (!std::exchange(slot.warned_unwritable, true))
     log()->warn(
         "cannot write tuning database {} ({}); this process keeps its tuning results in "

@@ -14,7 +14,12 @@
 //        "reference_ms": 0.93 | null,                      (the cuBLASLt contender)
 //        "runner_up": "<key>" | "reference" | "",          "runner_up_ms": ... | null,
 //        "best_fused": "<key>" | "",                        "best_fused_ms": ... | null,
-//        "error": 1.2e-3, "candidates": 12, "timestamp": <unix seconds>}}}
+//        "error": 1.2e-3, "candidates": 12, "timestamp": <unix seconds>}},
+//    "backward_entries": {"<Problem::key()>": {... the same fields; "winner", "runner_up" and
+//        "best_fused" are BackwardConfig keys (dx.<key>.dw.<key>), "reference_ms" is null}}}
+//
+// "backward_entries" holds what `fusejit autotune --backward` measured for BackwardPlan; a file
+// written before it existed has none, and reads as having none.
 //
 // Writes are read-modify-write under an exclusive flock on <file>.lock, through a temp file in
 // the same directory that is fsynced and renamed over the file: readers (which take no lock)
@@ -52,6 +57,9 @@ struct TuningIdentity {
 };
 TuningIdentity tuning_identity(const Device& device);
 
+// Which plan an entry tunes: Plan's kernels, or BackwardPlan's gradient GEMMs.
+enum class TunedPass { forward, backward };
+
 struct TuningEntry {
   Problem problem;                     // exactly what was tuned; problem.key() names the entry
   std::string winner;                  // KernelConfig::key() or kReferenceCandidate
@@ -71,7 +79,14 @@ struct TuningEntry {
 // The contents of one database file.
 struct TuningTable {
   TuningIdentity identity;
-  std::map<std::string, TuningEntry> entries;  // by Problem::key()
+  std::map<std::string, TuningEntry> entries;   // by Problem::key()
+  std::map<std::string, TuningEntry> backward;  // by Problem::key(): BackwardPlan's
+  const std::map<std::string, TuningEntry>& of(TunedPass pass) const {
+    return pass == TunedPass::backward ? backward : entries;
+  }
+  std::map<std::string, TuningEntry>& of(TunedPass pass) {
+    return pass == TunedPass::backward ? backward : entries;
+  }
 };
 
 // Nearest-bucket rule for problems never tuned. A tuned entry is a neighbour of `p` when it has
@@ -89,7 +104,8 @@ struct BucketMatch {
 std::optional<BucketMatch> nearest_bucket(const TuningTable& table, const Problem& p);
 // The entry of p's layer (every field but M equal) whose M lies in p's M class (m_class), the
 // nearest M by |log2 ratio| first (ties: the smaller M); null when there is none.
-const TuningEntry* same_m_class(const TuningTable& table, const Problem& p);
+const TuningEntry* same_m_class(const TuningTable& table, const Problem& p,
+                                TunedPass pass = TunedPass::forward);
 
 // The file's JSON text (entries in key order) and its strict inverse: parse_tuning_table
 // throws Error naming what is wrong (not JSON, schema, version, a field, an entry whose key is
@@ -117,11 +133,11 @@ class TuningDb {
   // Damaged or another fingerprint's file: set aside (one warning), empty. Never throws for
   // file trouble (an unreadable file reads as empty after a warning).
   std::shared_ptr<const TuningTable> table() const;
-  std::optional<TuningEntry> find(const Problem& p) const;
+  std::optional<TuningEntry> find(const Problem& p, TunedPass pass = TunedPass::forward) const;
 
-  // Adds or replaces the entry for e.problem.key(). False (with one warning) when the file
-  // cannot be written; the entry then still serves this process (an in-memory overlay).
-  bool record(const TuningEntry& e) const;
+  // Adds or replaces the entry for e.problem.key() of `pass`. False (with one warning) when the
+  // file cannot be written; the entry then still serves this process (an in-memory overlay).
+  bool record(const TuningEntry& e, TunedPass pass = TunedPass::forward) const;
 
  private:
   std::filesystem::path dir_, path_;

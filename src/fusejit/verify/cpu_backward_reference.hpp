@@ -5,6 +5,8 @@
 //   train: dz = g invstd / M (M dy - dbeta - zh dgamma)     eval: dz = g dy / sqrt(rv + eps)
 //   da = s dz, dbias = sum_m da, dscale = sum_m dz (a + b), dx = da W, dW = da^T x.
 #pragma once
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include "fusejit/problem.hpp"
@@ -44,5 +46,55 @@ struct BackwardReferenceOutputs {
 // forward does not enter y, so it has no gradient here.
 BackwardReferenceOutputs backward_reference(const Problem& p, const ReferenceInputs& in,
                                             const std::vector<double>& dy);
+
+// What a forward run saved, as the backward reads it (the GPU's values, as doubles).
+struct SavedForward {
+  std::vector<double> saved;        // [M][N] packed: train c = a - mean_a, eval u = a + b
+  std::vector<double> save_invstd;  // [N]: train (1/sqrt(var z + eps)); empty in eval
+};
+
+// The gradients as the backward computes them from dy and what the forward saved, without
+// recomputing the forward: O(M N) for the column part plus only the asked-for parts of the two
+// GEMMs, so large layers can be checked (the autotuner verifies with it). dx is returned at the
+// columns dx_cols of K ([M][dx_cols.size()] packed, dx_natural likewise), dW at the rows dw_rows
+// of N ([dw_rows.size()][K] packed, dw_natural likewise); every parameter gradient and its scale
+// for all N columns; `saved` is left empty.
+// train: zh = s f.save_invstd[n] c with c = f.saved; eval: zh = (s u - running_mean) invstd with
+// invstd = 1 / sqrt(running_var + eps), u = f.saved. The rest is backward_reference's, by the
+// same code. Validates as backward_reference does (x and w are read whole), and throws
+// InvalidArgument naming "saved" ([M][N] elements), "save_invstd" ([N] in train, empty in eval),
+// "dx_cols" or "dw_rows" (an index outside [0, K) or [0, N)).
+BackwardReferenceOutputs backward_reference_from_saved(const Problem& p, const ReferenceInputs& in,
+                                                       const std::vector<double>& dy,
+                                                       const SavedForward& f,
+                                                       const std::vector<std::int64_t>& dx_cols,
+                                                       const std::vector<std::int64_t>& dw_rows);
+
+// ||got - ref|| / max(||ref||, ||natural||) (2-norms): relative_error (verification.hpp), unless
+// cancellation made the reference small against its terms (dx_natural above), then the error
+// against the natural norm. +inf as relative_error gives it (sizes differ, got not finite).
+double gradient_error(const std::vector<double>& got, const std::vector<double>& ref,
+                      const std::vector<double>& natural);
+
+// The errors of one backward run against the reference. 0 for what was not compared.
+struct BackwardErrors {
+  double saved = 0, dx = 0, dw = 0, dbias = 0, dscale = 0, dgamma = 0, dbeta = 0;
+  double worst() const;
+};
+
+// Gradients read back from a run, as doubles packed like `ref`'s; an empty vector is not compared.
+struct BackwardGradients {
+  std::vector<double> saved, dx, dw, dbias, dscale, dgamma, dbeta;
+};
+
+// dx, dw by gradient_error against their naturals; dgamma, dbeta, saved by relative_error; dbias
+// and dscale by scaled_error against ref.dbias_scale / ref.dscale_scale (they cancel to near 0 in
+// train mode). Non-finite -> +inf, as is a size that differs from ref's
+// (backward_reference_from_saved leaves ref.saved empty: leave got.saved empty against it).
+BackwardErrors compare_gradients(const BackwardReferenceOutputs& ref, const BackwardGradients& got);
+
+// Every figure finite and under `threshold`. `why` (when given) gets the ones that are not,
+// "; "-separated ("dx error 0.0123 >= 0.01").
+bool passes(const BackwardErrors& e, double threshold, std::string* why = nullptr);
 
 }  // namespace fusejit
