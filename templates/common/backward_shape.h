@@ -7,13 +7,21 @@
 namespace fj {
 
 // A block is kBackwardColThreads x kBackwardRowThreads threads; a thread owns VEC consecutive
-// columns (16 bytes of T where alignment allows) and walks every kBackwardRowThreads-th row of
-// its block's slab. A warp then reads whole 512-byte row segments (bf16) of dy and saved.
+// columns (kBackwardVecBytes of T where alignment allows) and walks every kBackwardRowThreads-th
+// row of its block's slab. A warp then reads whole 256-byte row segments of dy and saved.
 constexpr int kBackwardColThreads = 32;
+// 8 bytes, not 16: with 8 bf16 columns a thread of fj_bwd_da held 40 coefficients and 16 sums,
+// 98 registers, two resident blocks per SM; it moved 1.6 TB/s on H100 (ncu, 4096x4096 bf16:
+// 61 us), and 40 us with 4 columns (59-73 registers) and four rows' loads in flight.
+constexpr int kBackwardVecBytes = 8;
 constexpr int kBackwardRowThreads = 8;
 constexpr int kBackwardThreads = kBackwardColThreads * kBackwardRowThreads;
-// Per-column kernels (the merges): one thread per column.
+// Per-column kernels (the merges of slab partials): kBackwardMergeLanes threads per column, each
+// adding every kBackwardMergeLanes-th slab, so a column's loads are in flight together (one thread
+// walking 64 slabs made fj_bwd_coef a 7.6 us, latency-bound pass at N = 4096 on H100).
 constexpr int kBackwardColumnThreads = 256;
+constexpr int kBackwardMergeLanes = 8;
+constexpr int kBackwardMergeColumns = kBackwardColumnThreads / kBackwardMergeLanes;
 
 // Slabs: at least kBackwardMinSlabRows rows each (fewer partials to merge for small batches),
 // at most kBackwardMaxSlabs of them (the partials stay a few MiB and each column's merge a short

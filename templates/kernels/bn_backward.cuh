@@ -22,13 +22,15 @@ namespace fj {
 template <class Spec>
 struct BackwardShape {
   using T = typename Spec::T;
-  static constexpr int VEC = Spec::VEC_BYTES / static_cast<int>(sizeof(T)) > 0
-                                 ? Spec::VEC_BYTES / static_cast<int>(sizeof(T))
+  static constexpr int kVecBytes =
+      Spec::VEC_BYTES < kBackwardVecBytes ? Spec::VEC_BYTES : kBackwardVecBytes;
+  static constexpr int VEC = kVecBytes / static_cast<int>(sizeof(T)) > 0
+                                 ? kVecBytes / static_cast<int>(sizeof(T))
                                  : 1;
   static constexpr int kCols = kBackwardColThreads * VEC;        // columns of a block
   static constexpr int kStrips = (Spec::N + kCols - 1) / kCols;  // grid: strips x slabs
   static constexpr int kColumnBlocks =
-      (Spec::N + kBackwardColumnThreads - 1) / kBackwardColumnThreads;
+      (Spec::N + kBackwardMergeColumns - 1) / kBackwardMergeColumns;
 };
 
 // Per-column values every backward kernel reads, from the parameters and the forward's stats.
@@ -138,6 +140,35 @@ struct BackwardBlock {
   }
 };
 
+// Calls f(row, dy, saved) for each row of the block's slab this thread owns (every
+// kBackwardRowThreads-th), with dy and saved as floats. Rows come UNROLL at a time and all of
+// their loads are issued before the first is used (f's stores would otherwise keep the next
+// row's loads behind them): these passes stream, and one load pair in flight per thread left
+// fj_bwd_da at about half of H100's bandwidth (common/backward_shape.h has the figures).
+template <class Spec, int UNROLL, class F>
+__device__ __forceinline__ void for_each_row(const BackwardParams& p, const BackwardBlock<Spec>& blk,
+                                             F&& f) {
+  constexpr int VEC = BackwardBlock<Spec>::VEC;
+  constexpr int kStep = kBackwardRowThreads;
+  int r = blk.row_begin + blk.ty;
+  for (; r + (UNROLL - 1) * kStep < blk.row_end; r += UNROLL * kStep) {
+    float dy[UNROLL][VEC], sv[UNROLL][VEC];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      load_row<Spec, VEC>(p.dy, r + u * kStep, blk.c, blk.n_here, dy[u]);
+      load_row<Spec, VEC>(p.saved, r + u * kStep, blk.c, blk.n_here, sv[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) f(r + u * kStep, dy[u], sv[u]);
+  }
+  for (; r < blk.row_end; r += kStep) {
+    float dy[VEC], sv[VEC];
+    load_row<Spec, VEC>(p.dy, r, blk.c, blk.n_here, dy);
+    load_row<Spec, VEC>(p.saved, r, blk.c, blk.n_here, sv);
+    f(r, dy, sv);
+  }
+}
+
 // Pass 1. Train: per slab and column {sum dy, sum dy c}. Eval: {sum dy, sum dy zh}, plus
 // {sum dz, sum dz u} and da = s dz (eval's dz is a column scale of dy).
 template <class Spec>
@@ -155,11 +186,8 @@ __device__ void bn_backward_reduce(const BackwardParams& p) {
     else
       col[j] = BackwardColumn{0.f, 0.f, 0.f, 0.f, 0.f};
   }
-  if (blk.active) {
-    for (int r = blk.row_begin + blk.ty; r < blk.row_end; r += kBackwardRowThreads) {
-      float dy[VEC], sv[VEC];
-      load_row<Spec, VEC>(p.dy, r, blk.c, blk.n_here, dy);
-      load_row<Spec, VEC>(p.saved, r, blk.c, blk.n_here, sv);
+  if (blk.active)
+    for_each_row<Spec, 4>(p, blk, [&](int r, const float(&dy)[VEC], const float(&sv)[VEC]) {
       float da[VEC];
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
@@ -171,8 +199,7 @@ __device__ void bn_backward_reduce(const BackwardParams& p) {
       }
       if constexpr (!Spec::TRAIN)
         if (p.ws_da) store_da<Spec, VEC>(p, r, blk.c, blk.n_here, da);
-    }
-  }
+    });
   if constexpr (Spec::TRAIN)
     blk.store_partials(reinterpret_cast<float2*>(p.ws_dy_partials), sdy, sdyu);
   else
@@ -188,15 +215,41 @@ __device__ void bn_backward_reduce(const BackwardParams& p) {
   }
 }
 
-// Column n's slab partials summed in slab order.
-__device__ __forceinline__ float2 merge_slabs(const float* partials, int n, int N, int slabs) {
+// The per-column kernels' thread layout: kBackwardMergeColumns consecutive columns per block
+// (consecutive threads, so a lane's loads of one slab are coalesced) x kBackwardMergeLanes lanes.
+__device__ __forceinline__ int merged_column() {
+  return static_cast<int>(blockIdx.x) * kBackwardMergeColumns +
+         static_cast<int>(threadIdx.x) % kBackwardMergeColumns;
+}
+// The threads that hold a merged column's total (lane 0) and own its outputs.
+__device__ __forceinline__ bool merge_leader(int N) {
+  return threadIdx.x < kBackwardMergeColumns && merged_column() < N;
+}
+
+// The slab partials of merged_column(), summed in a fixed order: lane l adds slabs l, l + lanes,
+// ... in order, then lane 0 adds the lanes' sums in lane order. Every thread of the block calls
+// it (it synchronizes); the total is valid where merge_leader().
+__device__ __forceinline__ float2 merge_slabs(const float* partials, int N, int slabs) {
+  __shared__ float2 lanes[kBackwardMergeLanes][kBackwardMergeColumns];
+  const int col = static_cast<int>(threadIdx.x) % kBackwardMergeColumns;
+  const int lane = static_cast<int>(threadIdx.x) / kBackwardMergeColumns;
+  const int n = merged_column();
   const float2* pp = reinterpret_cast<const float2*>(partials);
   float2 t = make_float2(0.f, 0.f);
-  for (int s = 0; s < slabs; ++s) {
-    const float2 v = pp[static_cast<long long>(s) * N + n];
-    t.x += v.x;
-    t.y += v.y;
-  }
+  if (n < N)
+    for (int s = lane; s < slabs; s += kBackwardMergeLanes) {
+      const float2 v = pp[static_cast<long long>(s) * N + n];
+      t.x += v.x;
+      t.y += v.y;
+    }
+  lanes[lane][col] = t;
+  __syncthreads();
+  if (lane == 0)
+    for (int l = 1; l < kBackwardMergeLanes; ++l) {
+      t.x += lanes[l][col].x;
+      t.y += lanes[l][col].y;
+    }
+  __syncthreads();  // a second merge in the same kernel reuses `lanes`
   return t;
 }
 
@@ -215,9 +268,9 @@ __device__ __forceinline__ void store_param(const BackwardParams& p, void* dst, 
 template <class Spec>
 __device__ void bn_backward_coef(const BackwardParams& p) {
   using P = typename Spec::P;
-  const int n = blockIdx.x * kBackwardColumnThreads + threadIdx.x;
-  if (n >= Spec::N) return;
-  const float2 t = merge_slabs(p.ws_dy_partials, n, Spec::N, p.slabs);  // {sum dy, sum dy c}
+  const float2 t = merge_slabs(p.ws_dy_partials, Spec::N, p.slabs);  // {sum dy, sum dy c}
+  if (!merge_leader(Spec::N)) return;
+  const int n = merged_column();
   const BackwardColumn col = backward_column<Spec>(p, n);
   const float invstd = p.save_invstd[n];
   const float dgamma = col.zs * t.y;
@@ -248,11 +301,9 @@ __device__ void bn_backward_da(const BackwardParams& p) {
     k[j] = here ? reinterpret_cast<const float4*>(p.ws_coef)[blk.c + j] : make_float4(0, 0, 0, 0);
     s[j] = here && Spec::HAS_SCALE ? load_param<typename Spec::P>(p.scale, blk.c + j, 1.f) : 1.f;
   }
-  if (blk.active) {
-    for (int r = blk.row_begin + blk.ty; r < blk.row_end; r += kBackwardRowThreads) {
-      float dy[VEC], sv[VEC], da[VEC];
-      load_row<Spec, VEC>(p.dy, r, blk.c, blk.n_here, dy);
-      load_row<Spec, VEC>(p.saved, r, blk.c, blk.n_here, sv);
+  if (blk.active)
+    for_each_row<Spec, 4>(p, blk, [&](int r, const float(&dy)[VEC], const float(&sv)[VEC]) {
+      float da[VEC];
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float zh = k[j].w * sv[j];
@@ -261,8 +312,7 @@ __device__ void bn_backward_da(const BackwardParams& p) {
         da[j] = s[j] * dz;
       }
       if (p.ws_da) store_da<Spec, VEC>(p, r, blk.c, blk.n_here, da);
-    }
-  }
+    });
   // Only sum dz (dbias) is read: train's dscale comes from sum dy c (bn_backward_coef).
   blk.store_partials(reinterpret_cast<float2*>(p.ws_dz_partials), sdz, unused);
 }
@@ -272,15 +322,19 @@ __device__ void bn_backward_da(const BackwardParams& p) {
 template <class Spec>
 __device__ void bn_backward_params(const BackwardParams& p) {
   using P = typename Spec::P;
-  const int n = blockIdx.x * kBackwardColumnThreads + threadIdx.x;
-  if (n >= Spec::N) return;
+  float2 dy_sums = make_float2(0.f, 0.f), dz_sums = make_float2(0.f, 0.f);
+  if constexpr (!Spec::TRAIN && Spec::HAS_AFFINE)
+    dy_sums = merge_slabs(p.ws_dy_partials, Spec::N, p.slabs);
+  if constexpr (Spec::HAS_BIAS || Spec::HAS_SCALE)
+    dz_sums = merge_slabs(p.ws_dz_partials, Spec::N, p.slabs);
+  if (!merge_leader(Spec::N)) return;
+  const int n = merged_column();
   if constexpr (!Spec::TRAIN && Spec::HAS_AFFINE) {
-    const float2 t = merge_slabs(p.ws_dy_partials, n, Spec::N, p.slabs);
-    store_param<P>(p, p.dbeta, n, t.x);
-    store_param<P>(p, p.dgamma, n, t.y);
+    store_param<P>(p, p.dbeta, n, dy_sums.x);
+    store_param<P>(p, p.dgamma, n, dy_sums.y);
   }
   if constexpr (Spec::HAS_BIAS || Spec::HAS_SCALE) {
-    const float2 t = merge_slabs(p.ws_dz_partials, n, Spec::N, p.slabs);
+    const float2 t = dz_sums;
     const float s = Spec::HAS_SCALE ? load_param<P>(p.scale, n, 1.f) : 1.f;
     if constexpr (Spec::HAS_BIAS) store_param<P>(p, p.dbias, n, s * t.x);
     if constexpr (Spec::HAS_SCALE && !Spec::TRAIN) store_param<P>(p, p.dscale, n, t.y);
