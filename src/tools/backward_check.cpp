@@ -23,14 +23,6 @@ DeviceBuffer poisoned(DType dtype, std::int64_t count) {
   return b;
 }
 
-std::vector<double> download(const DeviceBuffer& b, DType dtype, std::int64_t rows,
-                             std::int64_t cols, std::int64_t ld) {
-  HostTensor h(dtype, static_cast<std::size_t>(rows * ld));
-  b.download(h.data(), h.bytes());
-  return h.packed(static_cast<std::size_t>(rows), static_cast<std::size_t>(cols),
-                  static_cast<std::size_t>(ld));
-}
-
 bool all_nan(const std::vector<double>& v) {
   return std::all_of(v.begin(), v.end(), [](double d) { return std::isnan(d); });
 }
@@ -135,7 +127,7 @@ BackwardCheckResult check_backward_case(const SweepCase& layer, const BackwardCh
   // random values: those are added to a copy of the reference, its naturals and its scales.
   BackwardReferenceOutputs want = ref;
   BackwardGradients got;
-  got.saved = download(saved, st, p.M, p.N, p.lda_y());
+  got.saved = download_packed(saved, st, p.M, p.N, p.lda_y());
   auto add_initial = [&](std::vector<double>& v, const HostTensor& before, std::int64_t rows,
                          std::int64_t cols, std::int64_t ld, bool magnitude) {
     const std::vector<double> b0 =
@@ -151,8 +143,8 @@ BackwardCheckResult check_backward_case(const SweepCase& layer, const BackwardCh
     for (std::vector<double>* v : {&want.dbias_scale, &want.dscale_scale})
       add_initial(*v, params0, 1, p.N, p.N, true);
   }
-  std::vector<double> got_dx = download(dx, st, p.M, p.K, p.lda_x());
-  std::vector<double> got_dw = download(dw, st, p.N, p.K, p.lda_w());
+  std::vector<double> got_dx = download_packed(dx, st, p.M, p.K, p.lda_x());
+  std::vector<double> got_dw = download_packed(dw, st, p.N, p.K, p.lda_w());
   if (o.want_dx)
     got.dx = std::move(got_dx);
   else
@@ -166,7 +158,7 @@ BackwardCheckResult check_backward_case(const SweepCase& layer, const BackwardCh
   // is a sum of dy c that may cancel by chance, with c rounded to the storage type).
   auto param = [&](const DeviceBuffer& b, const std::vector<double>& ref_param,
                    std::vector<double>& out) {
-    std::vector<double> g = download(b, pd, 1, p.N, p.N);
+    std::vector<double> g = download_packed(b, pd, 1, p.N, p.N);
     if (!o.want_params || ref_param.empty())
       r.untouched_ok &= all_nan(g);
     else

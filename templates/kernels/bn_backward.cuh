@@ -146,8 +146,8 @@ struct BackwardBlock {
 // row's loads behind them): these passes stream, and one load pair in flight per thread left
 // fj_bwd_da at about half of H100's bandwidth (common/backward_shape.h has the figures).
 template <class Spec, int UNROLL, class F>
-__device__ __forceinline__ void for_each_row(const BackwardParams& p, const BackwardBlock<Spec>& blk,
-                                             F&& f) {
+__device__ __forceinline__ void for_each_row(const BackwardParams& p,
+                                             const BackwardBlock<Spec>& blk, F&& f) {
   constexpr int VEC = BackwardBlock<Spec>::VEC;
   constexpr int kStep = kBackwardRowThreads;
   int r = blk.row_begin + blk.ty;

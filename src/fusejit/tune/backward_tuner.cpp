@@ -32,10 +32,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Status = CandidateOutcome::Status;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 // A backward run's tensor maps are cached per core and per input set: with one cache per core,
 // rotating sets would re-encode them on every run.
 struct Contender {
@@ -93,29 +89,21 @@ struct InputSet {
   BackwardTensors t;
 };
 
-std::vector<double> download(const DeviceBuffer& b, DType dtype, std::int64_t rows,
-                             std::int64_t cols, std::int64_t ld) {
-  HostTensor h(dtype, static_cast<std::size_t>(rows * ld));
-  b.download(h.data(), h.bytes());
-  return h.packed(static_cast<std::size_t>(rows), static_cast<std::size_t>(cols),
-                  static_cast<std::size_t>(ld));
-}
-
 // The gradients of set `s` as the reference holds them: dx at `dx_cols`, dW at `dw_rows`.
 BackwardGradients read_gradients(const InputSet& s, const Problem& p,
                                  const std::vector<std::int64_t>& dx_cols,
                                  const std::vector<std::int64_t>& dw_rows) {
   const DType st = storage_type(p.dtype), pd = storage_type(p.param_dtype);
   BackwardGradients g;
-  const std::vector<double> dx = download(s.dx, st, p.M, p.K, p.lda_x());
+  const std::vector<double> dx = download_packed(s.dx, st, p.M, p.K, p.lda_x());
   g.dx.reserve(static_cast<std::size_t>(p.M) * dx_cols.size());
   for (std::int64_t m = 0; m < p.M; ++m)
     for (const std::int64_t k : dx_cols) g.dx.push_back(dx[static_cast<std::size_t>(m * p.K + k)]);
-  const std::vector<double> dw = download(s.dw, st, p.N, p.K, p.lda_w());
+  const std::vector<double> dw = download_packed(s.dw, st, p.N, p.K, p.lda_w());
   for (const std::int64_t n : dw_rows)
     g.dw.insert(g.dw.end(), dw.begin() + n * p.K, dw.begin() + (n + 1) * p.K);
   auto param = [&](const DeviceBuffer& b, bool present) {
-    return present ? download(b, pd, 1, p.N, p.N) : std::vector<double>{};
+    return present ? download_packed(b, pd, 1, p.N, p.N) : std::vector<double>{};
   };
   g.dbias = param(s.dbias, p.has_bias);
   g.dscale = param(s.dscale, p.has_scale);
@@ -342,22 +330,9 @@ TuneResult tune_backward(const Problem& p, const TunerOptions& o) {
   const std::optional<CandidateOutcome> won =
       winner ? std::optional<CandidateOutcome>(winner->out) : std::nullopt;
 
-  std::vector<CandidateOutcome> outcomes;
-  for (const auto& c : cs) outcomes.push_back(c.out);
-  std::stable_sort(outcomes.begin(), outcomes.end(),
-                   [](const CandidateOutcome& a, const CandidateOutcome& b) {
-                     const bool ra = a.median_ms.has_value(), rb = b.median_ms.has_value();
-                     if (ra != rb) return ra;
-                     return ra && *a.median_ms < *b.median_ms;
-                   });
-  result.candidates = outcomes;
-  if (!won) {
-    std::string why;
-    for (const auto& c : outcomes)
-      why += fmt::format("\n  {}: {} {}", c.key, name(c.status), c.message);
-    throw Error(
-        fmt::format("autotune --backward {}: no candidate passed verification{}", p.key(), why));
-  }
+  for (const auto& c : cs) result.candidates.push_back(c.out);
+  rank_by_time(result.candidates);
+  if (!won) throw_none_verified("autotune --backward " + p.key(), result.candidates);
 
   // 5. Record.
   TuningEntry& e = result.entry;
@@ -369,13 +344,9 @@ TuneResult tune_backward(const Problem& p, const TunerOptions& o) {
   e.error = won->error;
   e.candidates = static_cast<int>(cs.size());
   e.timestamp = static_cast<std::int64_t>(std::time(nullptr));
-  for (const auto& c : outcomes) {
-    if (c.key == e.winner || !c.median_ms || c.status == Status::rejected ||
-        c.status == Status::failed)
-      continue;
-    e.runner_up = c.key;
-    e.runner_up_ms = c.median_ms;
-    break;
+  if (const CandidateOutcome* r = runner_up(result.candidates, e.winner)) {
+    e.runner_up = r->key;
+    e.runner_up_ms = r->median_ms;
   }
   const TuningDb db = TuningDb::for_device(dev, o.cache_dir);
   result.db_path = db.path().string();

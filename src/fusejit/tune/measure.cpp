@@ -13,6 +13,7 @@
 
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/device/event_timer.hpp"
+#include "fusejit/error.hpp"
 
 namespace fusejit {
 
@@ -20,6 +21,35 @@ using Status = CandidateOutcome::Status;
 
 std::string first_line(const std::string& s) {
   return s.substr(0, s.find('\n'));
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void rank_by_time(std::vector<CandidateOutcome>& outcomes) {
+  std::stable_sort(outcomes.begin(), outcomes.end(),
+                   [](const CandidateOutcome& a, const CandidateOutcome& b) {
+                     const bool ra = a.median_ms.has_value(), rb = b.median_ms.has_value();
+                     if (ra != rb) return ra;
+                     return ra && *a.median_ms < *b.median_ms;
+                   });
+}
+
+const CandidateOutcome* runner_up(const std::vector<CandidateOutcome>& ranked,
+                                  const std::string& winner) {
+  for (const auto& c : ranked)
+    if (c.key != winner && c.median_ms && c.status != Status::rejected &&
+        c.status != Status::failed)
+      return &c;
+  return nullptr;
+}
+
+void throw_none_verified(const std::string& what, const std::vector<CandidateOutcome>& ranked) {
+  std::string why;
+  for (const auto& c : ranked)
+    why += fmt::format("\n  {}: {} {}", c.key, name(c.status), c.message);
+  throw Error(fmt::format("{}: no candidate passed verification{}", what, why));
 }
 
 std::mutex& measuring_lock() {

@@ -5,6 +5,7 @@
 #pragma once
 #include <cuda.h>
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <mutex>
@@ -18,6 +19,8 @@ namespace fusejit {
 
 // The first line of an error message (what a candidate's outcome keeps).
 std::string first_line(const std::string& s);
+
+double seconds_since(std::chrono::steady_clock::time_point t0);
 
 // Calls o.on_progress, if any.
 void report(const TunerOptions& o, TuneProgress::Stage stage, std::size_t done, std::size_t total,
@@ -52,5 +55,18 @@ struct TimedCandidate {
 // stage timing.
 void time_candidates(std::vector<TimedCandidate>& cs, int sets, CUstream stream,
                      const TunerOptions& o);
+
+// The outcomes as TuneResult::candidates lists them: the timed ones by median, fastest first,
+// then those without a time.
+void rank_by_time(std::vector<CandidateOutcome>& outcomes);
+
+// The fastest of `ranked` other than `winner` that was neither rejected nor failed; null if none.
+const CandidateOutcome* runner_up(const std::vector<CandidateOutcome>& ranked,
+                                  const std::string& winner);
+
+// What a tune throws when no candidate passed verification: `what` and every candidate's status
+// and message.
+[[noreturn]] void throw_none_verified(const std::string& what,
+                                      const std::vector<CandidateOutcome>& ranked);
 
 }  // namespace fusejit

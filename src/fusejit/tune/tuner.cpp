@@ -37,10 +37,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Status = CandidateOutcome::Status;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 // One contender: a fused config or the reference op, and what became of it.
 struct Contender {
   std::optional<KernelConfig> config;  // nullopt: the cuBLASLt reference op
@@ -357,24 +353,15 @@ TuneResult tune(const Problem& p, const TunerOptions& o) {
     }
   }
   report(o, TuneProgress::Stage::verifying, verified, verified, winner ? winner->out.key : "");
-  // Copies: the sort below moves the contenders that `winner` and `best_fused` point into.
+  // Copies of what `winner` and `best_fused` point into.
   const std::optional<CandidateOutcome> won =
       winner ? std::optional<CandidateOutcome>(winner->out) : std::nullopt;
   const std::optional<CandidateOutcome> fused =
       best_fused ? std::optional<CandidateOutcome>(best_fused->out) : std::nullopt;
 
-  std::stable_sort(cs.begin(), cs.end(), [](const Contender& a, const Contender& b) {
-    const bool ra = a.out.median_ms.has_value(), rb = b.out.median_ms.has_value();
-    if (ra != rb) return ra;
-    return ra && *a.out.median_ms < *b.out.median_ms;
-  });
   for (const auto& c : cs) result.candidates.push_back(c.out);
-  if (!won) {
-    std::string why;
-    for (const auto& c : cs)
-      why += fmt::format("\n  {}: {} {}", c.out.key, name(c.out.status), c.out.message);
-    throw Error(fmt::format("autotune {}: no candidate passed verification{}", p.key(), why));
-  }
+  rank_by_time(result.candidates);
+  if (!won) throw_none_verified("autotune " + p.key(), result.candidates);
 
   // 5. Record.
   TuningEntry& e = result.entry;
@@ -384,12 +371,11 @@ TuneResult tune(const Problem& p, const TunerOptions& o) {
   e.error = won->error;
   e.candidates = static_cast<int>(cs.size());
   e.timestamp = static_cast<std::int64_t>(std::time(nullptr));
-  for (const auto& c : result.candidates) {
+  for (const auto& c : result.candidates)
     if (c.key == kReferenceCandidate && c.median_ms) e.reference_ms = c.median_ms;
-    if (!e.runner_up.empty() || c.key == e.winner || !c.median_ms) continue;
-    if (c.status == Status::rejected || c.status == Status::failed) continue;
-    e.runner_up = c.key;
-    e.runner_up_ms = c.median_ms;
+  if (const CandidateOutcome* r = runner_up(result.candidates, e.winner)) {
+    e.runner_up = r->key;
+    e.runner_up_ms = r->median_ms;
   }
   if (fused) {
     e.best_fused = fused->key;

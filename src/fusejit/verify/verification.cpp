@@ -99,9 +99,7 @@ DeviceBuffer alloc_like(const HostTensor& h) {
 }
 
 std::vector<double> download_param(const DeviceBuffer& b, DType dtype, std::int64_t n) {
-  HostTensor h(dtype, static_cast<std::size_t>(n));
-  b.download(h.data(), h.bytes());
-  return h.to_doubles();
+  return download_packed(b, dtype, 1, n, n);
 }
 
 std::vector<double> download_floats(const DeviceBuffer& b, std::int64_t n) {
@@ -423,6 +421,14 @@ Tensors DeviceCase::tensors() const {
   t.save_invstd = save_invstd_.as<float>();
   t.saved = saved_.get();
   return t;
+}
+
+std::vector<double> download_packed(const DeviceBuffer& b, DType dtype, std::int64_t rows,
+                                    std::int64_t cols, std::int64_t ld) {
+  HostTensor h(dtype, static_cast<std::size_t>(rows * ld));
+  b.download(h.data(), h.bytes());
+  return h.packed(static_cast<std::size_t>(rows), static_cast<std::size_t>(cols),
+                  static_cast<std::size_t>(ld));
 }
 
 CaseOutputs DeviceCase::download(std::int64_t rows) const {

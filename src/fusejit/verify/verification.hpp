@@ -90,6 +90,11 @@ ReferenceInputs reference_inputs(const CaseInputs& in);
 // reference_inputs(...) and nothing is copied.
 std::vector<double> reference_saved(ReferenceInputs in, Mode mode, unsigned threads = 0);
 
+// Rows [0, rows) x columns [0, cols) of a row-major [rows][ld] device array of `dtype`'s storage
+// type, packed, as doubles (a synchronous copy).
+std::vector<double> download_packed(const DeviceBuffer& b, DType dtype, std::int64_t rows,
+                                    std::int64_t cols, std::int64_t ld);
+
 // What one run produced, decoded to doubles.
 struct CaseOutputs {
   std::vector<double> y;                          // [M][N], packed
