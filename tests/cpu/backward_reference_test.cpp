@@ -504,9 +504,11 @@ SavedForward exact_saved(const Case& c, const BackwardReferenceOutputs& ref) {
 TEST_CASE("backward_reference_from_saved agrees with backward_reference at index subsets") {
   std::uint64_t seed = 300;
   double worst = 0;
-  for (auto [M, N, K] : {std::array<std::int64_t, 3>{7, 5, 3}, {33, 17, 9}})
+  // Named copies, not structured bindings: CAPTURE's lambda cannot capture those (clang 14).
+  for (const auto& shape : {std::array<std::int64_t, 3>{7, 5, 3}, {33, 17, 9}})
     for (Mode mode : {Mode::train, Mode::eval})
       for (int flags = 0; flags < 8; ++flags) {
+        const std::int64_t M = shape[0], N = shape[1], K = shape[2];
         CAPTURE(M);
         CAPTURE(N);
         CAPTURE(K);
@@ -534,7 +536,9 @@ TEST_CASE("backward_reference_from_saved agrees with backward_reference at index
             {"dscale_scale", subset_error(got.dscale_scale, ref.dscale_scale)},
             {"dgamma", subset_error(got.dgamma, ref.dgamma)},
             {"dbeta", subset_error(got.dbeta, ref.dbeta)}};
-        for (const auto& [what, e] : errors) {
+        for (const auto& item : errors) {
+          const char* what = item.first;
+          const double e = item.second;
           CAPTURE(what);
           CHECK(e < 1e-12);
           worst = std::max(worst, e);
