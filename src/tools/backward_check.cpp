@@ -92,20 +92,7 @@ BackwardCheckResult check_backward_case(const SweepCase& layer, const BackwardCh
   bo.dw_config = o.dw_config;
   const BackwardPlan backward(plan_problem, bo);
   r.config = backward.config_key();
-  BackwardTensors bt;
-  bt.dy = dy_dev.get();
-  bt.x = ft.x;
-  bt.w = ft.w;
-  bt.saved = saved.get();
-  bt.scale = ft.scale;
-  bt.gamma = ft.gamma;
-  if (p.mode == Mode::eval) {
-    bt.running_mean = ft.running_mean;
-    bt.running_var = ft.running_var;
-  } else {
-    bt.save_mean = ft.save_mean;
-    bt.save_invstd = ft.save_invstd;
-  }
+  BackwardTensors bt = backward_inputs(p.mode, ft, dy_dev.get());
   if (o.want_dx) bt.dx = dx.get();
   if (o.want_dw) bt.dw = dw.get();
   if (o.want_params) {

@@ -11,14 +11,15 @@ namespace fj {
 // row of its block's slab. A warp then reads whole 256-byte row segments of dy and saved.
 constexpr int kBackwardColThreads = 32;
 // 8 bytes, not 16: with 8 bf16 columns a thread of fj_bwd_da held 40 coefficients and 16 sums,
-// 98 registers, two resident blocks per SM; it moved 1.6 TB/s on H100 (ncu, 4096x4096 bf16:
-// 61 us), and 40 us with 4 columns (59-73 registers) and four rows' loads in flight.
+// 98 registers, two resident blocks per SM, and the pass took 61 us (ncu on H100, 4096x4096
+// bf16, 1.6 TB/s); with 4 columns and four rows' loads in flight (73 registers, three blocks)
+// it took 40 us.
 constexpr int kBackwardVecBytes = 8;
 constexpr int kBackwardRowThreads = 8;
 constexpr int kBackwardThreads = kBackwardColThreads * kBackwardRowThreads;
 // Per-column kernels (the merges of slab partials): kBackwardMergeLanes threads per column, each
 // adding every kBackwardMergeLanes-th slab, so a column's loads are in flight together (one thread
-// walking 64 slabs made fj_bwd_coef a 7.6 us, latency-bound pass at N = 4096 on H100).
+// walking 64 slabs made fj_bwd_coef a 7.7 us pass at N = 4096 on H100, 4.8 us with eight lanes).
 constexpr int kBackwardColumnThreads = 256;
 constexpr int kBackwardMergeLanes = 8;
 constexpr int kBackwardMergeColumns = kBackwardColumnThreads / kBackwardMergeLanes;

@@ -340,11 +340,10 @@ TEST_CASE("fusejit autotune without a GPU: one clear line, exit 1") {
   fs::remove_all(dir);
 }
 
-TEST_CASE("fusejit compile --from-db compiles the tuned winners without a GPU") {
-  const fs::path dir = temp_dir("fromdb");
-  const std::string cache = (dir / "cache").string();
-  // A database as autotune on an A100 would leave it: a fused winner, a reference winner
-  // (its plain kernels and its best fused config), and a warpspec winner that sm_80 cannot run.
+namespace {
+
+// A database's identity as autotune on an A100 would write it (made by hand: no GPU here).
+TuningIdentity a100_identity() {
   TuningIdentity id;
   id.name = "NVIDIA A100-SXM4-80GB";
   id.cc = 80;
@@ -352,7 +351,17 @@ TEST_CASE("fusejit compile --from-db compiles the tuned winners without a GPU") 
   id.nvrtc = "13.0";
   id.fusejit = "test";
   id.fingerprint = "NVIDIA A100-SXM4-80GB|cc80|driver13000|nvrtc13.0|fusejittest";
-  const TuningDb db(TuningDb::default_dir(cache), id);
+  return id;
+}
+
+}  // namespace
+
+TEST_CASE("fusejit compile --from-db compiles the tuned winners without a GPU") {
+  const fs::path dir = temp_dir("fromdb");
+  const std::string cache = (dir / "cache").string();
+  // A database as autotune on an A100 would leave it: a fused winner, a reference winner
+  // (its plain kernels and its best fused config), and a warpspec winner that sm_80 cannot run.
+  const TuningDb db(TuningDb::default_dir(cache), a100_identity());
   auto add = [&](const Problem& p, const std::string& winner, const std::string& best_fused) {
     TuningEntry e;
     e.problem = p;
@@ -438,14 +447,7 @@ TEST_CASE("fusejit compile --from-db compiles the tuned winners without a GPU") 
 TEST_CASE("fusejit compile --from-db warms the backward entries' kernel sets too") {
   const fs::path dir = temp_dir("fromdb-backward");
   const std::string cache = (dir / "cache").string();
-  TuningIdentity id;
-  id.name = "NVIDIA A100-SXM4-80GB";
-  id.cc = 80;
-  id.driver = 13000;
-  id.nvrtc = "13.0";
-  id.fusejit = "test";
-  id.fingerprint = "NVIDIA A100-SXM4-80GB|cc80|driver13000|nvrtc13.0|fusejittest";
-  const TuningDb db(TuningDb::default_dir(cache), id);
+  const TuningDb db(TuningDb::default_dir(cache), a100_identity());
   const Device a100 = Device::for_arch("sm_80");
   auto add = [&](const Problem& p, const std::string& winner) {
     TuningEntry e;

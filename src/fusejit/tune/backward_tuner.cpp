@@ -54,20 +54,7 @@ struct InputSet {
     dw = DeviceBuffer(static_cast<std::size_t>(p.N * p.lda_w()) * storage_bytes(st));
     for (DeviceBuffer* b : {&dbias, &dscale, &dgamma, &dbeta})
       *b = DeviceBuffer(static_cast<std::size_t>(p.N) * storage_bytes(pd));
-    const Tensors f = fwd.tensors();
-    t.dy = dy.get();
-    t.x = f.x;
-    t.w = f.w;
-    t.saved = f.saved;
-    t.scale = f.scale;
-    t.gamma = f.gamma;
-    if (p.mode == Mode::eval) {
-      t.running_mean = f.running_mean;
-      t.running_var = f.running_var;
-    } else {
-      t.save_mean = f.save_mean;
-      t.save_invstd = f.save_invstd;
-    }
+    t = backward_inputs(p.mode, fwd.tensors(), dy.get());
     t.dx = dx.get();
     t.dw = dw.get();
     if (p.has_bias) t.dbias = dbias.get();

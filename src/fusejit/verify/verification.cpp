@@ -431,6 +431,24 @@ std::vector<double> download_packed(const DeviceBuffer& b, DType dtype, std::int
                   static_cast<std::size_t>(ld));
 }
 
+BackwardTensors backward_inputs(Mode mode, const Tensors& f, const void* dy) {
+  BackwardTensors t;
+  t.dy = dy;
+  t.x = f.x;
+  t.w = f.w;
+  t.saved = f.saved;
+  t.scale = f.scale;
+  t.gamma = f.gamma;
+  if (mode == Mode::eval) {
+    t.running_mean = f.running_mean;
+    t.running_var = f.running_var;
+  } else {
+    t.save_mean = f.save_mean;
+    t.save_invstd = f.save_invstd;
+  }
+  return t;
+}
+
 CaseOutputs DeviceCase::download(std::int64_t rows) const {
   Problem p = c_.problem;
   p.M = rows;

@@ -30,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fusejit/backward.hpp"
 #include "fusejit/config/candidates.hpp"
 #include "fusejit/device/device_memory.hpp"
 #include "fusejit/problem.hpp"
@@ -94,6 +95,11 @@ std::vector<double> reference_saved(ReferenceInputs in, Mode mode, unsigned thre
 // type, packed, as doubles (a synchronous copy).
 std::vector<double> download_packed(const DeviceBuffer& b, DType dtype, std::int64_t rows,
                                     std::int64_t cols, std::int64_t ld);
+
+// The backward's inputs from a forward run's tensors: x, W, saved, scale and gamma, the
+// statistics `mode` reads (eval: the running stats; train: the saved ones), and `dy`. Every
+// gradient output is left null.
+BackwardTensors backward_inputs(Mode mode, const Tensors& forward, const void* dy);
 
 // What one run produced, decoded to doubles.
 struct CaseOutputs {
