@@ -83,6 +83,10 @@ class BackwardPlan {
   std::string config_key() const;
   std::vector<std::string> kernel_names() const;
   bool cache_hit() const;
+  // How the tiles were chosen: "config" (BackwardOptions forced dx_config or dw_config), "tuned"
+  // (the tuning database's backward entry for the problem, `fusejit autotune --backward`),
+  // "m-class" (its layer's entry for another M of the same M class) or "heuristic".
+  const std::string& dispatch() const;
 
   // Enqueues the backward of the first `rows` rows (1 <= rows <= problem().M; train needs
   // rows >= 2) on `stream`. The plan's own workspace, or the caller's (workspace_size() bytes,
@@ -102,6 +106,7 @@ class BackwardPlan {
   Problem problem_;
   bool accumulate_ = false;
   CUdeviceptr own_workspace_ = 0;
+  std::string dispatch_;
 };
 
 }  // namespace fusejit

@@ -112,8 +112,8 @@ class Plan {
   double compile_seconds() const;
 
   // How the config was chosen: "config" or "variant" (forced by PlanOptions), "tuned" (exact
-  // tuning-database entry), "bucket" (nearest tuned problem), "autotuned" (measured just now)
-  // or "heuristic".
+  // tuning-database entry), "m-class" (the entry of the same layer and M class), "bucket"
+  // (nearest tuned problem), "autotuned" (measured just now) or "heuristic".
   const std::string& dispatch() const;
   // True when tuning found the cuBLASLt reference op (ReferenceOp) fastest for this problem on
   // this GPU (or, without a tuning entry, the heuristic prefers it): run() then runs it

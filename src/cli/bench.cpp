@@ -307,6 +307,7 @@ nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device
   j["problem"] = p.key();
   j["shape"] = format_shape(p.shape());
   j["backward_config"] = backward.config_key();
+  j["backward_dispatch"] = backward.dispatch();
   j["backward_kernels"] = backward.kernel_names();
   j["forward_config"] = forward.config().key();
   j["gemm_ms"] = {{"forward", g_fwd}, {"dx", g_dx}, {"dw", g_dw}};
@@ -319,9 +320,9 @@ nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device
     fmt::print("\n{} {} {} backward: median of {} runs after {} warm-up, {} input set{}\n",
                format_shape(p.shape()), name(p.dtype), name(p.mode), a.runs, a.warmup, sets,
                sets == 1 ? "" : "s");
-    fmt::print("  forward {} [{}]\n  backward {} [{}] (plan {:.1f} ms, {})\n",
+    fmt::print("  forward {} [{}]\n  backward {} ({}) [{}] (plan {:.1f} ms, {})\n",
                forward.config().key(), join(forward.kernel_names()), backward.config_key(),
-               join(backward.kernel_names()), plan_ms,
+               backward.dispatch(), join(backward.kernel_names()), plan_ms,
                backward.cache_hit() ? "cache hit" : "compiled");
     fmt::print("{:<26} {:>10} {:>10}\n", "system", "ms", "vs floor");
     fmt::print("{:<26} {:>10.4f} {:>10.3f}\n", "fused forward + backward", step, step / floor3);

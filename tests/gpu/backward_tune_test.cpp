@@ -103,6 +103,10 @@ TEST_CASE("autotune --backward: the winner is recorded, verified and run by the 
     bo.cache_dir = cache_dir();
     const BackwardPlan plan(p, bo);
     CHECK(plan.config_key() == e->winner);
+    CHECK(plan.dispatch() == "tuned");
+    BackwardOptions forced = bo;
+    forced.dx_config = default_backward_config(p, dev).dx;
+    CHECK(BackwardPlan(p, forced).dispatch() == "config");
     const BackwardCheckResult got = plan_check(c);
     CHECK(got.config == e->winner);
     std::string why;
@@ -115,6 +119,7 @@ TEST_CASE("autotune --backward: the winner is recorded, verified and run by the 
     const BackwardChoice shared = choose_backward(q, dev, cache_dir());
     CHECK(shared.source == KernelChoice::Source::m_class);
     CHECK(shared.config.key() == e->winner);
+    CHECK(BackwardPlan(q, bo).dispatch() == "m-class");
     SweepCase cq = c;
     cq.problem = q;
     const BackwardCheckResult got_q = plan_check(cq);

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <utility>
 
 #include "fusejit/backward.hpp"
 #include "fusejit/device/context.hpp"
@@ -22,7 +23,9 @@ BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& option
   validate_backward_problem(problem);
   const CUcontext ctx = context_for(options.device);
   const Device device = Device::current();
-  BackwardConfig config = choose_backward(problem, device, options.cache_dir).config;
+  const BackwardChoice choice = choose_backward(problem, device, options.cache_dir);
+  BackwardConfig config = choice.config;
+  dispatch_ = options.dx_config || options.dw_config ? "config" : std::string(name(choice.source));
   auto forced = [&](const std::optional<KernelConfig>& c, const Problem& gemm, const char* arg,
                     KernelConfig& out) {
     if (!c) return;
@@ -51,7 +54,8 @@ BackwardPlan::BackwardPlan(BackwardPlan&& o) noexcept
       state_(std::move(o.state_)),
       problem_(o.problem_),
       accumulate_(o.accumulate_),
-      own_workspace_(o.own_workspace_) {
+      own_workspace_(o.own_workspace_),
+      dispatch_(std::move(o.dispatch_)) {
   o.own_workspace_ = 0;
 }
 
@@ -63,6 +67,7 @@ BackwardPlan& BackwardPlan::operator=(BackwardPlan&& o) noexcept {
     problem_ = o.problem_;
     accumulate_ = o.accumulate_;
     own_workspace_ = o.own_workspace_;
+    dispatch_ = std::move(o.dispatch_);
     o.own_workspace_ = 0;
   }
   return *this;
@@ -82,6 +87,9 @@ std::vector<std::string> BackwardPlan::kernel_names() const {
 }
 bool BackwardPlan::cache_hit() const {
   return core_->cache_hit;
+}
+const std::string& BackwardPlan::dispatch() const {
+  return dispatch_;
 }
 
 void BackwardPlan::validate(const BackwardTensors& t) const {
