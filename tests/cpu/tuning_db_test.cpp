@@ -286,7 +286,8 @@ TEST_CASE("a damaged file is set aside with one warning and never trusted") {
       {"deep nesting", std::string(200, '[') + std::string(200, ']')},
       {"an array", "[]"},
       {"another schema", mutate([](auto& j, auto&) { j["schema"] = "something-else"; })},
-      {"a future version", mutate([](auto& j, auto&) { j["version"] = 2; })},
+      {"a future version", mutate([](auto& j, auto&) { j["version"] = 3; })},
+      {"backward entries in a version 1 file", mutate([](auto& j, auto&) { j["version"] = 1; })},
       {"a missing field", mutate([](auto&, auto& e) { e.erase("winner_ms"); })},
       {"a wrong type", mutate([](auto&, auto& e) { e["problem"]["M"] = "1024"; })},
       {"an invalid problem", mutate([](auto&, auto& e) { e["problem"]["alignment"] = 3; })},
@@ -597,9 +598,11 @@ TEST_CASE("backward entries: their own map in the file, round trip, forward entr
   CHECK(t.entries.size() == 1);
   CHECK(t.backward.size() == 1);
   CHECK(tuning_table_json(t) == text);
-  // A file written before backward entries existed has none and still reads.
+  // A file written before backward entries existed (version 1) has none and still reads.
   auto j = nlohmann::json::parse(text);
+  CHECK(j["version"] == 2);
   j.erase("backward_entries");
+  j["version"] = 1;
   const TuningTable old = parse_tuning_table(j.dump());
   CHECK(old.entries.size() == 1);
   CHECK(old.backward.empty());
@@ -631,6 +634,29 @@ TEST_CASE("backward entries: a forward key, the reference or a cuBLASLt time is 
     FAIL("a backward entry with a forward key was read");
   } catch (const Error& e) {
     CHECK(std::string(e.what()).find("backward entry") != std::string::npos);
+  }
+  // A problem BackwardPlan refuses was never tuned: its entry in a file is damage.
+  for (const std::string field : {"dtype", "stat_ranks"}) {
+    CAPTURE(field);
+    Problem refused = p;
+    if (field == "dtype")
+      refused.dtype = DType::tf32x3, refused.param_dtype = DType::fp32;
+    else
+      refused.stat_ranks = 2;
+    REQUIRE_NOTHROW(refused.validate());
+    TuningTable r;
+    r.identity = identity(90);
+    r.backward[refused.key()] = backward_entry(refused, kBackwardTiled);
+    try {
+      parse_tuning_table(tuning_table_json(r));
+      FAIL("a backward entry of a refused problem was read");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      CAPTURE(what);
+      CHECK(what.find("backward entry") != std::string::npos);
+      // (A file has no field for stat_ranks: such a key never matches its problem's.)
+      if (field == "dtype") CHECK(what.find("refuses") != std::string::npos);
+    }
   }
   fs::remove_all(dir);
 }
@@ -666,4 +692,16 @@ TEST_CASE("backward dispatch: exact entry, then the M class, a winner that canno
   CHECK(c.source == KernelChoice::Source::heuristic);
   CHECK(c.detail.find("skipped") != std::string::npos);
   CHECK(c.config.key() == default_backward_config(p, sm80).key());
+  // An exact entry that cannot run does not hide a usable one of the same M class.
+  TuningTable mixed;
+  mixed.identity = identity(90);
+  const Problem q = problem(700, 512, 384);
+  mixed.backward[p.key()] = backward_entry(p, kBackwardWarpspec);
+  mixed.backward[q.key()] = backward_entry(q, kBackwardTiled);
+  c = choose_backward_from_table(mixed, p, sm80);
+  CAPTURE(c.detail);
+  CHECK(c.source == KernelChoice::Source::m_class);
+  CHECK(c.config.key() == kBackwardTiled);
+  CHECK(c.detail.find("skipped") != std::string::npos);
+  CHECK(c.detail.find("M = 700") != std::string::npos);
 }

@@ -117,6 +117,15 @@ void validate_backward_problem(const Problem& problem) {
                           "fp32, tf32, fp16 or bf16 (fp32 gives strict-fp32 gradients)");
 }
 
+std::string backward_refusal(const Problem& problem) {
+  try {
+    validate_backward_problem(problem);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+
 std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& c, const Problem& gemm,
                                   const Device& d) {
   if (c.split_k != 1) return "the gradient GEMMs have no split-K";

@@ -37,6 +37,9 @@ struct BackwardCore {
 // What a backward pass can be built for: a valid problem, no synchronized statistics, train
 // with M >= 2, not tf32x3. Throws InvalidArgument naming the argument.
 void validate_backward_problem(const Problem&);
+// validate_backward_problem's refusal as text ("" when the backward pass takes the problem), for
+// callers that skip a problem instead of failing (compile --backward, the tuning database).
+std::string backward_refusal(const Problem&);
 
 // Why `config` cannot run the gradient GEMM `gemm` (dx_gemm_problem or dw_gemm_problem of the
 // layer `p`) on `device`; empty when it can. Beyond KernelConfig::why_invalid: no split-K or

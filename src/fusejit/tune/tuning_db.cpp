@@ -24,6 +24,7 @@
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/config/candidates.hpp"
 #include "fusejit/error.hpp"
+#include "fusejit/plan/backward_core.hpp"
 #include "fusejit/util/durable_file.hpp"
 #include "fusejit/util/hash.hpp"
 #include "fusejit/util/log.hpp"
@@ -39,7 +40,10 @@ using nlohmann::json;
 namespace {
 
 constexpr std::string_view kSchema = "fusejit-tuning-db";
-constexpr int kVersion = 1;
+// 2 added "backward_entries". A version-1 file (forward entries only) is still read; a build
+// that reads only version 1 moves a version-2 file aside, loudly, rather than rewriting it
+// without the backward entries it cannot see.
+constexpr int kVersion = 2;
 // A few hundred bytes per entry: anything this large under our name is damage, and refusing it
 // keeps a hostile file from making us allocate without bound.
 constexpr std::size_t kMaxFileBytes = std::size_t{64} << 20;
@@ -194,6 +198,10 @@ TuningEntry entry_from_json(const std::string& key, const json& j, TunedPass pas
   e.problem = problem_from_json(field(j, "problem", where), where);
   if (e.problem.key() != key)
     damaged(fmt::format("{}: its problem's key is '{}'", where, e.problem.key()));
+  // A problem BackwardPlan refuses (tf32x3, synchronized statistics) was never tuned.
+  if (pass == TunedPass::backward)
+    if (const std::string why = backward_refusal(e.problem); !why.empty())
+      damaged(fmt::format("{}: a problem the backward pass refuses ({})", where, why));
   e.winner = get_string(j, "winner", where);
   check_candidate(e.winner, "winner", where, pass, true, false);
   e.winner_ms = get_positive(j, "winner_ms", where);
@@ -491,6 +499,7 @@ const TuningEntry* same_m_class(const TuningTable& table, const Problem& p, Tune
   double best_dist = 0;
   for (const auto& [k, e] : table.of(pass)) {
     const std::int64_t m = e.problem.M;
+    if (k == key) continue;  // the exact entry is the dispatch's first step, not its second
     if (m < cls.lo || m > cls.hi || std::string_view(k).substr(k.find('x')) != layer) continue;
     const double dist = std::abs(std::log2(static_cast<double>(m) / static_cast<double>(p.M)));
     if (!best || dist < best_dist - 1e-12 || (dist < best_dist + 1e-12 && m < best->problem.M))
@@ -526,8 +535,8 @@ TuningTable parse_tuning_table(std::string_view text) {
   if (get_string(j, "schema", top) != kSchema)
     damaged("schema is not '" + std::string(kSchema) + "'");
   const std::int64_t version = get_int(j, "version", top);
-  if (version != kVersion)
-    damaged(fmt::format("version {} (this fusejit reads version {})", version, kVersion));
+  if (version != 1 && version != kVersion)
+    damaged(fmt::format("version {} (this fusejit reads versions 1 and {})", version, kVersion));
   TuningTable t;
   t.identity.fingerprint = get_string(j, "fingerprint", top);
   const json& dev = field(j, "device", top);
@@ -541,8 +550,9 @@ TuningTable parse_tuning_table(std::string_view text) {
   if (!entries.is_object()) damaged("'entries' must be an object");
   for (const auto& [key, value] : entries.items())
     t.entries.emplace(key, entry_from_json(key, value, TunedPass::forward));
-  // Absent from files written before backward tuning existed.
+  // Version 1 predates backward tuning.
   if (const auto it = j.find("backward_entries"); it != j.end()) {
+    if (version == 1) damaged("'backward_entries' in a version 1 file");
     if (!it->is_object()) damaged("'backward_entries' must be an object");
     for (const auto& [key, value] : it->items())
       t.backward.emplace(key, entry_from_json(key, value, TunedPass::backward));

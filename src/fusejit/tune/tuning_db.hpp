@@ -103,7 +103,8 @@ struct BucketMatch {
 };
 std::optional<BucketMatch> nearest_bucket(const TuningTable& table, const Problem& p);
 // The entry of p's layer (every field but M equal) whose M lies in p's M class (m_class), the
-// nearest M by |log2 ratio| first (ties: the smaller M); null when there is none.
+// nearest M by |log2 ratio| first (ties: the smaller M), never p's own entry (so an exact entry
+// the dispatch could not use does not hide a usable one of the class); null when there is none.
 const TuningEntry* same_m_class(const TuningTable& table, const Problem& p,
                                 TunedPass pass = TunedPass::forward);
 
