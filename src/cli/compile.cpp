@@ -40,10 +40,11 @@ struct CompileArgs {
   // --from-db [FILE]: FILE, or (no FILE) every database under <cache dir>/tuning.
   bool from_db = false;
   std::string db_file;
-  bool problem_given = false;  // --shapes, --dtypes, --modes, --variant or --config given
-  std::string emit_dir;        // --emit-source: also write each generated translation unit here
-  bool every_m = false;        // --every-m: each problem's layer for every M class
-  bool backward = false;       // --backward: each problem's backward kernel set too
+  // --shapes, --dtypes, --modes, --variant, --config, --every-m or --backward given
+  bool problem_given = false;
+  std::string emit_dir;   // --emit-source: also write each generated translation unit here
+  bool every_m = false;   // --every-m: each problem's layer for every M class
+  bool backward = false;  // --backward: each problem's backward kernel set too
 };
 
 // --every-m: the problem at one M per M class (config/candidates.hpp), the class's largest
@@ -163,8 +164,9 @@ void emit_sources(const std::vector<Job>& jobs, const std::string& dir) {
 int run_compile(const CompileArgs& a) {
   if (a.from_db && a.problem_given)
     throw InvalidArgument("from-db",
-                          "the problems come from the tuning database; drop --shapes, "
-                          "--dtypes, --modes, --variant and --config");
+                          "the problems come from the tuning database (its backward entries "
+                          "too); drop --shapes, --dtypes, --modes, --variant, --config, "
+                          "--every-m and --backward");
   std::vector<Job> jobs;
   std::string target;
   std::vector<std::string> bad_files;
@@ -225,7 +227,10 @@ int run_compile(const CompileArgs& a) {
       }
       // What a BackwardPlan of the problem loads without a tuning entry; with --variant all,
       // everything `fusejit autotune --backward` times.
-      if (a.backward && (p.mode == Mode::eval || p.M >= 2)) {
+      const std::string refusal = a.backward ? backward_refusal(p) : std::string();
+      if (!refusal.empty())
+        fmt::print("{}: no backward kernel set ({})\n", p.key(), refusal);
+      else if (a.backward) {
         if (a.variant == "all")
           for (KernelSource& src : backward_tuning_sources(p, dev)) add(std::move(src));
         else
@@ -304,7 +309,9 @@ void add_compile(CLI::App& app, Action& action) {
       "129-256, 257-1024, 1025-2048, 2049-4096, 4097-16384, larger), so a Plan of any M compiles "
       "nothing");
   cmd->add_flag("--backward", a->backward,
-                "Also compile each problem's backward kernel set (what a BackwardPlan loads)");
+                "Also compile each problem's backward kernel set: the heuristic's (what a "
+                "BackwardPlan loads without a tuning entry), or with --variant all every set "
+                "`autotune --backward` times; problems the backward pass refuses are skipped");
   cmd->add_option("--emit-source", a->emit_dir,
                   "Also write the generated CUDA sources (and template headers) to DIR");
   cmd->callback([&action, a, cmd] {

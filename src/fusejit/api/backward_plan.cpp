@@ -23,9 +23,17 @@ BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& option
   validate_backward_problem(problem);
   const CUcontext ctx = context_for(options.device);
   const Device device = Device::current();
-  const BackwardChoice choice = choose_backward(problem, device, options.cache_dir);
-  BackwardConfig config = choice.config;
-  dispatch_ = options.dx_config || options.dw_config ? "config" : std::string(name(choice.source));
+  // Both tiles forced: the database is not read (nor a damaged one moved aside) for a choice
+  // nothing would use. One forced: the other GEMM's tiles still come from the dispatch.
+  BackwardConfig config;
+  if (options.dx_config && options.dw_config) {
+    dispatch_ = "config";
+  } else {
+    const BackwardChoice choice = choose_backward(problem, device, options.cache_dir);
+    config = choice.config;
+    dispatch_ =
+        options.dx_config || options.dw_config ? "config" : std::string(name(choice.source));
+  }
   auto forced = [&](const std::optional<KernelConfig>& c, const Problem& gemm, const char* arg,
                     KernelConfig& out) {
     if (!c) return;

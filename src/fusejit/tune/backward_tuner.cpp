@@ -253,8 +253,15 @@ TuneResult tune_backward(const Problem& p, const TunerOptions& o) {
     const bool listed = std::any_of(cs.begin(), cs.end(),
                                     [&](const Contender& c) { return c.out.key == pair.key(); });
     if (!listed) {
-      // By key: the push below may move the contenders.
-      const std::string leader_key = fastest([](const Contender&) { return true; })->out.key;
+      // The new pair is timed side by side with every close contender (within final_ratio of
+      // the fastest), as the first timing's final rounds were: medians from two timing
+      // sessions differ by the clock's drift, not only by speed. By key: the push below may
+      // move the contenders.
+      const double best_ms = *fastest([](const Contender&) { return true; })->out.median_ms;
+      std::vector<std::string> close;
+      for (const Contender& c : cs)
+        if (c.out.status == Status::timed && *c.out.median_ms <= o.final_ratio * best_ms)
+          close.push_back(c.out.key);
       Contender k;
       k.config = pair;
       k.out.key = pair.key();
@@ -262,9 +269,10 @@ TuneResult tune_backward(const Problem& p, const TunerOptions& o) {
       cs.push_back(std::move(k));
       Contender& added = cs.back();
       build({&added});
-      auto it = std::find_if(cs.begin(), cs.end(),
-                             [&](const Contender& c) { return c.out.key == leader_key; });
-      timed({&added, &*it});
+      std::vector<Contender*> again{&added};
+      for (Contender& c : cs)
+        if (std::find(close.begin(), close.end(), c.out.key) != close.end()) again.push_back(&c);
+      timed(again);
     }
   }
 
