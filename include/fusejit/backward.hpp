@@ -51,7 +51,9 @@ struct BackwardOptions {
   int device = -1;        // ordinal; -1: the current context's device, else 0
   std::string cache_dir;  // empty: the default kernel cache
   // True: dw and the parameter gradients are added to what their buffers hold (dW += da^T x),
-  // as frameworks accumulate .grad; dx is always overwritten.
+  // as frameworks accumulate .grad; dx is always overwritten. The same tiles either way: dW
+  // then takes its thread-store epilogue (it reads what the buffer holds) even where the tiles'
+  // key asks for TMA stores, and `fusejit autotune --backward` ranks tiles without accumulation.
   bool accumulate = false;
   // False: the plan allocates no workspace; every run() must be given one (workspace_size()).
   bool allocate_workspace = true;
@@ -83,7 +85,8 @@ class BackwardPlan {
   std::string config_key() const;
   std::vector<std::string> kernel_names() const;
   bool cache_hit() const;
-  // How the tiles were chosen: "config" (BackwardOptions forced dx_config or dw_config), "tuned"
+  // How the tiles were chosen: "config" (BackwardOptions forced dx_config or dw_config; with
+  // one forced, the other GEMM's tiles come from the steps that follow), "tuned"
   // (the tuning database's backward entry for the problem, `fusejit autotune --backward`),
   // "m-class" (its layer's entry for another M of the same M class) or "heuristic".
   const std::string& dispatch() const;

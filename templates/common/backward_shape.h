@@ -8,7 +8,8 @@ namespace fj {
 
 // A block is kBackwardColThreads x kBackwardRowThreads threads; a thread owns VEC consecutive
 // columns (kBackwardVecBytes of T where alignment allows) and walks every kBackwardRowThreads-th
-// row of its block's slab. A warp then reads whole 256-byte row segments of dy and saved.
+// row of its block's slab. Where alignment allows 8-byte vectors, a warp reads whole 256-byte
+// row segments of dy and saved.
 constexpr int kBackwardColThreads = 32;
 // 8 bytes, not 16: with 8 bf16 columns a thread of fj_bwd_da held 40 coefficients and 16 sums,
 // 98 registers, two resident blocks per SM, and the pass took 61 us (ncu on H100, 4096x4096

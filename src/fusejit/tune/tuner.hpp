@@ -53,9 +53,10 @@ struct TunerOptions {
   double final_ratio = 1.15;
   int final_rounds = 9;
   std::optional<std::uint64_t> seed;  // inputs; default: a fresh seed
-  // Test hook: wraps one candidate's verification run so that it corrupts y afterwards (a
-  // kernel that is fast and wrong). A candidate key, "reference", or "fastest" (whichever
-  // candidate timed fastest). Timing runs are not wrapped, so it stays as fast as it was.
+  // Test hook: wraps one candidate's verification run so that it corrupts its output afterwards
+  // (y in the forward tuner, dx in the backward one: a kernel that is fast and wrong). A candidate
+  // key, "reference", or "fastest" (whichever candidate timed fastest). Timing runs are not
+  // wrapped, so it stays as fast as it was.
   std::string inject_wrong_candidate;
   std::function<void(const TuneProgress&)> on_progress;
 };
