@@ -68,7 +68,7 @@ TEST_CASE("autotune --backward: the winner is recorded, verified and run by the 
   primary_context(0);
   const Device dev = Device::get(0);
   const TuningDb db = TuningDb::for_device(dev, cache_dir());
-  for (const char* line : {"384x256x192 bf16 train", "200x136x96 fp16 eval"}) {
+  for (const std::string line : {"384x256x192 bf16 train", "200x136x96 fp16 eval"}) {
     const SweepCase c = parse_sweep_line(line);
     const Problem& p = c.problem;
     CAPTURE(line);
