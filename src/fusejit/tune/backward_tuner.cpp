@@ -291,35 +291,19 @@ TuneResult tune_backward(const Problem& p, const TunerOptions& o) {
   for (std::size_t k = 0; k < order.size() && !winner; ++k) {
     Contender& c = *order[k];
     report(o, TuneProgress::Stage::verifying, verified++, order.size(), c.out.key);
-    try {
-      v.poison(p);
-      FJ_CU(cuCtxSynchronize());  // the poison must land before the run, not after
-      launch_backward(*c.core, p.M, false, stream, v.t, v.workspace.get(), c.caches[0].get());
-      const bool inject =
-          !o.inject_wrong_candidate.empty() && (o.inject_wrong_candidate == c.out.key ||
-                                                (o.inject_wrong_candidate == "fastest" && k == 0));
-      if (inject) FJ_CU(cuMemsetD8Async(v.dx.address(), 0x40, v.dx.size(), stream.get()));
-      stream.synchronize();
-      const BackwardErrors e = compare_gradients(ref, read_gradients(v, p, dx_cols, dw_rows));
-      c.out.error = e.worst();
-      std::string why;
-      if (passes(e, threshold, &why)) {
-        c.out.status = Status::verified;
-        winner = &c;
-      } else {
-        c.out.status = Status::rejected;
-        c.out.message = "verification: " + why;
-        log()->warn(
-            "autotune --backward {}: {} is fast ({:.4f} ms) but wrong ({}); trying the "
-            "next best",
-            p.key(), c.out.key, *c.out.median_ms, why);
-      }
-    } catch (const std::exception& e) {
-      c.out.status = Status::rejected;
-      c.out.message = "verification run: " + first_line(e.what());
-      log()->warn("autotune --backward {}: {} failed its verification run ({})", p.key(), c.out.key,
-                  c.out.message);
-    }
+    const bool ok =
+        verify_candidate(c.out, "autotune --backward " + p.key(), [&](std::string* why) {
+          v.poison(p);
+          FJ_CU(cuCtxSynchronize());  // the poison must land before the run, not after
+          launch_backward(*c.core, p.M, false, stream, v.t, v.workspace.get(), c.caches[0].get());
+          if (inject_wrong_here(o, c.out.key, k))
+            FJ_CU(cuMemsetD8Async(v.dx.address(), 0x40, v.dx.size(), stream.get()));
+          stream.synchronize();
+          const BackwardErrors e = compare_gradients(ref, read_gradients(v, p, dx_cols, dw_rows));
+          c.out.error = e.worst();
+          return passes(e, threshold, why);
+        });
+    if (ok) winner = &c;
   }
   report(o, TuneProgress::Stage::verifying, verified, verified, winner ? winner->out.key : "");
   const std::optional<CandidateOutcome> won =

@@ -14,6 +14,7 @@
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/device/event_timer.hpp"
 #include "fusejit/error.hpp"
+#include "fusejit/util/log.hpp"
 
 namespace fusejit {
 
@@ -25,6 +26,31 @@ std::string first_line(const std::string& s) {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+bool inject_wrong_here(const TunerOptions& o, const std::string& key, std::size_t k) {
+  return !o.inject_wrong_candidate.empty() &&
+         (o.inject_wrong_candidate == key || (o.inject_wrong_candidate == "fastest" && k == 0));
+}
+
+bool verify_candidate(CandidateOutcome& c, const std::string& who,
+                      const std::function<bool(std::string* why)>& check) {
+  try {
+    std::string why;
+    if (check(&why)) {
+      c.status = CandidateOutcome::Status::verified;
+      return true;
+    }
+    c.status = CandidateOutcome::Status::rejected;
+    c.message = "verification: " + why;
+    log()->warn("{}: {} is fast ({:.4f} ms) but wrong ({}); trying the next best", who, c.key,
+                *c.median_ms, why);
+  } catch (const std::exception& e) {
+    c.status = CandidateOutcome::Status::rejected;
+    c.message = "verification run: " + first_line(e.what());
+    log()->warn("{}: {} failed its verification run ({})", who, c.key, c.message);
+  }
+  return false;
 }
 
 void rank_by_time(std::vector<CandidateOutcome>& outcomes) {

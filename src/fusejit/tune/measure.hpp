@@ -56,6 +56,17 @@ struct TimedCandidate {
 void time_candidates(std::vector<TimedCandidate>& cs, int sets, CUstream stream,
                      const TunerOptions& o);
 
+// Whether the test hook TunerOptions::inject_wrong_candidate asks to corrupt this verification
+// run: the candidate's key, or "fastest" for the first candidate verified (k == 0).
+bool inject_wrong_here(const TunerOptions& o, const std::string& key, std::size_t k);
+
+// One candidate's verification as both tuners judge it. `check` runs the candidate, records its
+// error in `c.error` and returns passes()'s verdict with the reason in *why. A failed verdict or a
+// throwing run marks the candidate rejected, with one warning naming `who` ("autotune KEY",
+// "autotune --backward KEY"). True when verified.
+bool verify_candidate(CandidateOutcome& c, const std::string& who,
+                      const std::function<bool(std::string* why)>& check);
+
 // The outcomes as TuneResult::candidates lists them: the timed ones by median, fastest first,
 // then those without a time.
 void rank_by_time(std::vector<CandidateOutcome>& outcomes);

@@ -319,37 +319,23 @@ TuneResult tune(const Problem& p, const TunerOptions& o) {
     if (winner && !c.config) continue;  // after a reference win, only fused ones are wanted
     report(o, TuneProgress::Stage::verifying, verified, order.size(), c.out.key);
     ++verified;
-    try {
+    const bool ok = verify_candidate(c.out, "autotune " + p.key(), [&](std::string* why) {
       DeviceCase& d = data.front();
       d.reset(in);
       FJ_CU(cuCtxSynchronize());  // the poison must land before the run, not after
       const Tensors t = d.tensors();
       c.run(stream, t);
-      const bool inject =
-          !o.inject_wrong_candidate.empty() && (o.inject_wrong_candidate == c.out.key ||
-                                                (o.inject_wrong_candidate == "fastest" && k == 0));
-      if (inject)
+      if (inject_wrong_here(o, c.out.key, k))
         FJ_CU(cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(t.y), 0x40, y_bytes, stream.get()));
       stream.synchronize();
       const CaseOutputs got = pick_columns(d.download(), ref.cols, p.M, p.N);
       const CaseErrors e = compare(ref.sub, got, ref.ref);
       c.out.error = e.worst();
-      std::string why;
-      if (passes(e, threshold, &why)) {
-        c.out.status = Status::verified;
-        if (!winner) winner = &c;
-        if (c.config) best_fused = &c;
-      } else {
-        c.out.status = Status::rejected;
-        c.out.message = "verification: " + why;
-        log()->warn("autotune {}: {} is fast ({:.4f} ms) but wrong ({}); trying the next best",
-                    p.key(), c.out.key, *c.out.median_ms, why);
-      }
-    } catch (const std::exception& e) {
-      c.out.status = Status::rejected;
-      c.out.message = "verification run: " + first_line(e.what());
-      log()->warn("autotune {}: {} failed its verification run ({})", p.key(), c.out.key,
-                  c.out.message);
+      return passes(e, threshold, why);
+    });
+    if (ok) {
+      if (!winner) winner = &c;
+      if (c.config) best_fused = &c;
     }
   }
   report(o, TuneProgress::Stage::verifying, verified, verified, winner ? winner->out.key : "");
