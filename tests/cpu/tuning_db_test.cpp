@@ -492,6 +492,19 @@ TEST_CASE("dispatch: a tuned M serves its layer's whole M class, as the dynamic-
   CHECK(c.source != KernelChoice::Source::m_class);
   CHECK(same_m_class(t, problem(700, 128, 512)) == nullptr);
   CHECK(same_m_class(t, problem(5000, 256, 512)) == nullptr);
+  // An exact entry that cannot run here does not hide a usable one of its class.
+  const Device sm86 = Device::for_arch("sm_86");
+  TuningTable mixed;
+  mixed.identity = identity(86);
+  const Problem at700 = problem(700, 256, 512);
+  mixed.entries[at1000.key()] = entry(at1000, kTiledBig);
+  mixed.entries[at700.key()] = entry(at700, kTiled);
+  CHECK(same_m_class(mixed, at1000)->problem.M == 700);
+  c = choose_from_table(mixed, at1000, sm86);
+  CAPTURE(c.detail);
+  CHECK(c.source == KernelChoice::Source::m_class);
+  CHECK(c.config.key() == kTiled);
+  CHECK(c.detail.find("tuned entry skipped") != std::string::npos);
 }
 
 TEST_CASE("M classes: bounds as documented, each inside one schedule class of every tile") {
