@@ -480,5 +480,15 @@ TEST_CASE("fusejit compile --from-db warms the backward entries' kernel sets too
   CHECK(first.out.find("skip backward 200x64x64") != std::string::npos);
   // What a BackwardPlan on sm_80 chooses, by the library's rule, is exactly what was warmed.
   CHECK(choose_backward_from_table(*db.table(), tiled, a100).config.key() == tuned.key());
+  // compile --backward skips, and names, a problem the backward pass refuses; its forward set
+  // still compiles and the command succeeds.
+  const Result refused = run_cli(
+      "compile --arch sm_80 --shapes 64x64x64 --dtypes tf32x3 --modes "
+      "train --backward --cache-dir " +
+      cache);
+  CHECK_MESSAGE(refused.code == 0, refused.out);
+  CHECK(refused.out.find("no backward kernel set") != std::string::npos);
+  CHECK(refused.out.find("tf32x3") != std::string::npos);
+  CHECK(refused.out.find("1 kernel set(s)") != std::string::npos);
   fs::remove_all(dir);
 }
