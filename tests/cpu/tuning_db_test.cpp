@@ -648,6 +648,21 @@ TEST_CASE("backward entries: a forward key, the reference or a cuBLASLt time is 
   } catch (const Error& e) {
     CHECK(std::string(e.what()).find("backward entry") != std::string::npos);
   }
+  // A backward entry filed under another momentum than the default is damage too (the backward
+  // ignores the momentum, so entries are filed under the default); one entry serves them all.
+  Problem other = p;
+  other.momentum = 0.3;
+  TuningTable filed;
+  filed.identity = identity(90);
+  filed.backward[other.key()] = backward_entry(other, kBackwardTiled);
+  CHECK_THROWS_AS(parse_tuning_table(tuning_table_json(filed)), Error);
+  CHECK_THROWS_AS(db.record(backward_entry(other, kBackwardTiled), TunedPass::backward),
+                  InvalidArgument);
+  REQUIRE(db.record(backward_entry(backward_entry_problem(other), kBackwardTiled),
+                    TunedPass::backward));
+  CHECK(db.find(other, TunedPass::backward));
+  CHECK(db.find(p, TunedPass::backward));
+  CHECK(!db.find(other));  // the forward's entries keep their momentum
   // A problem BackwardPlan refuses was never tuned: its entry in a file is damage.
   for (const std::string field : {"dtype", "stat_ranks"}) {
     CAPTURE(field);
@@ -705,6 +720,17 @@ TEST_CASE("backward dispatch: exact entry, then the M class, a winner that canno
   CHECK(c.source == KernelChoice::Source::heuristic);
   CHECK(c.detail.find("skipped") != std::string::npos);
   CHECK(c.config.key() == default_backward_config(p, sm80).key());
+  // The backward pass ignores the momentum: the entry serves the layer with any momentum.
+  for (const std::optional<double> momentum : {std::optional<double>(), std::optional(0.3)}) {
+    Problem m = p;
+    m.momentum = momentum;
+    REQUIRE(m.key() != p.key());
+    c = choose_backward_from_table(t, m, hopper);
+    CHECK(c.source == KernelChoice::Source::exact);
+    CHECK(c.config.key() == kBackwardWarpspec);
+    m.M = 300;
+    CHECK(choose_backward_from_table(t, m, hopper).source == KernelChoice::Source::m_class);
+  }
   // An exact entry that cannot run does not hide a usable one of the same M class.
   TuningTable mixed;
   mixed.identity = identity(90);

@@ -315,7 +315,7 @@ TuneResult tune_backward(const Problem& p, const TunerOptions& o) {
 
   // 5. Record.
   TuningEntry& e = result.entry;
-  e.problem = p;
+  e.problem = backward_entry_problem(p);
   e.winner = won->key;
   e.winner_ms = *won->median_ms;
   e.best_fused = won->key;

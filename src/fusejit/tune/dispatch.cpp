@@ -182,14 +182,15 @@ BackwardChoice choose_backward_from_table(const TuningTable& table, const Proble
   };
   BackwardChoice out;
   const auto& entries = table.of(TunedPass::backward);
-  if (auto it = entries.find(p.key()); it != entries.end())
+  const Problem filed = backward_entry_problem(p);  // the momentum does not matter backward
+  if (auto it = entries.find(filed.key()); it != entries.end())
     if (auto c = usable_backward(it->second)) {
       out.source = KernelChoice::Source::exact;
       out.config = *c;
       out.detail = fmt::format("tuned: {} {:.4f} ms", it->second.winner, it->second.winner_ms);
       return out;
     }
-  if (const TuningEntry* e = same_m_class(table, p, TunedPass::backward))
+  if (const TuningEntry* e = same_m_class(table, filed, TunedPass::backward))
     if (auto c = usable_backward(*e)) {
       out.source = KernelChoice::Source::m_class;
       out.config = *c;

@@ -198,6 +198,8 @@ TuningEntry entry_from_json(const std::string& key, const json& j, TunedPass pas
   e.problem = problem_from_json(field(j, "problem", where), where);
   if (e.problem.key() != key)
     damaged(fmt::format("{}: its problem's key is '{}'", where, e.problem.key()));
+  if (pass == TunedPass::backward && e.problem.momentum != Problem{}.momentum)
+    damaged(fmt::format("{}: a backward entry is filed under the default momentum", where));
   // A problem BackwardPlan refuses (tf32x3, synchronized statistics) was never tuned.
   if (pass == TunedPass::backward)
     if (const std::string why = backward_refusal(e.problem); !why.empty())
@@ -491,6 +493,12 @@ std::optional<BucketMatch> nearest_bucket(const TuningTable& table, const Proble
   return best;
 }
 
+Problem backward_entry_problem(const Problem& p) {
+  Problem q = p;
+  q.momentum = Problem{}.momentum;
+  return q;
+}
+
 const TuningEntry* same_m_class(const TuningTable& table, const Problem& p, TunedPass pass) {
   const MClass cls = m_class(p.M);
   const std::string key = p.key();
@@ -616,7 +624,8 @@ std::shared_ptr<const TuningTable> TuningDb::table() const {
 
 std::optional<TuningEntry> TuningDb::find(const Problem& p, TunedPass pass) const {
   const auto t = table();
-  auto it = t->of(pass).find(p.key());
+  auto it =
+      t->of(pass).find(pass == TunedPass::backward ? backward_entry_problem(p).key() : p.key());
   if (it == t->of(pass).end()) return std::nullopt;
   return it->second;
 }

@@ -102,6 +102,11 @@ struct BucketMatch {
   double distance = 0;
 };
 std::optional<BucketMatch> nearest_bucket(const TuningTable& table, const Problem& p);
+// The problem a backward entry is filed under: p with the default momentum. The backward pass
+// never reads the running stats' momentum, so one tuning serves the layer whatever its momentum
+// (momentum=None included); a backward entry filed under another momentum is damage.
+Problem backward_entry_problem(const Problem& p);
+
 // The entry of p's layer (every field but M equal) whose M lies in p's M class (m_class), the
 // nearest M by |log2 ratio| first (ties: the smaller M), never p's own entry (so an exact entry
 // the dispatch could not use does not hide a usable one of the class); null when there is none.
