@@ -198,12 +198,16 @@ TuningEntry entry_from_json(const std::string& key, const json& j, TunedPass pas
   e.problem = problem_from_json(field(j, "problem", where), where);
   if (e.problem.key() != key)
     damaged(fmt::format("{}: its problem's key is '{}'", where, e.problem.key()));
-  if (pass == TunedPass::backward && e.problem.momentum != Problem{}.momentum)
-    damaged(fmt::format("{}: a backward entry is filed under the default momentum", where));
-  // A problem BackwardPlan refuses (tf32x3, synchronized statistics) was never tuned.
-  if (pass == TunedPass::backward)
+  if (pass == TunedPass::backward) {
+    if (backward_entry_problem(e.problem).key() != key)
+      damaged(
+          fmt::format("{}: backward entries are filed under backward_entry_problem's key "
+                      "(the default momentum)",
+                      where));
+    // A problem BackwardPlan refuses (tf32x3, synchronized statistics) was never tuned.
     if (const std::string why = backward_refusal(e.problem); !why.empty())
       damaged(fmt::format("{}: a problem the backward pass refuses ({})", where, why));
+  }
   e.winner = get_string(j, "winner", where);
   check_candidate(e.winner, "winner", where, pass, true, false);
   e.winner_ms = get_positive(j, "winner_ms", where);
