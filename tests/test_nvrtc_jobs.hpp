@@ -1,7 +1,11 @@
 // For the CPU tests that NVRTC-compile many kernel sets for every architecture: the
-// architectures fusejit supports here, and one parallel compile of a list of (arch, source).
+// architectures fusejit supports here, and one parallel compile of a list of (arch, source),
+// sampled per arch under FUSEJIT_TEST_STRIDE (test_stride.hpp).
 #pragma once
 #include <fmt/format.h>
+
+#include <cstdio>
+#include <map>
 
 #include <algorithm>
 #include <atomic>
@@ -12,6 +16,8 @@
 
 #include "fusejit/codegen/kernel_source.hpp"
 #include "fusejit/compile/compiler.hpp"
+#include "fusejit/error.hpp"
+#include "test_stride.hpp"
 
 namespace fusejit::test {
 
@@ -26,22 +32,37 @@ inline std::vector<std::string> supported_archs() {
 struct CompileJob {
   std::string arch;
   KernelSource src;
+  std::string what;  // how a failure names the job (default: the kernel set's name)
 };
 
-// Compiles every job on all cores; returns one line per failure (empty: all compiled).
+// Compiles every job in the sample on all cores; returns one line per failure (empty: all
+// compiled), with the first error of the NVRTC log. Every arch's first job is in the sample.
 inline std::string compile_jobs(const std::vector<CompileJob>& jobs) {
+  std::vector<const CompileJob*> sample;
+  std::map<std::string, std::size_t> seen;  // arch -> jobs of that arch so far
+  for (const CompileJob& j : jobs)
+    if (in_sample(seen[j.arch]++)) sample.push_back(&j);
+  if (sample.size() < jobs.size())
+    std::fprintf(stderr, "compile_jobs: %zu of %zu jobs (FUSEJIT_TEST_STRIDE=%zu)\n", sample.size(),
+                 jobs.size(), test_stride());
   const unsigned workers = std::max(2u, std::thread::hardware_concurrency());
   std::vector<std::future<std::string>> futures;
   std::atomic<std::size_t> next{0};
   for (unsigned w = 0; w < workers; ++w)
     futures.push_back(std::async(std::launch::async, [&] {
       std::string failures;
-      for (std::size_t i = next++; i < jobs.size(); i = next++) {
+      for (std::size_t i = next++; i < sample.size(); i = next++) {
+        const CompileJob& j = *sample[i];
+        const std::string& what = j.what.empty() ? j.src.name : j.what;
         try {
-          if (compile(jobs[i].src, jobs[i].arch).binary.empty())
-            failures += jobs[i].src.name + " " + jobs[i].arch + ": empty\n";
+          if (compile(j.src, j.arch).binary.empty()) failures += what + " " + j.arch + ": empty\n";
+        } catch (const CompileError& e) {
+          const std::string& log = e.log();
+          const auto at = log.find("error");
+          failures += fmt::format("{} {}: {}\n", what, j.arch,
+                                  log.substr(at == std::string::npos ? 0 : at, 200));
         } catch (const std::exception& e) {
-          failures += jobs[i].src.name + " " + jobs[i].arch + ": " + e.what() + "\n";
+          failures += what + " " + j.arch + ": " + e.what() + "\n";
         }
       }
       return failures;

@@ -9,18 +9,16 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <chrono>
 #include <cstdlib>
-#include <future>
 #include <map>
 #include <random>
-#include <thread>
 
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/config/candidates.hpp"
 #include "fusejit/error.hpp"
+#include "test_nvrtc_jobs.hpp"
 
 using namespace fusejit;
 
@@ -54,32 +52,14 @@ Problem make_problem(const std::int64_t (&s)[3], DType d, Mode m, int variation)
   return p;
 }
 
-// Compiles every job (in parallel, as many threads as cores, at least 2); the failures, one per
-// line with the first error of the NVRTC log.
+// Generates every job's kernel set (the host code, in full) and compiles them, or the sample
+// FUSEJIT_TEST_STRIDE asks for; the failures, one per line.
 std::string compile_all(const std::vector<Job>& jobs) {
-  const unsigned workers = std::max(2u, std::thread::hardware_concurrency());
-  std::atomic<std::size_t> next{0};
-  std::vector<std::future<std::string>> futures;
-  for (unsigned w = 0; w < workers; ++w)
-    futures.push_back(std::async(std::launch::async, [&] {
-      std::string failures;
-      for (std::size_t i = next++; i < jobs.size(); i = next++) {
-        const Job& j = jobs[i];
-        try {
-          const CompiledKernel k = compile(generate(j.problem, j.config), j.arch);
-          if (k.binary.empty()) failures += j.config.key() + ": empty binary\n";
-        } catch (const CompileError& e) {
-          const std::string& log = e.log();
-          const auto at = log.find("error");
-          failures += fmt::format("{} {} {}: {}\n", j.arch, j.problem.key(), j.config.key(),
-                                  log.substr(at == std::string::npos ? 0 : at, 200));
-        }
-      }
-      return failures;
-    }));
-  std::string failures;
-  for (auto& f : futures) failures += f.get();
-  return failures;
+  std::vector<fusejit::test::CompileJob> compile;
+  for (const Job& j : jobs)
+    compile.push_back({j.arch, generate(j.problem, j.config),
+                       fmt::format("{} {}", j.problem.key(), j.config.key())});
+  return fusejit::test::compile_jobs(compile);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -127,7 +107,8 @@ TEST_CASE("every candidate config compiles for sm_80 and sm_90a over a grid of s
   for (auto& [key, js] : offers) jobs.push_back(js[jobs.size() % js.size()]);
   const auto t0 = std::chrono::steady_clock::now();
   const std::string failures = compile_all(jobs);
-  MESSAGE(offered << " candidates offered, " << jobs.size() << " distinct keys compiled in "
+  MESSAGE(offered << " candidates offered, " << jobs.size()
+                  << " distinct keys compiled (or the FUSEJIT_TEST_STRIDE sample) in "
                   << seconds_since(t0) << " s");
   CHECK_MESSAGE(failures.empty(), failures);
 }
@@ -186,7 +167,8 @@ TEST_CASE("a deterministic sample of the keys parse and why_invalid accept compi
   }
   const auto t0 = std::chrono::steady_clock::now();
   const std::string failures = compile_all(jobs);
-  MESSAGE(tried << " keys tried, " << jobs.size() << " accepted and compiled in "
+  MESSAGE(tried << " keys tried, " << jobs.size()
+                << " accepted and compiled (or the FUSEJIT_TEST_STRIDE sample) in "
                 << seconds_since(t0) << " s");
   CHECK_MESSAGE(failures.empty(), failures);
 }
