@@ -55,17 +55,19 @@ __device__ __forceinline__ unsigned to_tf32(unsigned f32_bits) {
 // operand, against strict fp32's 2^-24 per product (CUTLASS's "3xTF32"). A big that rounds up
 // past the largest finite value is truncated instead (x stays finite, small stays exact); Inf and
 // NaN pass through as big with a zero small.
+//
+// Selects, not branches: with a branch per element around the finite case, the split of a
+// warpspec stage ran as a serial chain per thread and 3xTF32 took 7.5x tf32's time (ncu:
+// tensor pipe 33% busy, no eligible warp 69% of cycles, fixed-latency dependencies the top
+// stall; docs/performance.md, "3xTF32").
 __device__ __forceinline__ void split_tf32(unsigned x, unsigned& big, unsigned& small) {
-  const float f = __uint_as_float(x);
-  if (fabsf(f) < __uint_as_float(0x7f800000u)) {
-    unsigned b = (x + 0x1000u) & 0xffffe000u;
-    if ((b & 0x7f800000u) == 0x7f800000u) b = x & 0xffffe000u;
-    big = b;
-    small = to_tf32(__float_as_uint(f - __uint_as_float(b)));
-  } else {
-    big = x;
-    small = 0u;
-  }
+  const bool finite = fabsf(__uint_as_float(x)) < __uint_as_float(0x7f800000u);
+  const unsigned up = (x + 0x1000u) & 0xffffe000u;
+  const unsigned b = (up & 0x7f800000u) == 0x7f800000u ? (x & 0xffffe000u) : up;
+  // to_tf32 without its finite test: for a finite x, small is finite.
+  const unsigned s = __float_as_uint(__uint_as_float(x) - __uint_as_float(b)) + 0x1000u;
+  big = finite ? b : x;
+  small = finite ? s : 0u;
 }
 
 // D = A * B + D for one 16x8 fp32 accumulator tile (row-major A 16xK, "col" B = [n][k] in

@@ -484,41 +484,13 @@ struct WarpspecGemm {
       }
 #pragma unroll
       for (int ma = 0; ma < kMAtoms; ++ma) wgmma_fence_operands(acc[ma]);
-      for (int kt = 0; kt < kKTiles; ++kt, slice.advance()) {
+      if constexpr (kSplit3) split3_mainloop(c, slice, a_row0, ctid, group, acc);
+      for (int kt = 0; kt < (kSplit3 ? 0 : kKTiles); ++kt, slice.advance()) {
         const unsigned i = slice.index();
         c.full[i].wait(slice.phase());
         const StageAddr stage = c.stage(i);
         const unsigned long long da = wgmma_desc_sw128(stage.a(0, a_row0));
         const unsigned long long db = wgmma_desc_sw128(stage.b(0));
-        if constexpr (kSplit3) {
-          // 3xTF32: the slice's three products go into `part` and are added to the tile's sums
-          // on the CUDA cores. wgmma's own accumulation keeps fewer bits than an fp32 add: with
-          // the whole K summed in it, 3xTF32 measured 24-90x strict fp32's error and failed its
-          // 2e-5 tolerance at 512x256x4096 (H100); summed per 32-deep slice, 0.8-1.3x
-          // (docs/performance.md, "3xTF32"). The price: the slice's wgmma complete before the
-          // next slice is issued.
-          split_stage(c.s.ring[i], a_row0, ctid, group);
-          const unsigned long long das = wgmma_desc_sw128(stage.a_small(0, a_row0));
-          const unsigned long long dbs = wgmma_desc_sw128(stage.b_small(0));
-          Acc part;
-          wgmma_fence();
-          for_each_kstep([&](int ma, unsigned a_off, unsigned b_off, bool first) {
-            // small * big and big * small before big * big, as in the tiled mainloop.
-            Wgmma<T, BN>::mma(part[ma], das + a_off, db + b_off, first ? 0 : 1);
-            Wgmma<T, BN>::mma(part[ma], da + a_off, dbs + b_off, 1);
-            Wgmma<T, BN>::mma(part[ma], da + a_off, db + b_off, 1);
-          });
-          wgmma_commit();
-          wgmma_wait<0>();
-#pragma unroll
-          for (int ma = 0; ma < kMAtoms; ++ma) {
-            wgmma_fence_operands(part[ma]);
-#pragma unroll
-            for (int j = 0; j < BN / 2; ++j) acc[ma][j] += part[ma][j];
-          }
-          release(c.empty[i], lane);
-          continue;
-        }
         wgmma_fence();
         for_each_kstep([&](int ma, unsigned a_off, unsigned b_off, bool first) {
           Wgmma<T, BN>::mma(acc[ma], da + a_off, db + b_off, kt == 0 && first ? 0 : 1);
@@ -598,6 +570,87 @@ struct WarpspecGemm {
             static_cast<unsigned>((ka * kBSlab + ks * 32) >> 4), (ka | ks) == 0);
   }
 
+  // 3xTF32's mainloop over one tile. Each slice's three products go into a partial sum that is
+  // added to the tile's sums on the CUDA cores: wgmma's own accumulation keeps fewer bits than
+  // an fp32 add, and with the whole K summed in it 3xTF32 measured 24-90x strict fp32's error
+  // and failed its 2e-5 tolerance at 512x256x4096 (H100); summed per 32-deep slice, 0.8-1.3x
+  // (docs/performance.md, "3xTF32"). Two partial sums alternate so that the tensor cores work
+  // on slice k while the CUDA cores split slice k + 1 and add slice k - 1. With one, every
+  // slice's split, products and add ran back to back: 1.76 ms against 1.61 at 1024x8192x8192
+  // train (H200, both with the branch-free split; docs/performance.md). The price: a third
+  // set of accumulator registers (BN <= 128, and a few spills at 128x128).
+  __device__ __forceinline__ static void split3_mainloop(const Ctx& c,
+                                                         PipelineCounter<STAGES>& slice, int a_row0,
+                                                         int ctid, int group, Acc& acc) {
+    const int lane = ctid % 32;
+    Acc part0, part1;
+    // Splits the next landed stage and issues its products into `part`.
+    auto issue = [&](Acc& part) {
+      const unsigned i = slice.index();
+      c.full[i].wait(slice.phase());
+      split_stage(c.s.ring[i], a_row0, ctid, group);
+      const StageAddr stage = c.stage(i);
+      const unsigned long long da = wgmma_desc_sw128(stage.a(0, a_row0));
+      const unsigned long long db = wgmma_desc_sw128(stage.b(0));
+      const unsigned long long das = wgmma_desc_sw128(stage.a_small(0, a_row0));
+      const unsigned long long dbs = wgmma_desc_sw128(stage.b_small(0));
+      wgmma_fence();
+      for_each_kstep([&](int ma, unsigned a_off, unsigned b_off, bool first) {
+        // small * big and big * small before big * big, as in the tiled mainloop.
+        Wgmma<T, BN>::mma(part[ma], das + a_off, db + b_off, first ? 0 : 1);
+        Wgmma<T, BN>::mma(part[ma], da + a_off, dbs + b_off, 1);
+        Wgmma<T, BN>::mma(part[ma], da + a_off, db + b_off, 1);
+      });
+      wgmma_commit();
+      slice.advance();
+    };
+    // Once the products of `part`'s slice are done (all of them for the `last`, all but the
+    // slice issued after it otherwise): adds them to the tile's sums and hands the stage back.
+    auto retire = [&](Acc& part, unsigned stage_index, bool last) {
+      if (last)
+        wgmma_wait<0>();
+      else
+        wgmma_wait<1>();
+#pragma unroll
+      for (int ma = 0; ma < kMAtoms; ++ma) {
+        wgmma_fence_operands(part[ma]);
+#pragma unroll
+        for (int j = 0; j < BN / 2; ++j) acc[ma][j] += part[ma][j];
+      }
+      release(c.empty[stage_index], lane);
+    };
+#pragma unroll 1
+    for (int kt = 0; kt + kSplit3Run <= kKTiles; kt += kSplit3Run)
+      split3_run<kSplit3Run>(issue, retire, slice, part0, part1);
+    if constexpr (kKTiles % kSplit3Run != 0)
+      split3_run<kKTiles % kSplit3Run>(issue, retire, slice, part0, part1);
+  }
+  // N slices in a row, unrolled: ptxas serializes every wgmma (C7514) when a partial sum is in
+  // flight across a loop's back edge or a runtime branch, so each run drains before the next
+  // and knows which partial sum each slice takes at compile time.
+  template <int N, class Issue, class Retire>
+  __device__ __forceinline__ static void split3_run(Issue& issue, Retire& retire,
+                                                    PipelineCounter<STAGES>& slice, Acc& part0,
+                                                    Acc& part1) {
+    issue(part0);
+#pragma unroll
+    for (int j = 1; j < N; ++j) {
+      if (j % 2 == 1) {
+        issue(part1);
+        retire(part0, (slice.count - 2) % STAGES, false);
+      } else {
+        issue(part0);
+        retire(part1, (slice.count - 2) % STAGES, false);
+      }
+    }
+    if constexpr (N % 2 == 1)
+      retire(part0, slice.previous_index(), true);
+    else
+      retire(part1, slice.previous_index(), true);
+  }
+  // A run drains the tensor cores once: one split not hidden per kSplit3Run slices.
+  static constexpr int kSplit3Run = 8;
+
   // 3xTF32: splits a landed stage in place (split_tf32, common/mma.cuh): a and b become their
   // big parts, a_small and b_small get the small ones. Each consumer warpgroup splits its own
   // rows of x; the team that shares the tile splits W between its threads, fences its writes
@@ -607,31 +660,46 @@ struct WarpspecGemm {
     constexpr int kVecs = 128 / 16;  // uint4 per 128-byte row
     const int gtid = ctid % 128;
     const int team_tid = kPingpong ? gtid : ctid;
-    auto split = [](uint4* big, uint4* small, int v) {
-      uint4 x = big[v], s;
-      split_tf32(x.x, x.x, s.x);
-      split_tf32(x.y, x.y, s.y);
-      split_tf32(x.z, x.z, s.z);
-      split_tf32(x.w, x.w, s.w);
-      big[v] = x;
-      small[v] = s;
-    };
 #pragma unroll
     for (int ka = 0; ka < kKAtoms; ++ka) {
-      uint4* ab = reinterpret_cast<uint4*>(&st.a[ka][a_row0][0]);
-      uint4* as = reinterpret_cast<uint4*>(&st.a_small[ka][a_row0][0]);
-#pragma unroll 4
-      for (int v = gtid; v < kWgM * kVecs; v += 128) split(ab, as, v);
-      uint4* bb = reinterpret_cast<uint4*>(&st.b[ka][0][0]);
-      uint4* bs = reinterpret_cast<uint4*>(&st.b_small[ka][0][0]);
-#pragma unroll 4
-      for (int v = team_tid; v < BN * kVecs; v += 128 * kTeam) split(bb, bs, v);
+      split_slab<kWgM * kVecs, 128>(reinterpret_cast<uint4*>(&st.a[ka][a_row0][0]),
+                                    reinterpret_cast<uint4*>(&st.a_small[ka][a_row0][0]), gtid);
+      split_slab<BN * kVecs, 128 * kTeam>(reinterpret_cast<uint4*>(&st.b[ka][0][0]),
+                                          reinterpret_cast<uint4*>(&st.b_small[ka][0][0]),
+                                          team_tid);
     }
     fence_async_shared();
     // IDs past the epilogues' (1 .. 2 kTeam + 1): one per team.
     named_barrier_sync(kSplitBarrier + (kPingpong ? group : 0), 128 * kTeam);
   }
   static constexpr int kSplitBarrier = 8;
+  // One thread's share of a slab (units first, first + STRIDE, ... of COUNT uint4): loads in
+  // batches ahead of their splits and stores, so a batch pays the load latency once and its
+  // splits run side by side (the compiler may not hoist a load above a store to the same
+  // arrays), and with no bounds tests, which would become branches.
+  template <int COUNT, int STRIDE>
+  __device__ __forceinline__ static void split_slab(uint4* big, uint4* small, int first) {
+    static_assert(COUNT % STRIDE == 0, "3xTF32 split: whole units per thread");
+    constexpr int kPer = COUNT / STRIDE;
+    constexpr int kBatch = kPer < 4 ? kPer : 4;
+    static_assert(kPer % kBatch == 0, "3xTF32 split: whole batches per thread");
+#pragma unroll
+    for (int b0 = 0; b0 < kPer; b0 += kBatch) {
+      uint4 x[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) x[u] = big[first + (b0 + u) * STRIDE];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        uint4 sm;
+        split_tf32(x[u].x, x[u].x, sm.x);
+        split_tf32(x[u].y, x[u].y, sm.y);
+        split_tf32(x[u].z, x[u].z, sm.z);
+        split_tf32(x[u].w, x[u].w, sm.w);
+        big[first + (b0 + u) * STRIDE] = x[u];
+        small[first + (b0 + u) * STRIDE] = sm;
+      }
+    }
+  }
 
   // Every warp of this consumer group has finished reading the stage (its wgmma completed).
   __device__ __forceinline__ static void release(Mbarrier empty, int lane) {

@@ -200,8 +200,8 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
       return "warpspec: bk must span whole 128-byte swizzle rows";
     if (cluster_m != 1 && cluster_m != 2) return "warpspec: cluster_m must be 1 or 2";
     if (p.dtype == DType::tf32x3 && bn > 128)
-      return "warpspec tf32x3: bn must be at most 128 (each slice's partial sums double the "
-             "accumulator registers)";
+      return "warpspec tf32x3: bn must be at most 128 (two slices' partial sums beside the "
+             "tile's sums triple the accumulator registers)";
     if (tma_store) {
       if (pingpong) return "warpspec: tma_store and pingpong do not combine";
       if (storage_bytes(p.dtype) != 2) return "warpspec: tma_store needs 16-bit y (bf16, fp16)";
