@@ -355,9 +355,17 @@ struct TiledMmaMainloop {
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
               const int n = (mt & 1) ? NT - 1 - nt : nt;
-              mma_16x8<MATH>(acc[mt][n], sa[mt], fb[cur][n]);
-              mma_16x8<MATH>(acc[mt][n], fa[cur][mt], sb[n]);
-              mma_16x8<MATH>(acc[mt][n], fa[cur][mt], fb[cur][n]);
+              // The step's three products are summed apart, from zero, and added to the running
+              // sum in fp32: the mma's own accumulation keeps fewer bits than an fp32 add, and with
+              // the whole K summed in it this kernel missed strict fp32's 2e-5 tolerance at
+              // K = 4096 and 8192 (2.4e-5 to 5.0e-5, H200; docs/performance.md, "3xTF32"), as the
+              // warpspec kernel did before it summed per slice. Four registers, not a second tile.
+              float step[4] = {0.f, 0.f, 0.f, 0.f};
+              mma_16x8<MATH>(step, sa[mt], fb[cur][n]);
+              mma_16x8<MATH>(step, fa[cur][mt], sb[n]);
+              mma_16x8<MATH>(step, fa[cur][mt], fb[cur][n]);
+#pragma unroll
+              for (int i = 0; i < 4; ++i) acc[mt][n][i] += step[i];
             }
         } else {
 #pragma unroll
