@@ -1,6 +1,6 @@
 // For the CPU tests that NVRTC-compile many kernel sets for every architecture: the
-// architectures fusejit supports here, and one parallel compile of a list of (arch, source),
-// sampled per arch under FUSEJIT_TEST_STRIDE (test_stride.hpp).
+// architectures fusejit supports here, and one parallel compile of a list of (arch, source), or
+// for an exhaustive enumeration the FUSEJIT_TEST_STRIDE sample of it (test_stride.hpp).
 #pragma once
 #include <fmt/format.h>
 
@@ -35,13 +35,22 @@ struct CompileJob {
   std::string what;  // how a failure names the job (default: the kernel set's name)
 };
 
-// Compiles every job in the sample on all cores; returns one line per failure (empty: all
-// compiled), with the first error of the NVRTC log. Every arch's first job is in the sample.
-inline std::string compile_jobs(const std::vector<CompileJob>& jobs) {
+enum class Coverage {
+  every,   // compile every job
+  sampled  // an exhaustive enumeration: the FUSEJIT_TEST_STRIDE sample (test_stride.hpp), with
+           // each arch's first job
+};
+
+// Compiles the jobs on all cores; returns one line per failure (empty: all compiled), with the
+// first error of the NVRTC log.
+inline std::string compile_jobs(const std::vector<CompileJob>& jobs,
+                                Coverage coverage = Coverage::every) {
   std::vector<const CompileJob*> sample;
   std::map<std::string, std::size_t> seen;  // arch -> jobs of that arch so far
   for (const CompileJob& j : jobs)
-    if (in_sample(seen[j.arch]++)) sample.push_back(&j);
+    if (coverage == Coverage::every || seen[j.arch]++ == 0 ||
+        in_sample(j.arch + " " + j.src.name + " " + j.what))
+      sample.push_back(&j);
   if (sample.size() < jobs.size())
     std::fprintf(stderr, "compile_jobs: %zu of %zu jobs (FUSEJIT_TEST_STRIDE=%zu)\n", sample.size(),
                  jobs.size(), test_stride());

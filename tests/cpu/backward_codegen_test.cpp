@@ -99,7 +99,7 @@ TEST_CASE("every backward kernel set compiles for every supported architecture")
       }
   }
   MESSAGE(jobs.size() << " backward kernel sets over " << archs.size() << " architectures");
-  const std::string failures = fusejit::test::compile_jobs(jobs);
+  const std::string failures = fusejit::test::compile_jobs(jobs, fusejit::test::Coverage::sampled);
   CHECK_MESSAGE(failures.empty(), failures);
 }
 
@@ -150,7 +150,7 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
       jobs.push_back({"sm_90a", generate_backward(q, c)});
     }
   }
-  const std::string failures = fusejit::test::compile_jobs(jobs);
+  const std::string failures = fusejit::test::compile_jobs(jobs, fusejit::test::Coverage::sampled);
   CHECK_MESSAGE(failures.empty(), failures);
 }
 

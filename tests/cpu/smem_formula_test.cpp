@@ -127,8 +127,10 @@ TEST_CASE("every candidate's shared-memory formula equals the kernel's own size"
   // exported sizes.
   std::vector<Case> sample;
   for (std::size_t i = 0; i < cases.size(); ++i)
-    if (fusejit::test::in_sample(i)) sample.push_back(cases[i]);
+    if (fusejit::test::in_sample(cases[i].config.key() + " " + cases[i].problem.key()))
+      sample.push_back(cases[i]);
   cases = std::move(sample);
+  REQUIRE(!cases.empty());
   std::vector<std::future<Exported>> got;
   for (const Case& c : cases)
     got.push_back(std::async(std::launch::async, [&c] {
