@@ -484,22 +484,25 @@ struct WarpspecGemm {
       }
 #pragma unroll
       for (int ma = 0; ma < kMAtoms; ++ma) wgmma_fence_operands(acc[ma]);
-      if constexpr (kSplit3) split3_mainloop(c, slice, a_row0, ctid, group, acc);
-      for (int kt = 0; kt < (kSplit3 ? 0 : kKTiles); ++kt, slice.advance()) {
-        const unsigned i = slice.index();
-        c.full[i].wait(slice.phase());
-        const StageAddr stage = c.stage(i);
-        const unsigned long long da = wgmma_desc_sw128(stage.a(0, a_row0));
-        const unsigned long long db = wgmma_desc_sw128(stage.b(0));
-        wgmma_fence();
-        for_each_kstep([&](int ma, unsigned a_off, unsigned b_off, bool first) {
-          Wgmma<T, BN>::mma(acc[ma], da + a_off, db + b_off, kt == 0 && first ? 0 : 1);
-        });
-        wgmma_commit();
-        if (kt > 0) {
-          // The slice before this one is done: hand its stage back to the producer(s).
-          wgmma_wait<1>();
-          release(c.empty[slice.previous_index()], lane);
+      if constexpr (kSplit3) {
+        split3_mainloop(c, slice, a_row0, ctid, group, acc);  // waits for every slice
+      } else {
+        for (int kt = 0; kt < kKTiles; ++kt, slice.advance()) {
+          const unsigned i = slice.index();
+          c.full[i].wait(slice.phase());
+          const StageAddr stage = c.stage(i);
+          const unsigned long long da = wgmma_desc_sw128(stage.a(0, a_row0));
+          const unsigned long long db = wgmma_desc_sw128(stage.b(0));
+          wgmma_fence();
+          for_each_kstep([&](int ma, unsigned a_off, unsigned b_off, bool first) {
+            Wgmma<T, BN>::mma(acc[ma], da + a_off, db + b_off, kt == 0 && first ? 0 : 1);
+          });
+          wgmma_commit();
+          if (kt > 0) {
+            // The slice before this one is done: hand its stage back to the producer(s).
+            wgmma_wait<1>();
+            release(c.empty[slice.previous_index()], lane);
+          }
         }
       }
       if constexpr (kPingpong) {
@@ -637,10 +640,10 @@ struct WarpspecGemm {
     for (int j = 1; j < N; ++j) {
       if (j % 2 == 1) {
         issue(part1);
-        retire(part0, (slice.count - 2) % STAGES, false);
+        retire(part0, slice.index_before(2), false);
       } else {
         issue(part0);
-        retire(part1, (slice.count - 2) % STAGES, false);
+        retire(part1, slice.index_before(2), false);
       }
     }
     if constexpr (N % 2 == 1)

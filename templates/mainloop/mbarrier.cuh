@@ -119,6 +119,10 @@ struct PipelineCounter {
   __device__ __forceinline__ unsigned index() const { return count % STAGES; }
   __device__ __forceinline__ unsigned phase() const { return (count / STAGES) & 1u; }
   __device__ __forceinline__ unsigned previous_index() const { return (count - 1) % STAGES; }
+  // The stage of the slice n before the next one (n = 1: previous_index()).
+  __device__ __forceinline__ unsigned index_before(unsigned n) const {
+    return (count - n) % STAGES;
+  }
   __device__ __forceinline__ void advance() { ++count; }
   __device__ __forceinline__ void skip(unsigned n) { count += n; }
 };
