@@ -4,12 +4,11 @@
 #pragma once
 #include <fmt/format.h>
 
-#include <cstdio>
-#include <map>
-
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <future>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>

@@ -9,11 +9,12 @@
 // every case; the sanitizer builds check a sample that keeps every arch.
 #pragma once
 #include <cstddef>
-#include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+
+#include "fusejit/util/hash.hpp"
 
 namespace fusejit::test {
 
@@ -29,13 +30,11 @@ inline std::size_t test_stride() {
   return static_cast<std::size_t>(n);
 }
 
-// Whether the case named `key` is checked: one in test_stride() by a hash of the name (FNV-1a,
-// the same on every compiler), not by position, so that a sample of an enumeration that
-// alternates (tiled, warpspec, tiled, ...) does not keep one kind only.
+// Whether the case named `key` is checked: one in test_stride() by a hash of the name (the
+// library's xxh3_64, the same on every host), not by position, so that a sample of an
+// enumeration that alternates (tiled, warpspec, tiled, ...) does not keep one kind only.
 inline bool in_sample(std::string_view key) {
-  std::uint64_t h = 14695981039346656037ull;
-  for (const char ch : key) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
-  return h % test_stride() == 0;
+  return xxh3_64(key.data(), key.size()) % test_stride() == 0;
 }
 
 }  // namespace fusejit::test
