@@ -20,6 +20,8 @@
 #include "fusejit/error.hpp"
 #include "fusejit/plan.hpp"
 #include "fusejit/plan/plan_core.hpp"
+#include "fusejit/tune/dispatch.hpp"
+#include "fusejit/tune/tuning_db.hpp"
 
 using namespace fusejit;
 
@@ -149,6 +151,60 @@ TEST_CASE("a synchronized problem is always two-pass, exchanges, and sizes its r
   CHECK(unsynced.key().find("ranks") == std::string::npos);
   CHECK(generate(p, c).text.find("RANKS = 4") != std::string::npos);
   CHECK(generate(unsynced, c).text.find("RANKS") == std::string::npos);
+}
+
+// A synchronized plan runs the choice made for the problem unsynchronized. That choice may be a
+// recompute (grid_sync) config, whose first GEMM stores no y: run as it was, fj_apply normalized
+// the output buffer's old contents (NaN in y at 600x200x72 bf16 on one rank, H200).
+TEST_CASE("a synchronized problem's kernel choice is a two-pass config that can run it") {
+  const Device dev = Device::for_arch("sm_90a");
+  int recompute_choices = 0;
+  for (const DType dtype : {DType::bf16, DType::fp16, DType::tf32, DType::fp32})
+    for (const std::int64_t m : {2, 100, 600, 2000, 5000, 70000}) {
+      Problem p;
+      p.M = m, p.N = 200, p.K = 72, p.dtype = dtype, p.stat_ranks = 2;
+      Problem unsynced = p;
+      unsynced.stat_ranks = 0;
+      CAPTURE(p.key());
+      const KernelChoice plain = choose_from_table(TuningTable{}, unsynced, dev);
+      recompute_choices += plain.config.recompute;
+      const KernelChoice heuristic = choose_from_table(TuningTable{}, p, dev);
+      CAPTURE(heuristic.config.key());
+      CHECK(heuristic.config.valid_for(p, dev));
+      CHECK_FALSE(heuristic.config.recompute);
+      CHECK_FALSE(heuristic.reference);
+      // A tuned recompute + grid_sync winner of the unsynchronized problem: its plain twin.
+      const std::vector<KernelConfig> candidates = candidate_configs(unsynced, dev);
+      for (const KernelConfig& c : candidates) {
+        if (!c.recompute) continue;
+        TuningTable t;
+        TuningEntry e;
+        e.problem = unsynced;
+        e.winner = c.key();
+        t.entries[unsynced.key()] = e;
+        const KernelChoice tuned = choose_from_table(t, p, dev);
+        CAPTURE(c.key());
+        CHECK(tuned.source == KernelChoice::Source::exact);
+        KernelConfig twin = c;
+        twin.recompute = twin.grid_sync = false;
+        CHECK(tuned.config.key() == twin.key());
+        CHECK(tuned.config.valid_for(p, dev));
+        // The unsynchronized plan still gets the recompute config itself.
+        CHECK(choose_from_table(t, unsynced, dev).config.key() == c.key());
+      }
+      // A reference winner: never the reference op, which has no exchange.
+      TuningTable t;
+      TuningEntry e;
+      e.problem = unsynced;
+      e.winner = std::string(kReferenceCandidate);
+      t.entries[unsynced.key()] = e;
+      CHECK(choose_from_table(t, unsynced, dev).reference);
+      const KernelChoice ref = choose_from_table(t, p, dev);
+      CHECK_FALSE(ref.reference);
+      CHECK(ref.config.valid_for(p, dev));
+    }
+  // The case that failed: the unsynchronized heuristic does pick recompute configs here.
+  CHECK(recompute_choices > 0);
 }
 
 TEST_CASE("bad synchronized-statistics combinations are refused, naming the argument") {

@@ -112,12 +112,6 @@ std::shared_ptr<const PlanRecipe> make_recipe(const Problem& problem, const Plan
   auto r = std::make_shared<PlanRecipe>();
   // context_for made ctx current; the device is read once (its attributes are driver calls).
   const Device device = Device::current();
-  // Synchronized statistics change the BatchNorm passes, not the GEMM: the configs are chosen
-  // (and tuned) as for the same problem unsynchronized. The cuBLASLt reference op has no
-  // exchange, so it is never chosen.
-  Problem choice_problem = problem;
-  choice_problem.stat_ranks = 0;
-  const bool synced = problem.stat_ranks > 0;
   KernelConfig config;
   bool reference = false;
   if (options.config) {
@@ -127,19 +121,26 @@ std::shared_ptr<const PlanRecipe> make_recipe(const Problem& problem, const Plan
     config = *options.config;
     r->dispatch = "config";
   } else if (options.variant || !options.use_tuning_db) {
-    config = default_config(choice_problem, device, options.variant);
+    config = default_config(problem, device, options.variant);
     r->dispatch = options.variant ? "variant" : "heuristic";
     // Without the database the dispatch's last step decides, the same rule as with it.
     reference = !options.variant && heuristic_prefers_reference(problem);
   } else {
-    const KernelChoice choice =
-        choose_kernel(choice_problem, device, options.cache_dir, options.autotune);
+    // Synchronized statistics are chosen (and tuned) through the same problem unsynchronized:
+    // choose_kernel says how.
+    const KernelChoice choice = choose_kernel(problem, device, options.cache_dir, options.autotune);
     FJ_CU(cuCtxSetCurrent(ctx));  // tuning may have worked in another context
     config = choice.config;
     reference = choice.reference;
     r->dispatch = std::string(name(choice.source));
   }
-  if (synced) reference = false;
+  // The cuBLASLt reference op has no exchange.
+  if (problem.stat_ranks > 0) reference = false;
+  // A choice that cannot run the problem would load a kernel set of another schedule (as a
+  // recompute config chosen for a synchronized plan did: y left unwritten): fail the plan.
+  if (auto why = config.why_invalid(problem, device); !why.empty())
+    throw Error(fmt::format("internal: plan {} was given config {} ({}): {}", problem.key(),
+                            config.key(), r->dispatch, why));
   r->core = plan_core(problem, config, ctx, options.cache_dir, &r->built_core);
   if (reference) {
     try {

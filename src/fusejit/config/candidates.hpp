@@ -65,4 +65,11 @@ std::vector<KernelConfig> candidate_configs(const Problem&, const Device&);
 // ("variant", ...) when that variant cannot run the problem on the device.
 KernelConfig default_config(const Problem&, const Device&, std::optional<Variant> variant = {});
 
+// Synchronized statistics (Problem::stat_ranks > 0) run a config chosen, or tuned, for the same
+// problem unsynchronized (tune/dispatch.hpp) in the two-pass schedule around the exchange. A
+// KernelConfig::recompute (and grid_sync) choice becomes the plain config it twins: those
+// schedules finish the statistics inside one rank's kernels, and recompute's first GEMM stores
+// no y for fj_apply to normalize.
+KernelConfig synchronized_stats_config(KernelConfig unsynchronized_choice);
+
 }  // namespace fusejit

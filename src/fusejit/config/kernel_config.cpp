@@ -629,6 +629,12 @@ std::vector<KernelConfig> candidate_configs(const Problem& p, const Device& d) {
   return out;
 }
 
+KernelConfig synchronized_stats_config(KernelConfig c) {
+  c.recompute = false;
+  c.grid_sync = false;
+  return c;
+}
+
 MClass m_class(std::int64_t M) {
   // 2048: where many layers' grids stop fitting the GPU at once (N = 2048 in 128x256 tiles on
   // 132 SMs), which decides whether KernelConfig::grid_sync runs as one kernel; a class that

@@ -67,6 +67,37 @@ TuningEntry tune_once(const TuningDb& db, const Problem& p, const Device& d,
   });
 }
 
+// Synchronized statistics (Problem::stat_ranks > 0) change the BatchNorm passes, not the GEMM:
+// tuning entries are those of the same problem unsynchronized (a tuning cannot run an
+// exchange). Its choice is turned into one the synchronized schedule can run: never the
+// cuBLASLt reference op, which has no exchange, and never a recompute (grid_sync) config, whose
+// statistics end inside one rank's kernels; the heuristic ranks the two-pass configs of `p`
+// itself.
+Problem unsynchronized(Problem p) {
+  p.stat_ranks = 0;
+  return p;
+}
+
+KernelChoice synchronized_choice(KernelChoice c, const Problem& p, const Device& d) {
+  const std::string ranks = fmt::format(
+      "statistics synchronized over {} ranks (two-pass configs, no cuBLASLt path)", p.stat_ranks);
+  c.reference = false;
+  if (c.source != KernelChoice::Source::heuristic) {
+    const KernelConfig k = synchronized_stats_config(c.config);
+    const std::string why = k.why_invalid(p, d);
+    if (why.empty()) {
+      c.config = k;
+      c.detail += fmt::format("; {}: {}", ranks, k.key());
+      return c;
+    }
+    c.detail += fmt::format("; {} cannot run synchronized ({})", k.key(), why);
+  }
+  c.source = KernelChoice::Source::heuristic;
+  c.config = default_config(p, d);
+  c.detail += fmt::format("; {}: heuristic {}", ranks, c.config.key());
+  return c;
+}
+
 }  // namespace
 
 std::string_view name(KernelChoice::Source s) {
@@ -86,6 +117,8 @@ std::string_view name(KernelChoice::Source s) {
 }
 
 KernelChoice choose_from_table(const TuningTable& table, const Problem& p, const Device& d) {
+  if (p.stat_ranks > 0)
+    return synchronized_choice(choose_from_table(table, unsynchronized(p), d), p, d);
   std::string skipped;
   if (auto it = table.entries.find(p.key()); it != table.entries.end()) {
     std::string why;
@@ -140,6 +173,8 @@ bool heuristic_prefers_reference(const Problem& p) {
 
 KernelChoice choose_kernel(const Problem& p, const Device& d, const std::string& cache_dir,
                            bool autotune) {
+  if (p.stat_ranks > 0)
+    return synchronized_choice(choose_kernel(unsynchronized(p), d, cache_dir, autotune), p, d);
   const TuningDb db = TuningDb::for_device(d, cache_dir);
   const auto table = db.table();
   KernelChoice c = choose_from_table(*table, p, d);

@@ -10,6 +10,10 @@
 //   5. the built-in heuristic: default_config, or the cuBLASLt reference op where
 //      heuristic_prefers_reference says it is faster.
 // A winner that cannot run the problem (KernelConfig::why_invalid) is skipped, never used.
+// Synchronized statistics (Problem::stat_ranks > 0) use the entries of the same problem
+// unsynchronized (and tune that one), run the entry's config in the two-pass schedule
+// (synchronized_stats_config), never the reference op, and fall back to the heuristic's ranking
+// of the two-pass configs of the synchronized problem.
 #pragma once
 #include <string>
 #include <string_view>
