@@ -70,6 +70,20 @@ __device__ __forceinline__ void split_tf32(unsigned x, unsigned& big, unsigned& 
   small = finite ? s : 0u;
 }
 
+// 3xTF32 where the big part is x itself: the tensor core reads a tf32 operand's top 19 bits, so
+// x left as it is multiplies as big = x truncated, and only small = x - big (exact in fp32,
+// rounded through to_tf32) needs storing, which saves writing big back. The price: small is up
+// to 2^-10 of |x| and always has x's sign, so small * small, the product left out, is biased
+// unless the other operand's split is rounded (warpspec splits x with split_tf32 and W with
+// this: docs/performance.md, "3xTF32"). Inf and NaN give a zero small; the core reads them as
+// plain tf32 does (a NaN whose payload is all in the low 13 bits multiplies as Inf there too).
+__device__ __forceinline__ unsigned tf32_small_of_truncated(unsigned x) {
+  const bool finite = fabsf(__uint_as_float(x)) < __uint_as_float(0x7f800000u);
+  const unsigned s =
+      __float_as_uint(__uint_as_float(x) - __uint_as_float(x & 0xffffe000u)) + 0x1000u;
+  return finite ? s : 0u;
+}
+
 // D = A * B + D for one 16x8 fp32 accumulator tile (row-major A 16xK, "col" B = [n][k] in
 // memory, which is the nn.Linear weight layout as it is). Per lane: d[0..1] at
 // (row lane/4, cols 2*(lane%4) + 0..1), d[2..3] the same 8 rows further down.

@@ -167,9 +167,10 @@ struct WarpspecGemm {
     alignas(1024) unsigned char a[kKAtoms][BM][128];
     alignas(1024) unsigned char b[kKAtoms][BN][128];
   };
-  // 3xTF32: TMA fills a and b with raw fp32; split_stage rounds them in place to their big parts
-  // and writes the small parts beside them in the same swizzled layout (the split is per
-  // element, so the layout does not matter to it, and the same descriptors read both).
+  // 3xTF32: TMA fills a and b with raw fp32; split_stage rounds a in place to its big parts
+  // (b's are b itself, truncated by the tensor core) and writes the small parts beside them in
+  // the same swizzled layout (the split is per element, so the layout does not matter to it,
+  // and the same descriptors read both).
   struct SplitStage {
     alignas(1024) unsigned char a[kKAtoms][BM][128];
     alignas(1024) unsigned char b[kKAtoms][BN][128];
@@ -654,8 +655,17 @@ struct WarpspecGemm {
   // A run drains the tensor cores once: one split not hidden per kSplit3Run slices.
   static constexpr int kSplit3Run = 8;
 
-  // 3xTF32: splits a landed stage in place (split_tf32, common/mma.cuh): a and b become their
-  // big parts, a_small and b_small get the small ones. Each consumer warpgroup splits its own
+  // 3xTF32: splits a landed stage. x's elements (a) are rounded to their big parts in place
+  // (split_tf32, common/mma.cuh) and W's (b) stay as TMA wrote them, the tensor core's
+  // truncation of them being their big parts (tf32_small_of_truncated); a_small and b_small get
+  // the small parts. Why one operand of each kind: a truncated split writes a third less, but its
+  // small part always has its element's sign, so small * small, the product left out, is
+  // biased; with one operand rounded that product has no sign bias. Measured at 1024x8192x8192
+  // and 4096^3 (H200): 1.45-1.53 ms against 1.59-1.66 with both rounded; both truncated,
+  // 1.36-1.46, but with every weight positive (all products of one sign) eval's error went
+  // from 2.8x strict fp32's to 5.7x (this split: 3.7x; docs/performance.md "3xTF32"). W is the
+  // truncated one: the team splits all BN of its rows, a warpgroup only its own of x's. Each
+  // consumer warpgroup splits its own
   // rows of x; the team that shares the tile splits W between its threads, fences its writes
   // for the async proxy (wgmma reads shared memory through it) and meets at a named barrier
   // before anyone's wgmma reads the stage.
@@ -665,11 +675,12 @@ struct WarpspecGemm {
     const int team_tid = kPingpong ? gtid : ctid;
 #pragma unroll
     for (int ka = 0; ka < kKAtoms; ++ka) {
-      split_slab<kWgM * kVecs, 128>(reinterpret_cast<uint4*>(&st.a[ka][a_row0][0]),
-                                    reinterpret_cast<uint4*>(&st.a_small[ka][a_row0][0]), gtid);
-      split_slab<BN * kVecs, 128 * kTeam>(reinterpret_cast<uint4*>(&st.b[ka][0][0]),
-                                          reinterpret_cast<uint4*>(&st.b_small[ka][0][0]),
-                                          team_tid);
+      split_slab<kWgM * kVecs, 128, true>(reinterpret_cast<uint4*>(&st.a[ka][a_row0][0]),
+                                          reinterpret_cast<uint4*>(&st.a_small[ka][a_row0][0]),
+                                          gtid);
+      split_slab<BN * kVecs, 128 * kTeam, false>(reinterpret_cast<uint4*>(&st.b[ka][0][0]),
+                                                 reinterpret_cast<uint4*>(&st.b_small[ka][0][0]),
+                                                 team_tid);
     }
     fence_async_shared();
     // IDs past the epilogues' (1 .. 2 kTeam + 1): one per team.
@@ -678,27 +689,33 @@ struct WarpspecGemm {
   static constexpr int kSplitBarrier = 8;
   // One thread's share of a slab (units first, first + STRIDE, ... of COUNT uint4): loads in
   // batches ahead of their splits and stores, so a batch pays the load latency once and its
-  // splits run side by side (the compiler may not hoist a load above a store to the same
-  // arrays), and with no bounds tests, which would become branches.
-  template <int COUNT, int STRIDE>
-  __device__ __forceinline__ static void split_slab(uint4* big, uint4* small, int first) {
+  // splits run side by side (the compiler may not hoist a load above a store it cannot tell
+  // apart from it), and with no bounds tests, which would become branches. ROUND: x becomes its
+  // rounded big part (split_tf32); otherwise x stays and is the truncated one.
+  template <int COUNT, int STRIDE, bool ROUND>
+  __device__ __forceinline__ static void split_slab(uint4* x, uint4* small, int first) {
     static_assert(COUNT % STRIDE == 0, "3xTF32 split: whole units per thread");
     constexpr int kPer = COUNT / STRIDE;
     constexpr int kBatch = kPer < 4 ? kPer : 4;
     static_assert(kPer % kBatch == 0, "3xTF32 split: whole batches per thread");
 #pragma unroll
     for (int b0 = 0; b0 < kPer; b0 += kBatch) {
-      uint4 x[kBatch];
+      uint4 v[kBatch];
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) x[u] = big[first + (b0 + u) * STRIDE];
+      for (int u = 0; u < kBatch; ++u) v[u] = x[first + (b0 + u) * STRIDE];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         uint4 sm;
-        split_tf32(x[u].x, x[u].x, sm.x);
-        split_tf32(x[u].y, x[u].y, sm.y);
-        split_tf32(x[u].z, x[u].z, sm.z);
-        split_tf32(x[u].w, x[u].w, sm.w);
-        big[first + (b0 + u) * STRIDE] = x[u];
+        if constexpr (ROUND) {
+          split_tf32(v[u].x, v[u].x, sm.x);
+          split_tf32(v[u].y, v[u].y, sm.y);
+          split_tf32(v[u].z, v[u].z, sm.z);
+          split_tf32(v[u].w, v[u].w, sm.w);
+          x[first + (b0 + u) * STRIDE] = v[u];
+        } else {
+          sm = make_uint4(tf32_small_of_truncated(v[u].x), tf32_small_of_truncated(v[u].y),
+                          tf32_small_of_truncated(v[u].z), tf32_small_of_truncated(v[u].w));
+        }
         small[first + (b0 + u) * STRIDE] = sm;
       }
     }
