@@ -54,7 +54,9 @@ TEST_CASE("config keys round-trip and are distinct") {
   CHECK(!KernelConfig::parse("warpspec.128x256x64.c2.s4.g8.cl1.p1").tma_store);
 }
 
-TEST_CASE("tf32 on Hopper: train takes 128x256 tiles where they fit, eval 128x128 with 6 stages") {
+TEST_CASE(
+    "tf32 on Hopper: train takes 128x256 tiles where they fit, eval 128x128 with 6 stages, in "
+    "clusters of two where K is long") {
   const Device h100 = Device::for_arch("sm_90a");
   const std::int64_t shapes[][3] = {{1024, 8192, 8192}, {4096, 4096, 4096}, {65536, 256, 64}};
   for (const auto& s : shapes) {
@@ -66,7 +68,15 @@ TEST_CASE("tf32 on Hopper: train takes 128x256 tiles where they fit, eval 128x12
           (s[2] == 64 ? "warpspec.128x256x32.c2.s3.g16.cl1.p1.rc.gs"
                       : "warpspec.128x256x32.c2.s3.g16.cl1.p1"));
     CHECK(default_config(problem(DType::tf32, Mode::eval, M, s[1], s[2]), h100).key() ==
-          "warpspec.128x128x32.c2.s6.g8.cl1.p1");
+          (s[2] >= 2048 ? "warpspec.128x128x32.c2.s6.g8.cl2.p1"
+                        : "warpspec.128x128x32.c2.s6.g8.cl1.p1"));
+    // The other cluster setting stays a candidate for the tuner either way.
+    bool cl1 = false, cl2 = false;
+    for (const auto& c : candidate_configs(problem(DType::tf32, Mode::eval, M, s[1], s[2]), h100))
+      if (c.variant == Variant::warpspec && c.bm == 128 && c.bn == 128 && c.stages == 6)
+        (c.cluster_m == 2 ? cl2 : cl1) = true;
+    CHECK(cl1);
+    CHECK(cl2);
   }
   // Eval never offers the wide tile (measured slower on memory-bound shapes), not even to the
   // tuner.

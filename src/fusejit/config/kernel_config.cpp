@@ -461,15 +461,28 @@ std::vector<KernelConfig> warpspec_tiles(const Problem& p) {
     // 228 KiB): 0.365 / 0.408 ms against 0.391 / 0.432 at 1024x8192x8192 / 4096^3, equal at
     // 2048x2048x512 and 65536x256x64. Eval does not: +3% at 4096^3, +20% at 2048x2048x512,
     // +63% at 65536x256x64, -2% at 1024x8192x8192 only.
+    //
+    // Eval also takes 128x128 in clusters of two along M (TMA multicasts each W tile to both
+    // CTAs), first where K is long. H200, eval, two rounds in one call, ms: 1024x8192x8192
+    // 0.371 -> 0.360, 4096^3 0.381 -> 0.374, 16384x4096x4096 1.80 -> 1.70-1.73; but
+    // 2048x2048x512 0.0217 -> 0.0221 and 65536x256x64 0.0319 -> 0.0331 (K between 512 and
+    // 4096 not measured). Train's wide tile gained nothing from it (1024x8192x8192 0.361 ->
+    // 0.364, 4096^3 0.393 -> 0.394).
     std::vector<KernelConfig> out;
     if (p.mode == Mode::train) {
       KernelConfig wide = warpspec(128, 256, bk, 2, 3, true);
       wide.group_m = 16;
       out.push_back(wide);
     }
+    KernelConfig pair = warpspec(128, 128, bk, 2, 6, true);
+    pair.cluster_m = 2;
+    constexpr std::int64_t kClusterFirstK = 2048;
+    const bool eval = p.mode == Mode::eval;
+    if (eval && p.K >= kClusterFirstK) out.push_back(pair);
     for (const auto& c : {warpspec(128, 128, bk, 2, 6, true), warpspec(64, 128, bk, 1, 6, true),
                           warpspec(128, 64, bk, 2, 6, true)})
       out.push_back(c);
+    if (eval && p.K < kClusterFirstK) out.push_back(pair);
     return out;
   }
   // Pingpong (whole 128x128 or 64x256 tiles per warpgroup) for the tuner to weigh: it hides
