@@ -78,6 +78,9 @@ TEST_CASE(
     CHECK(cl1);
     CHECK(cl2);
   }
+  // Not first where unmeasured: few rows (a cluster over a lone row tile) or padded rows.
+  CHECK(default_config(problem(DType::tf32, Mode::eval, 128, 4096, 4096), h100).cluster_m == 1);
+  CHECK(default_config(problem(DType::tf32, Mode::eval, 1024, 4096, 4095), h100).cluster_m == 1);
   // Eval never offers the wide tile (measured slower on memory-bound shapes), not even to the
   // tuner.
   for (const auto& c : candidate_configs(problem(DType::tf32, Mode::eval, 4096, 4096, 4096), h100))

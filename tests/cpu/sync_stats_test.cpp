@@ -155,7 +155,10 @@ TEST_CASE("a synchronized problem is always two-pass, exchanges, and sizes its r
 
 // A synchronized plan runs the choice made for the problem unsynchronized. That choice may be a
 // recompute (grid_sync) config, whose first GEMM stores no y: run as it was, fj_apply normalized
-// the output buffer's old contents (NaN in y at 600x200x72 bf16 on one rank, H200).
+// the output buffer's old contents (NaN in y at 600x200x72 bf16 on one rank, H200). Or an
+// exact-M winner, whose kernel set refuses the ragged row counts ranks run. (The heuristic part
+// checks the synchronized problem's own ranking; the tuned and reference parts are what failed
+// before the dispatch handled stat_ranks.)
 TEST_CASE("a synchronized problem's kernel choice is a two-pass config that can run it") {
   const Device dev = Device::for_arch("sm_90a");
   int recompute_choices = 0;
@@ -191,6 +194,23 @@ TEST_CASE("a synchronized problem's kernel choice is a two-pass config that can 
         CHECK(tuned.config.valid_for(p, dev));
         // The unsynchronized plan still gets the recompute config itself.
         CHECK(choose_from_table(t, unsynced, dev).config.key() == c.key());
+      }
+      // An exact-M winner of this very M: its dynamic twin, so every row count runs.
+      {
+        KernelConfig xm = candidates.front();
+        xm.exact_m = true;
+        TuningTable t;
+        TuningEntry e;
+        e.problem = unsynced;
+        e.winner = xm.key();
+        t.entries[unsynced.key()] = e;
+        CHECK(choose_from_table(t, unsynced, dev).config.exact_m);
+        const KernelChoice tuned = choose_from_table(t, p, dev);
+        CAPTURE(xm.key());
+        CHECK(tuned.source == KernelChoice::Source::exact);
+        CHECK_FALSE(tuned.config.exact_m);
+        CHECK_FALSE(tuned.config.recompute);
+        CHECK(tuned.config.valid_for(p, dev));
       }
       // A reference winner: never the reference op, which has no exchange.
       TuningTable t;

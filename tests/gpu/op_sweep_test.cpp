@@ -226,13 +226,15 @@ TEST_CASE("unaligned rows on wgmma: pad_operands configs (sm_90 only)") {
   primary_context(0);
   const Device dev = Device::current();
   // Per 16-bit dtype: two cooperative tiles, one consumer of 64 rows, a cluster of two,
-  // pingpong, and train's recompute schedule; tf32 (4-byte rows) its own two tiles.
+  // pingpong, and train's recompute schedule; tf32 (4-byte rows) its own two tiles and eval's
+  // cluster of two (a tuner candidate for unaligned rows).
   const char* const kWide[] = {
       "warpspec.128x128x64.c2.s6.g8.cl1.p1.pad", "warpspec.64x128x64.c1.s6.g8.cl1.p0.pad",
       "warpspec.128x128x64.c2.s5.g8.cl2.p1.pad", "warpspec.128x128x64.c2.s5.g8.cl1.p1.pp.pad",
       "warpspec.128x128x64.c2.s6.g8.cl1.p1.pad.rc"};
   const char* const kTf32[] = {"warpspec.128x128x32.c2.s6.g8.cl1.p1.pad",
-                               "warpspec.64x128x32.c1.s6.g8.cl1.p1.pad.rc"};
+                               "warpspec.64x128x32.c1.s6.g8.cl1.p1.pad.rc",
+                               "warpspec.128x128x32.c2.s6.g8.cl2.p1.pad"};
   for (DType d : {DType::tf32, DType::fp16, DType::bf16})
     for (Mode m : kModes) {
       const std::vector<SweepCase> cases = unaligned_cases(d, m);
@@ -326,9 +328,9 @@ TEST_CASE("3xTF32 (tf32x3): strict fp32's tolerance on the tensor cores, where t
   // reference of the unrounded inputs: x ~ U[0, 1) and a long K, where tf32's input rounding
   // (2^-11) shows and 3xTF32 must not. tf32 failing strict fp32's tolerance here is what shows
   // that the split is really used. Then the same with every weight made positive: every product
-  // has the sign of the output, so anything systematic in the split (warpspec's big parts are
-  // truncated, not rounded, so its small parts always have their element's sign) adds up
-  // instead of cancelling.
+  // has the sign of the output, so anything systematic in the split (warpspec's big parts of W
+  // are truncated, not rounded, so their small parts always have their element's sign) or in
+  // the tensor cores' accumulation adds up instead of cancelling.
   for (const char* shape : {"512x256x4096", "300x136x1000"})
     for (Mode m : kModes)
       for (const bool positive_w : {false, true}) {

@@ -115,7 +115,8 @@ std::shared_ptr<const PlanRecipe> make_recipe(const Problem& problem, const Plan
   KernelConfig config;
   bool reference = false;
   if (options.config) {
-    // Only a caller's config needs checking: the dispatch's choices are valid by construction.
+    // A caller's config is the caller's mistake when it cannot run: an InvalidArgument. The
+    // dispatch's are checked below, as internal errors.
     if (auto why = options.config->why_invalid(problem, device); !why.empty())
       throw InvalidArgument("config", options.config->key() + ": " + why);
     config = *options.config;

@@ -69,7 +69,8 @@ KernelConfig default_config(const Problem&, const Device&, std::optional<Variant
 // problem unsynchronized (tune/dispatch.hpp) in the two-pass schedule around the exchange. A
 // KernelConfig::recompute (and grid_sync) choice becomes the plain config it twins: those
 // schedules finish the statistics inside one rank's kernels, and recompute's first GEMM stores
-// no y for fj_apply to normalize.
+// no y for fj_apply to normalize. An exact_m choice becomes its dynamic twin: ranks run their
+// own row counts (Plan::run's rows), which an exact-M kernel set refuses.
 KernelConfig synchronized_stats_config(KernelConfig unsynchronized_choice);
 
 }  // namespace fusejit

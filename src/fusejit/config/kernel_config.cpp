@@ -474,15 +474,17 @@ std::vector<KernelConfig> warpspec_tiles(const Problem& p) {
       wide.group_m = 16;
       out.push_back(wide);
     }
+    // Only where measured: M >= 1024 (a cluster of a lone row tile leaves half its CTAs idle)
+    // and rows TMA loads directly (not behind pad_operands' copy).
     KernelConfig pair = warpspec(128, 128, bk, 2, 6, true);
     pair.cluster_m = 2;
-    constexpr std::int64_t kClusterFirstK = 2048;
     const bool eval = p.mode == Mode::eval;
-    if (eval && p.K >= kClusterFirstK) out.push_back(pair);
+    const bool pair_first = eval && p.K >= 2048 && p.M >= 1024 && p.effective_alignment() >= 16;
+    if (pair_first) out.push_back(pair);
     for (const auto& c : {warpspec(128, 128, bk, 2, 6, true), warpspec(64, 128, bk, 1, 6, true),
                           warpspec(128, 64, bk, 2, 6, true)})
       out.push_back(c);
-    if (eval && p.K < kClusterFirstK) out.push_back(pair);
+    if (eval && !pair_first) out.push_back(pair);
     return out;
   }
   // Pingpong (whole 128x128 or 64x256 tiles per warpgroup) for the tuner to weigh: it hides
@@ -645,6 +647,7 @@ std::vector<KernelConfig> candidate_configs(const Problem& p, const Device& d) {
 KernelConfig synchronized_stats_config(KernelConfig c) {
   c.recompute = false;
   c.grid_sync = false;
+  c.exact_m = false;
   return c;
 }
 

@@ -70,8 +70,9 @@ TuningEntry tune_once(const TuningDb& db, const Problem& p, const Device& d,
 // Synchronized statistics (Problem::stat_ranks > 0) change the BatchNorm passes, not the GEMM:
 // tuning entries are those of the same problem unsynchronized (a tuning cannot run an
 // exchange). Its choice is turned into one the synchronized schedule can run: never the
-// cuBLASLt reference op, which has no exchange, and never a recompute (grid_sync) config, whose
-// statistics end inside one rank's kernels; the heuristic ranks the two-pass configs of `p`
+// cuBLASLt reference op, which has no exchange, never a recompute (grid_sync) config, whose
+// statistics end inside one rank's kernels, and never an exact-M set, since ranks run ragged
+// row counts (synchronized_stats_config); the heuristic ranks the two-pass configs of `p`
 // itself.
 Problem unsynchronized(Problem p) {
   p.stat_ranks = 0;
@@ -173,8 +174,12 @@ bool heuristic_prefers_reference(const Problem& p) {
 
 KernelChoice choose_kernel(const Problem& p, const Device& d, const std::string& cache_dir,
                            bool autotune) {
-  if (p.stat_ranks > 0)
-    return synchronized_choice(choose_kernel(unsynchronized(p), d, cache_dir, autotune), p, d);
+  if (p.stat_ranks > 0) {
+    const KernelChoice c =
+        synchronized_choice(choose_kernel(unsynchronized(p), d, cache_dir, autotune), p, d);
+    log()->info("plan {}: {} {} ({})", p.key(), name(c.source), c.config.key(), c.detail);
+    return c;
+  }
   const TuningDb db = TuningDb::for_device(d, cache_dir);
   const auto table = db.table();
   KernelChoice c = choose_from_table(*table, p, d);
