@@ -225,6 +225,15 @@ TEST_CASE("a synchronized problem's kernel choice is a two-pass config that can 
     }
   // The case that failed: the unsynchronized heuristic does pick recompute configs here.
   CHECK(recompute_choices > 0);
+  // Where the heuristic takes the cuBLASLt reference op unsynchronized, a synchronized plan
+  // (which has no exchange there) does not, with or without the tuning database.
+  Problem big;
+  big.M = 4096, big.N = 4096, big.K = 4096, big.dtype = DType::fp32;
+  CHECK(heuristic_prefers_reference(big));
+  CHECK(choose_from_table(TuningTable{}, big, dev).reference);
+  big.stat_ranks = 2;
+  CHECK_FALSE(heuristic_prefers_reference(big));
+  CHECK_FALSE(choose_from_table(TuningTable{}, big, dev).reference);
 }
 
 TEST_CASE("bad synchronized-statistics combinations are refused, naming the argument") {

@@ -135,11 +135,9 @@ std::shared_ptr<const PlanRecipe> make_recipe(const Problem& problem, const Plan
     reference = choice.reference;
     r->dispatch = std::string(name(choice.source));
   }
-  // The cuBLASLt reference op has no exchange.
-  if (problem.stat_ranks > 0) reference = false;
-  // A choice that cannot run the problem would load a kernel set of another schedule (as a
-  // recompute config chosen for a synchronized plan did: y left unwritten): fail the plan.
-  if (auto why = config.why_invalid(problem, device); !why.empty())
+  // A dispatch choice that cannot run the problem would load a kernel set of another schedule
+  // (as a recompute config chosen for a synchronized plan did: y left unwritten): fail the plan.
+  if (auto why = options.config ? std::string() : config.why_invalid(problem, device); !why.empty())
     throw Error(fmt::format("internal: plan {} was given config {} ({}): {}", problem.key(),
                             config.key(), r->dispatch, why));
   r->core = plan_core(problem, config, ctx, options.cache_dir, &r->built_core);

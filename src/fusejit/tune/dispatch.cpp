@@ -169,7 +169,8 @@ bool heuristic_prefers_reference(const Problem& p) {
   // with split-K, which win there (1024^3 0.069 vs 0.075 ms, 4096x4096x256 0.240 vs 0.268 ms,
   // 8192x8192x512 within 1-5%). docs/performance.md, fifth session.
   constexpr std::int64_t kMinK = 1024, kMinOutputs = std::int64_t{1} << 22;
-  return p.dtype == DType::fp32 && p.K >= kMinK && p.M * p.N >= kMinOutputs;
+  // Synchronized statistics: the reference op has no exchange.
+  return p.stat_ranks == 0 && p.dtype == DType::fp32 && p.K >= kMinK && p.M * p.N >= kMinOutputs;
 }
 
 KernelChoice choose_kernel(const Problem& p, const Device& d, const std::string& cache_dir,

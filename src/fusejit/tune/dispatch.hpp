@@ -42,7 +42,8 @@ std::string_view name(KernelChoice::Source);
 
 // Step 4's choice between the fused kernels and the reference op (ReferenceOp): the reference
 // for strict fp32 problems with K >= 1024 and M * N >= 2^22, where cuBLAS's SGEMM plus plain
-// BatchNorm passes beat the fused SIMT kernel (measured on H100).
+// BatchNorm passes beat the fused SIMT kernel (measured on H100); never with synchronized
+// statistics.
 bool heuristic_prefers_reference(const Problem& p);
 
 // Steps 1, 2, 4 and 5 on a table already loaded (no GPU, no tuning).
