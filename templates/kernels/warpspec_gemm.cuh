@@ -656,19 +656,18 @@ struct WarpspecGemm {
   static constexpr int kSplit3Run = 8;
 
   // 3xTF32: splits a landed stage. x's elements (a) are rounded to their big parts in place
-  // (split_tf32, common/mma.cuh) and W's (b) stay as TMA wrote them, the tensor core's
-  // truncation of them being their big parts (tf32_small_of_truncated); a_small and b_small get
-  // the small parts. Why one operand of each kind: a truncated split writes a third less, but its
-  // small part always has its element's sign, so small * small, the product left out, is
-  // biased; with one operand rounded that product has no sign bias. Measured at 1024x8192x8192
-  // and 4096^3 (H200): 1.45-1.53 ms against 1.59-1.66 with both rounded; both truncated,
-  // 1.36-1.46, but with every weight positive (all products of one sign) eval's error went
-  // from 2.8x strict fp32's to 5.7x (this split: 3.7x; docs/performance.md "3xTF32"). W is the
-  // truncated one: the team splits all BN of its rows, a warpgroup only its own of x's. Each
-  // consumer warpgroup splits its own
-  // rows of x; the team that shares the tile splits W between its threads, fences its writes
-  // for the async proxy (wgmma reads shared memory through it) and meets at a named barrier
-  // before anyone's wgmma reads the stage.
+  // (split_tf32, common/mma.cuh); W's (b) stay as TMA wrote them, the tensor core's truncation
+  // of them being their big parts (tf32_small_of_truncated); a_small and b_small get the small
+  // parts. Why one operand of each kind: a truncated split writes only its small part, but
+  // that part always has its element's sign, so small * small, the product left out, is biased
+  // unless the other operand's split is rounded. Measured at 1024x8192x8192 and 4096^3 (H200):
+  // 1.45-1.53 ms against 1.59-1.66 with both rounded; both truncated 1.36-1.46, but with every
+  // weight positive (all products of one sign) eval's error went from 2.8x strict fp32's to
+  // 5.7x (this split: 3.7x; docs/performance.md "3xTF32"). W is the truncated one: the team
+  // splits all BN of its rows, a warpgroup only its own of x's. Each consumer warpgroup splits
+  // its own rows of x; the team that shares the tile splits W between its threads, fences its
+  // writes for the async proxy (wgmma reads shared memory through it) and meets at a named
+  // barrier before anyone's wgmma reads the stage.
   __device__ __forceinline__ static void split_stage(Stage& st, int a_row0, int ctid, int group) {
     constexpr int kVecs = 128 / 16;  // uint4 per 128-byte row
     const int gtid = ctid % 128;
