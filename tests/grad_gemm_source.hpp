@@ -62,7 +62,7 @@ inline KernelSource grad_gemm_source(const GradGemmCase& c) {
       "  static constexpr int BM = {}, BN = {}, BK = {}, WARPS_M = {}, WARPS_N = {}, STAGES = {}, "
       "GROUP_M = 8;\n",
       t.bm, t.bn, t.bk, t.warps_m, t.warps_n, t.stages);
-  s += fmt::format("  static constexpr int THREADS = {}, VEC_BYTES = {};\n",
+  s += fmt::format("  static constexpr int THREADS = {}, VEC_BYTES = {}, SPLIT_K = 1;\n",
                    t.warps_m * t.warps_n * 32, c.vec_bytes());
   s += "};\n#include \"kernels/grad_gemm.cuh\"\n";
   s += "extern \"C\" __global__ void __launch_bounds__(GradSpec::THREADS) "

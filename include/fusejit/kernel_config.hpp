@@ -40,7 +40,8 @@ struct KernelConfig {
   bool tma_store = false;
   // tiled: split-K. S > 1 CTAs per output tile each multiply a contiguous share of the k tiles
   // into an fp32 workspace slice; a second kernel adds the S slices in a fixed order and runs the
-  // epilogue (key suffix ".k<S>"). For grids too small to fill the GPU with a long K.
+  // epilogue (key suffix ".k<S>"). For grids too small to fill the GPU with a long K. The
+  // backward pass's gradient GEMMs split on warpspec too (BackwardConfig).
   int split_k = 1;
   static constexpr int kMaxSplitK = 32;
   // Compile the kernels for the problem's exact M (key suffix ".xm") instead of reading the row
@@ -79,7 +80,8 @@ struct KernelConfig {
   bool valid_for(const Problem& p, const Device& d) const { return why_invalid(p, d).empty(); }
   // Stable text naming every field, e.g. "tiled.128x128x32.w2x4.s3.g8", with ".k8" appended
   // for split_k = 8 (nothing for 1, so keys from before split-K are unchanged); warpspec keys
-  // end in ".pp" for pingpong and ".ts" for tma_store; then pad_operands appends ".pad",
+  // put ".k8" after ".p<0|1>" and end in ".pp" for pingpong and ".ts" for tma_store; then
+  // pad_operands appends ".pad",
   // recompute ".rc", grid_sync ".gs", exact_m ".xm".
   std::string key() const;
   // Inverse of key(); throws InvalidArgument("config", ...).

@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "cli/problem_options.hpp"
 #include "cli/verbs.hpp"
@@ -42,9 +43,10 @@ struct CompileArgs {
   std::string db_file;
   // --shapes, --dtypes, --modes, --variant, --config, --every-m or --backward given
   bool problem_given = false;
-  std::string emit_dir;   // --emit-source: also write each generated translation unit here
-  bool every_m = false;   // --every-m: each problem's layer for every M class
-  bool backward = false;  // --backward: each problem's backward kernel set too
+  std::string emit_dir;         // --emit-source: also write each generated translation unit here
+  bool every_m = false;         // --every-m: each problem's layer for every M class
+  bool backward = false;        // --backward: each problem's backward kernel set too
+  std::string backward_config;  // --backward-config: that BackwardConfig key instead
 };
 
 // --every-m: the problem at one M per M class (config/candidates.hpp), the class's largest
@@ -167,6 +169,8 @@ int run_compile(const CompileArgs& a) {
                           "the problems come from the tuning database (its backward entries "
                           "too); drop --shapes, --dtypes, --modes, --variant, --config, "
                           "--every-m and --backward");
+  if (!a.backward_config.empty() && !a.backward)
+    throw InvalidArgument("backward-config", "needs --backward");
   std::vector<Job> jobs;
   std::string target;
   std::vector<std::string> bad_files;
@@ -231,10 +235,20 @@ int run_compile(const CompileArgs& a) {
       if (!refusal.empty())
         fmt::print("{}: no backward kernel set ({})\n", p.key(), refusal);
       else if (a.backward) {
-        if (a.variant == "all")
+        if (!a.backward_config.empty()) {
+          // Judged as BackwardPlan judges a forced config: at the M class's representative M.
+          const BackwardConfig c = BackwardConfig::parse(a.backward_config);
+          const BackwardGemms g = backward_gemms(p);
+          for (const auto& [k, gemm, arg] :
+               {std::tuple{c.dx, g.dx, "dx"}, std::tuple{c.dw, g.dw, "dw"}})
+            if (const std::string why = grad_gemm_why_invalid(p, k, gemm, dev); !why.empty())
+              throw InvalidArgument("backward-config", fmt::format("{} {}: {}", arg, k.key(), why));
+          add(generate_backward(p, c));
+        } else if (a.variant == "all") {
           for (KernelSource& src : backward_tuning_sources(p, dev)) add(std::move(src));
-        else
+        } else {
           add(generate_backward(p, default_backward_config(p, dev)));
+        }
       }
     }
     target = arch;
@@ -312,6 +326,9 @@ void add_compile(CLI::App& app, Action& action) {
                 "Also compile each problem's backward kernel set: the heuristic's (what a "
                 "BackwardPlan loads without a tuning entry), or with --variant all every set "
                 "`autotune --backward` times; problems the backward pass refuses are skipped");
+  cmd->add_option("--backward-config", a->backward_config,
+                  "With --backward: compile this backward config (dx.<key>.dw.<key>, as `fusejit "
+                  "bench --backward` prints it) instead of the heuristic's");
   cmd->add_option("--emit-source", a->emit_dir,
                   "Also write the generated CUDA sources (and template headers) to DIR");
   cmd->callback([&action, a, cmd] {

@@ -25,27 +25,50 @@ constexpr int kBackwardColumnThreads = 256;
 constexpr int kBackwardMergeLanes = 8;
 constexpr int kBackwardMergeColumns = kBackwardColumnThreads / kBackwardMergeLanes;
 
+// Strips: blocks of kBackwardColThreads threads x VEC columns across N, VEC the elements of
+// min(vec_bytes, kBackwardVecBytes) (vec_bytes: the alignment of the layer's rows). The kernels'
+// BackwardShape and the host's workspace both count them here.
+FJ_HOST_DEVICE constexpr int backward_strips(int n, int vec_bytes, int elem_bytes) {
+  const int bytes = vec_bytes < kBackwardVecBytes ? vec_bytes : kBackwardVecBytes;
+  const int vec = bytes / elem_bytes > 0 ? bytes / elem_bytes : 1;
+  const int cols = kBackwardColThreads * vec;
+  return (n + cols - 1) / cols;
+}
+
 // Slabs: at least kBackwardMinSlabRows rows each (fewer partials to merge for small batches),
 // at most kBackwardMaxSlabs of them (the partials stay a few MiB and each column's merge a short
-// loop however large the batch). Every slab but the last has slab_rows rows.
+// loop however large the batch), unless the layer is so narrow that strips x kBackwardMaxSlabs
+// blocks leave the GPU short of loads in flight: then up to kBackwardTargetBlocks / strips slabs.
+// Measured (ncu, H200, bf16 train): at 65536 x 256 (2 strips, 128 blocks) fj_bwd_reduce read
+// dy and saved at 0.8 TB/s and fj_bwd_da moved its 96 MB at 1.8 TB/s; at 16384 x 1024 (512
+// blocks) 2.5 TB/s both. Every slab but the last has slab_rows rows.
 constexpr int kBackwardMinSlabRows = 64;
 constexpr int kBackwardMaxSlabs = 64;
+constexpr int kBackwardTargetBlocks = 512;
 
 struct BackwardSlabs {
   int count;
   int rows;
 };
 
-// The slabs m rows are split into at most: the workspace of a plan made for M rows holds this
-// many for M, which bounds backward_slabs(m).count for every m <= M (the count itself is not
-// monotonic in m: rounding slab rows up to kBackwardRowThreads can leave fewer slabs).
-FJ_HOST_DEVICE constexpr long long backward_slab_bound(long long m) {
-  const long long want = (m + kBackwardMinSlabRows - 1) / kBackwardMinSlabRows;
-  return want > kBackwardMaxSlabs ? kBackwardMaxSlabs : (want < 1 ? 1 : want);
+// The most slabs a run of `strips` strips takes (kBackwardMaxSlabs, or more for narrow layers).
+FJ_HOST_DEVICE constexpr long long backward_slab_cap(int strips) {
+  const long long s = strips < 1 ? 1 : strips;
+  const long long fill = (kBackwardTargetBlocks + s - 1) / s;
+  return fill > kBackwardMaxSlabs ? fill : kBackwardMaxSlabs;
 }
 
-FJ_HOST_DEVICE constexpr BackwardSlabs backward_slabs(long long m) {
-  const long long want = backward_slab_bound(m);
+// The slabs m rows are split into at most: the workspace of a plan made for M rows holds this
+// many for M, which bounds backward_slabs(m, strips).count for every m <= M (the count itself is
+// not monotonic in m: rounding slab rows up to kBackwardRowThreads can leave fewer slabs).
+FJ_HOST_DEVICE constexpr long long backward_slab_bound(long long m, int strips) {
+  const long long want = (m + kBackwardMinSlabRows - 1) / kBackwardMinSlabRows;
+  const long long cap = backward_slab_cap(strips);
+  return want > cap ? cap : (want < 1 ? 1 : want);
+}
+
+FJ_HOST_DEVICE constexpr BackwardSlabs backward_slabs(long long m, int strips) {
+  const long long want = backward_slab_bound(m, strips);
   long long rows = (m + want - 1) / want;
   rows = (rows + kBackwardRowThreads - 1) / kBackwardRowThreads * kBackwardRowThreads;
   return {static_cast<int>((m + rows - 1) / rows), static_cast<int>(rows)};

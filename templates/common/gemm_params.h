@@ -10,6 +10,9 @@ struct GemmParams {
   void* c;
   int m;           // rows of this run: the GEMM's ROWS or RED where the Spec says 0
   int accumulate;  // != 0: C += A B instead of C = A B
+  // SPLIT_K > 1: the fp32 slices (common/split_k.h's layout) the GEMM writes and the split sum
+  // (kernels/grad_split_sum.cuh) adds into C; unused otherwise.
+  float* partials;
 };
 
 }  // namespace fj

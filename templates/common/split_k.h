@@ -19,4 +19,15 @@ FJ_HOST_DEVICE constexpr KRange split_k_range(int k_tiles, int splits, int s) {
   return {begin, begin + base + (s < extra ? 1 : 0)};
 }
 
+// The gradient GEMMs' split-K slices (kernels/grad_gemm.cuh, grad_wgmma.cuh): slice s of an
+// output [rows][cols] is an fp32 matrix [rows][split_slice_ld(cols)] at s * rows * that ld floats
+// of the workspace region. The row stride is a multiple of 8 floats, so the GEMMs' 16-byte (tiled)
+// and 8-byte (warpspec fragment pairs) stores of a group starting inside cols stay in its row.
+FJ_HOST_DEVICE constexpr int split_slice_ld(int cols) {
+  return (cols + 7) / 8 * 8;
+}
+
+// Threads of a block of the split sum (kernels/grad_split_sum.cuh), which the host launches.
+constexpr int kGradSplitSumThreads = 256;
+
 }  // namespace fj

@@ -27,8 +27,11 @@ struct BackwardShape {
   static constexpr int VEC = kVecBytes / static_cast<int>(sizeof(T)) > 0
                                  ? kVecBytes / static_cast<int>(sizeof(T))
                                  : 1;
-  static constexpr int kCols = kBackwardColThreads * VEC;        // columns of a block
-  static constexpr int kStrips = (Spec::N + kCols - 1) / kCols;  // grid: strips x slabs
+  static constexpr int kCols = kBackwardColThreads * VEC;  // columns of a block
+  // grid: strips x slabs
+  static constexpr int kStrips =
+      backward_strips(Spec::N, Spec::VEC_BYTES, static_cast<int>(sizeof(T)));
+  static_assert(kStrips == (Spec::N + kCols - 1) / kCols, "backward_strips disagrees with VEC");
   static constexpr int kColumnBlocks =
       (Spec::N + kBackwardMergeColumns - 1) / kBackwardMergeColumns;
 };
@@ -236,11 +239,23 @@ __device__ __forceinline__ float2 merge_slabs(const float* partials, int N, int 
   const int n = merged_column();
   const float2* pp = reinterpret_cast<const float2*>(partials);
   float2 t = make_float2(0.f, 0.f);
+  // Four of the lane's slabs' loads in flight at once, added in slab order: narrow layers have
+  // up to kBackwardTargetBlocks slabs (common/backward_shape.h), and one dependent L2 load per
+  // slab made the merge a chain of them.
+  constexpr int kInFlight = 4, kStep = kBackwardMergeLanes * kInFlight;
   if (n < N)
-    for (int s = lane; s < slabs; s += kBackwardMergeLanes) {
-      const float2 v = pp[static_cast<long long>(s) * N + n];
-      t.x += v.x;
-      t.y += v.y;
+    for (int s = lane; s < slabs; s += kStep) {
+      float2 v[kInFlight];
+#pragma unroll
+      for (int i = 0; i < kInFlight; ++i)
+        v[i] = s + i * kBackwardMergeLanes < slabs
+                   ? pp[static_cast<long long>(s + i * kBackwardMergeLanes) * N + n]
+                   : make_float2(0.f, 0.f);
+#pragma unroll
+      for (int i = 0; i < kInFlight; ++i) {
+        t.x += v[i].x;
+        t.y += v[i].y;
+      }
     }
   lanes[lane][col] = t;
   __syncthreads();

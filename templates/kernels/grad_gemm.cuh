@@ -4,9 +4,12 @@
 // (mainloop/operands.cuh):
 //   dX [m][K] = dA W:    A = dA [m][N] K-major, B(c, k) = W[k][c] MN-major, RED = N, ROWS = 0
 //   dW [N][K] = dA^T x:  A(r, k) = dA[k][r] MN-major, B(c, k) = x[k][c] MN-major, RED = 0
-// One CTA per BM x BN output tile (blockIdx.x, grouped raster for L2 reuse), G::THREADS threads,
-// kSmemBytes of dynamic shared memory. The description G is the mainloops' plus GROUP_M and LDC;
-// ROWS or RED = 0 is GemmParams::m.
+// One CTA per BM x BN output tile (blockIdx.x, grouped raster for L2 reuse) and split
+// (blockIdx.y, SPLIT_K of them), G::THREADS threads, kSmemBytes of dynamic shared memory. The
+// description G is the mainloops' plus GROUP_M, LDC and SPLIT_K; ROWS or RED = 0 is
+// GemmParams::m. With SPLIT_K > 1 each split multiplies its share of the reduction
+// (common/split_k.h) into its fp32 slice of GemmParams::partials, and kernels/grad_split_sum.cuh
+// adds the slices into C: for grids of few tiles with a long reduction (dW's is the batch).
 #pragma once
 #include "common/gemm_params.h"
 #include "common/limits.h"
@@ -45,6 +48,8 @@ struct GradGemm {
   static constexpr int V = kStoreBytes / int(sizeof(T)) > 0 ? kStoreBytes / int(sizeof(T)) : 1;
   static constexpr int kWords = V * int(sizeof(T)) / 4;  // 32-bit words of a vector access
   static_assert(BN % V == 0 && V <= 8, "BN must be a multiple of the store width");
+  static constexpr int kSplits = G::SPLIT_K;
+  static_assert(kSplits >= 1, "SPLIT_K must be positive");
 
   __device__ static void run(const GemmParams& p) {
     extern __shared__ __align__(128) char smem[];
@@ -53,8 +58,16 @@ struct GradGemm {
     const auto t = Raster{(rows + BM - 1) / BM}.tile(blockIdx.x);
     const int m0 = t.row * BM, n0 = t.col * BN;
     const Tile tile{reinterpret_cast<float*>(smem)};
-    Mainloop::run(op, smem, m0, n0, KRange{0, Mainloop::k_tiles(op)}, tile);
-    store(p, tile, m0, n0, rows);
+    const int k_tiles = Mainloop::k_tiles(op);
+    // A run's reduction (dW's batch) may have fewer k tiles than splits: the empty ones store
+    // zeros, which the sum needs.
+    Mainloop::run(op, smem, m0, n0,
+                  kSplits == 1 ? KRange{0, k_tiles} : split_k_range(k_tiles, kSplits, blockIdx.y),
+                  tile);
+    if constexpr (kSplits > 1)
+      store_slice(p, tile, m0, n0, rows);
+    else
+      store(p, tile, m0, n0, rows);
   }
 
  private:
@@ -107,6 +120,22 @@ struct GradGemm {
       *reinterpret_cast<uint2*>(dst) = make_uint2(r.w[0], r.w[1]);
     else
       *reinterpret_cast<unsigned*>(dst) = r.w[0];
+  }
+
+  // SPLIT_K: the tile's part inside rows x COLS into this split's slice, 4 columns per thread.
+  __device__ __forceinline__ static void store_slice(const GemmParams& p, const Tile& tile, int m0,
+                                                     int n0, int rows) {
+    constexpr int kLd = split_slice_ld(COLS), kGroups = BN / 4;
+    static_assert(BN % 4 == 0, "split-K slices take 4-column groups");
+    float* const slice =
+        p.partials + static_cast<long long>(blockIdx.y) * rows * static_cast<long long>(kLd);
+    for (int i = threadIdx.x; i < BM * kGroups; i += G::THREADS) {
+      const int r = i / kGroups, cc = (i % kGroups) * 4;
+      // A group starting inside COLS ends inside the slice's row (kLd is a multiple of 8).
+      if (m0 + r >= rows || n0 + cc >= COLS) continue;
+      *reinterpret_cast<float4*>(slice + static_cast<long long>(m0 + r) * kLd + n0 + cc) =
+          *reinterpret_cast<const float4*>(&tile(r, cc));
+    }
   }
 
   // C = tile (or C += tile) over the tile's part inside rows x COLS: groups of V columns per

@@ -21,19 +21,22 @@
 // next tile's mainloop while the copy engine writes them out: with a short reduction (dW's is
 // the batch) the stores are a large part of a tile's time. Accumulating runs (C += A B) take
 // the thread stores either way, since they read C first. With PERSISTENT the producer keeps
-// loading the next tile meanwhile in both cases.
+// loading the next tile meanwhile in both cases. SPLIT_K > 1 (no TMA_STORE): blockIdx.y is the
+// split, each multiplies its share of the reduction (common/split_k.h) and stores fp32 pairs
+// into its slice of GemmParams::partials; kernels/grad_split_sum.cuh adds the slices into C.
 //
-// Host launch contract: grid.x = PERSISTENT ? min(tiles, SMs) : tiles with
-// tiles = ceil(rows / BM) * ceil(COLS / BN); block.x = THREADS = 128 * (CONSUMERS + 1);
-// dynamic shared memory kSmemBytes; tensor maps `ta`, `tb` (plan/backward_core.cpp): a K-major
-// operand [rows][red] in boxes of (its tile rows) x 64, an MN-major one [red][rows] in boxes of
-// BK x 64, elements past the matrix read as zero; with TMA_STORE `tc`, C [rows][COLS] in boxes
-// of 64 rows x 64 columns, 128-byte swizzle (unused otherwise).
+// Host launch contract: grid.x = PERSISTENT ? min(tiles, max(1, SMs / SPLIT_K)) : tiles with
+// tiles = ceil(rows / BM) * ceil(COLS / BN), grid.y = SPLIT_K; block.x = THREADS = 128 * (CONSUMERS
+// + 1); dynamic shared memory kSmemBytes; tensor maps `ta`, `tb` (plan/backward_core.cpp): a
+// K-major operand [rows][red] in boxes of (its tile rows) x 64, an MN-major one [red][rows] in
+// boxes of BK x 64, elements past the matrix read as zero; with TMA_STORE `tc`, C [rows][COLS] in
+// boxes of 64 rows x 64 columns, 128-byte swizzle (unused otherwise).
 #pragma once
 #include "common/cp_async.cuh"
 #include "common/gemm_params.h"
 #include "common/limits.h"
 #include "common/select.cuh"
+#include "common/split_k.h"
 #include "common/tile.cuh"
 #include "common/tma_descriptor.cuh"
 #include "common/types.cuh"
@@ -106,6 +109,9 @@ struct GradWgmma {
   static constexpr bool kTmaStore = G::TMA_STORE;
   static constexpr int kOutBox = 64;  // rows and columns of a TMA store box (128-byte rows)
   static constexpr int kOutBoxBytes = kOutBox * 128;
+  static constexpr int kSplits = G::SPLIT_K;
+  static_assert(kSplits >= 1 && !(kSplits > 1 && kTmaStore),
+                "grad wgmma: SPLIT_K >= 1; split slices are fp32 thread stores, no TMA_STORE");
 
   // ---- Shared memory: SharedStorage is the layout. ----
   struct Stage {
@@ -170,8 +176,12 @@ struct GradWgmma {
           empty{shared_base + FJ_OFFSETOF(SharedStorage, empty)} {}
     MbarrierArray<STAGES> full, empty;
     __device__ __forceinline__ int rows() const { return G::ROWS > 0 ? G::ROWS : m; }
-    __device__ __forceinline__ int k_tiles() const {
-      return ((G::RED > 0 ? G::RED : m) + BK - 1) / BK;
+    // This CTA's k tiles: all of them, or its split's share (empty where a run's reduction has
+    // fewer k tiles than splits: the split then stores zeros, which the sum needs).
+    __device__ __forceinline__ KRange k_range() const {
+      const int k_tiles = ((G::RED > 0 ? G::RED : m) + BK - 1) / BK;
+      return kSplits == 1 ? KRange{0, k_tiles}
+                          : split_k_range(k_tiles, kSplits, static_cast<int>(blockIdx.y));
     }
     __device__ __forceinline__ Raster raster() const { return Raster{(rows() + BM - 1) / BM}; }
     __device__ __forceinline__ unsigned a(unsigned i) const {
@@ -196,10 +206,10 @@ struct GradWgmma {
                                                  const Ctx& c) {
     PipelineState<STAGES> pipe;
     const Raster raster = c.raster();
-    const int k_tiles = c.k_tiles();
+    const KRange k = c.k_range();
     for (int t = blockIdx.x; t < raster.tiles(); t += tile_stride(c)) {
       const auto tile = raster.tile(t);
-      for (int kt = 0; kt < k_tiles; ++kt) {
+      for (int kt = k.begin; kt < k.end; ++kt) {
         const Mbarrier full = c.full[pipe.index];
         c.empty[pipe.index].wait(pipe.phase ^ 1u);
         full.arrive_expect_tx(static_cast<unsigned>(TileA::kBytes + TileB::kBytes));
@@ -217,7 +227,8 @@ struct GradWgmma {
     const int a_block0 = (ctid / 128) * kMAtoms;  // this group's first 64-row block of A
     const int lane = ctid % 32;
     const Raster raster = c.raster();
-    const int k_tiles = c.k_tiles();
+    const KRange k = c.k_range();
+    const int k_tiles = k.end - k.begin;
     PipelineCounter<STAGES> slice;
     Acc acc;
     for (int t = blockIdx.x; t < raster.tiles(); t += tile_stride(c)) {
@@ -252,7 +263,9 @@ struct GradWgmma {
 #pragma unroll
       for (int ma = 0; ma < kMAtoms; ++ma) wgmma_fence_operands(acc[ma]);
       const int m0 = tile.row * BM + a_block0 * 64, n0 = tile.col * BN;
-      if (kTmaStore && p.accumulate == 0)
+      if constexpr (kSplits > 1)
+        store_slice(p, acc, m0, n0, c.rows(), ctid % 128);
+      else if (kTmaStore && p.accumulate == 0)
         store_tma(acc, c, tc, m0, n0, ctid);
       else
         store(p, acc, m0, n0, c.rows(), ctid % 128);
@@ -300,10 +313,11 @@ struct GradWgmma {
 
   // The wgmma fragment (PTX's m64nNk16 D layout): warp w of the group holds rows 16 w + lane / 4
   // and + 8, columns 8 j + 2 (lane % 4) and + 1, as acc[4 j + 2 h + {0, 1}] for row + 8 h.
-  __device__ __forceinline__ static void store(const GemmParams& p, const Acc& acc, int m0, int n0,
-                                               int rows, int wtid) {
-    T* const out = static_cast<T*>(p.c);
-    const bool accumulate = p.accumulate != 0;
+  // f(row, col, v0, v1) for each of this thread's pairs with row < rows and col < COLS (col + 1
+  // may be COLS when COLS is odd).
+  template <class F>
+  __device__ __forceinline__ static void for_each_pair(const Acc& acc, int m0, int n0, int rows,
+                                                       int wtid, F&& f) {
     const int r0 = m0 + 16 * (wtid / 32) + (wtid % 32) / 4;
     const int c0 = n0 + 2 * (wtid % 4);
 #pragma unroll
@@ -312,25 +326,45 @@ struct GradWgmma {
       for (int h = 0; h < 2; ++h) {
         const int r = r0 + 64 * ma + 8 * h;
         if (r >= rows) continue;
-        T* const row = out + static_cast<long long>(r) * LDC;
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
           const int col = c0 + 8 * j;
-          if (col >= COLS) continue;
-          float v0 = acc[ma][4 * j + 2 * h], v1 = acc[ma][4 * j + 2 * h + 1];
-          T* const dst = row + col;
-          if (COLS % 2 == 0 || col + 1 < COLS) {
-            if (accumulate) {
-              const unsigned old = *reinterpret_cast<const unsigned*>(dst);
-              v0 += to_float(T{static_cast<unsigned short>(old & 0xffffu)});
-              v1 += to_float(T{static_cast<unsigned short>(old >> 16)});
-            }
-            *reinterpret_cast<unsigned*>(dst) = pack2<T>(v0, v1);
-          } else {
-            dst[0] = from_float<T>(v0 + (accumulate ? to_float(dst[0]) : 0.f));
-          }
+          if (col < COLS) f(r, col, acc[ma][4 * j + 2 * h], acc[ma][4 * j + 2 * h + 1]);
         }
       }
+  }
+
+  // SPLIT_K: the fragment's fp32 pairs into this split's slice (a pair starting inside COLS ends
+  // inside the slice's row, whose stride is a multiple of 8).
+  __device__ __forceinline__ static void store_slice(const GemmParams& p, const Acc& acc, int m0,
+                                                     int n0, int rows, int wtid) {
+    constexpr int kLd = split_slice_ld(COLS);
+    float* const slice =
+        p.partials + static_cast<long long>(blockIdx.y) * rows * static_cast<long long>(kLd);
+    for_each_pair(acc, m0, n0, rows, wtid, [&](int r, int col, float v0, float v1) {
+      *reinterpret_cast<float2*>(slice + static_cast<long long>(r) * kLd + col) =
+          make_float2(v0, v1);
+    });
+  }
+
+  // C = (or +=) the fragment, a pair of T per 32-bit store (one element at an odd COLS's end).
+  __device__ __forceinline__ static void store(const GemmParams& p, const Acc& acc, int m0, int n0,
+                                               int rows, int wtid) {
+    T* const out = static_cast<T*>(p.c);
+    const bool accumulate = p.accumulate != 0;
+    for_each_pair(acc, m0, n0, rows, wtid, [&](int r, int col, float v0, float v1) {
+      T* const dst = out + static_cast<long long>(r) * LDC + col;
+      if (COLS % 2 == 0 || col + 1 < COLS) {
+        if (accumulate) {
+          const unsigned old = *reinterpret_cast<const unsigned*>(dst);
+          v0 += to_float(T{static_cast<unsigned short>(old & 0xffffu)});
+          v1 += to_float(T{static_cast<unsigned short>(old >> 16)});
+        }
+        *reinterpret_cast<unsigned*>(dst) = pack2<T>(v0, v1);
+      } else {
+        dst[0] = from_float<T>(v0 + (accumulate ? to_float(dst[0]) : 0.f));
+      }
+    });
   }
 };
 

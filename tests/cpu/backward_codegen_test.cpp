@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "common/backward_shape.h"
+#include "common/split_k.h"
 #include "fusejit/codegen/backward_codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/error.hpp"
@@ -21,14 +22,25 @@
 
 using namespace fusejit;
 
-TEST_CASE("backward kernel set per mode") {
+TEST_CASE("backward kernel set per mode and split") {
   Problem p = parse_sweep_line("300x72x40 bf16 train").problem;
-  CHECK(backward_kernel_set(p) == std::vector<std::string>{"fj_bwd_reduce", "fj_bwd_coef",
-                                                           "fj_bwd_da", "fj_bwd_params",
-                                                           "fj_bwd_dx", "fj_bwd_dw"});
+  BackwardConfig c{KernelConfig::parse("tiled.64x64x64.w2x2.s3.g8"),
+                   KernelConfig::parse("warpspec.64x64x64.c1.s8.g8.cl1.p1")};
+  CHECK(backward_kernel_set(p, c) == std::vector<std::string>{"fj_bwd_reduce", "fj_bwd_coef",
+                                                              "fj_bwd_da", "fj_bwd_params",
+                                                              "fj_bwd_dx", "fj_bwd_dw"});
   p.mode = Mode::eval;
-  CHECK(backward_kernel_set(p) ==
+  CHECK(backward_kernel_set(p, c) ==
         std::vector<std::string>{"fj_bwd_reduce", "fj_bwd_params", "fj_bwd_dx", "fj_bwd_dw"});
+  // A split GEMM's slices are added by its sum kernel, launched right after it.
+  c.dw.split_k = 4;
+  CHECK(backward_kernel_set(p, c) == std::vector<std::string>{"fj_bwd_reduce", "fj_bwd_params",
+                                                              "fj_bwd_dx", "fj_bwd_dw",
+                                                              "fj_bwd_dw_sum"});
+  c.dx.split_k = 2;
+  CHECK(backward_kernel_set(p, c) == std::vector<std::string>{"fj_bwd_reduce", "fj_bwd_params",
+                                                              "fj_bwd_dx", "fj_bwd_dx_sum",
+                                                              "fj_bwd_dw", "fj_bwd_dw_sum"});
 }
 
 TEST_CASE("a backward source names no M: one kernel set for every batch size") {
@@ -49,35 +61,64 @@ TEST_CASE("a backward source names no M: one kernel set for every batch size") {
 }
 
 TEST_CASE("backward slabs cover the rows exactly, bounded in count") {
-  for (long long m :
-       {1LL, 2LL, 7LL, 63LL, 64LL, 65LL, 300LL, 4096LL, 4097LL, 65536LL, 1000003LL, 2147483391LL}) {
-    CAPTURE(m);
-    const fj::BackwardSlabs s = fj::backward_slabs(m);
-    CHECK(s.count >= 1);
-    CHECK(s.count <= fj::kBackwardMaxSlabs);
-    CHECK(s.rows % fj::kBackwardRowThreads == 0);
-    CHECK(static_cast<long long>(s.count) * s.rows >= m);
-    CHECK(static_cast<long long>(s.count - 1) * s.rows < m);
-  }
-  // The bound a plan's workspace is laid out with covers every run of fewer rows.
-  for (long long big : {64LL, 4095LL, 4100LL, 20000LL})
-    for (long long m = 1; m <= big; m += 7) {
-      CHECK(fj::backward_slabs(m).count <= fj::backward_slab_bound(big));
-      CHECK(fj::backward_slab_bound(m) <= fj::backward_slab_bound(big));
+  for (const int strips : {1, 2, 8, 64, 1000}) {
+    CAPTURE(strips);
+    // Narrow layers (few strips) may take more slabs, up to a grid of kBackwardTargetBlocks.
+    const long long cap = std::max<long long>(fj::kBackwardMaxSlabs,
+                                              (fj::kBackwardTargetBlocks + strips - 1) / strips);
+    CHECK(fj::backward_slab_cap(strips) == cap);
+    for (long long m : {1LL, 2LL, 7LL, 63LL, 64LL, 65LL, 300LL, 4096LL, 4097LL, 65536LL, 1000003LL,
+                        2147483391LL}) {
+      CAPTURE(m);
+      const fj::BackwardSlabs s = fj::backward_slabs(m, strips);
+      CHECK(s.count >= 1);
+      CHECK(s.count <= cap);
+      CHECK(s.rows % fj::kBackwardRowThreads == 0);
+      CHECK(static_cast<long long>(s.count) * s.rows >= m);
+      CHECK(static_cast<long long>(s.count - 1) * s.rows < m);
     }
+    // The bound a plan's workspace is laid out with covers every run of fewer rows.
+    for (long long big : {64LL, 4095LL, 4100LL, 20000LL, 70000LL})
+      for (long long m = 1; m <= big; m += 7) {
+        CHECK(fj::backward_slabs(m, strips).count <= fj::backward_slab_bound(big, strips));
+        CHECK(fj::backward_slab_bound(m, strips) <= fj::backward_slab_bound(big, strips));
+      }
+  }
+  // The host's strip count is the kernels' (BackwardShape: 32 threads x 8 bytes of columns).
+  CHECK(fj::backward_strips(256, 16, 2) == 2);
+  CHECK(fj::backward_strips(257, 16, 2) == 3);
+  CHECK(fj::backward_strips(256, 4, 4) == 8);
+  CHECK(fj::backward_strips(100, 2, 2) == 4);
 }
 
 TEST_CASE("backward workspace: aligned regions, growing with the rows") {
   const Problem p = parse_sweep_line("5000x136x96 fp16 train").problem;
+  const BackwardConfig unsplit{KernelConfig::parse("tiled.64x64x64.w2x2.s3.g8"),
+                               KernelConfig::parse("tiled.64x64x64.w2x2.s3.g8")};
+  BackwardConfig split = unsplit;
+  split.dx.split_k = 2;
+  split.dw.split_k = 8;
   std::size_t last = 0;
   for (std::int64_t rows : {2, 64, 65, 1000, 5000}) {
-    const BackwardWorkspace w = backward_workspace(p, rows);
+    CAPTURE(rows);
+    const BackwardWorkspace w = backward_workspace(p, unsplit, rows);
     for (std::size_t o : {w.dy_partials_offset, w.dz_partials_offset, w.coef_offset, w.da_offset})
       CHECK(o % kWorkspaceAlign == 0);
     CHECK(w.da_offset + static_cast<std::size_t>(rows) * 136 * 2 <= w.total);
     CHECK(w.total >= last);
     last = w.total;
+    // Split: S fp32 slices of [rows][ld] (dX) and [N][ld] (dW), ld = 96 rounded up to 8.
+    const BackwardWorkspace s = backward_workspace(p, split, rows);
+    CHECK(s.da_offset == w.da_offset);
+    CHECK(s.dx_slices_offset % kWorkspaceAlign == 0);
+    CHECK(s.dw_slices_offset % kWorkspaceAlign == 0);
+    CHECK(s.dx_slices_offset >= w.da_offset + static_cast<std::size_t>(rows) * 136 * 2);
+    CHECK(s.dw_slices_offset >= s.dx_slices_offset + 2 * static_cast<std::size_t>(rows) * 96 * 4);
+    CHECK(s.total >= s.dw_slices_offset + 8 * std::size_t{136} * 96 * 4);
   }
+  CHECK(fj::split_slice_ld(96) == 96);
+  CHECK(fj::split_slice_ld(97) == 104);
+  CHECK(fj::split_slice_ld(1) == 8);
 }
 
 TEST_CASE("every backward kernel set compiles for every supported architecture") {
@@ -118,6 +159,29 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
     CHECK(c.dx.variant == Variant::tiled);
     CHECK(c.dw.variant == Variant::tiled);
   }
+  // Split-K where a GEMM's tiles fill at most half the GPU: dW of a narrow layer (N x K = 256 x 64
+  // is a few tiles, its reduction the batch), not the GEMMs of a wide one.
+  const BackwardConfig narrow =
+      default_backward_config(parse_sweep_line("65536x256x64 bf16 train").problem, hopper);
+  CHECK(narrow.dw.split_k > 1);
+  CHECK(narrow.dx.split_k == 1);
+  const BackwardConfig wide =
+      default_backward_config(parse_sweep_line("4096x4096x4096 bf16 train").problem, hopper);
+  CHECK(wide.dx.split_k == 1);
+  CHECK(wide.dw.split_k == 1);
+  // Nor where the reduction is short (1024 rows: 16 k tiles), nor where small tiles fill the GPU.
+  for (const char* line : {"1024x256x64 bf16 train", "2048x2048x512 bf16 train"}) {
+    CAPTURE(line);
+    const BackwardConfig c = default_backward_config(parse_sweep_line(line).problem, hopper);
+    CHECK(c.dx.split_k == 1);
+    CHECK(c.dw.split_k == 1);
+  }
+  // The sanitizer sweep's split lines (tests/sanitize/backward_small.sweep) do split.
+  CHECK(default_backward_config(parse_sweep_line("4100x64x40 bf16 train").problem, hopper)
+            .dw.split_k > 1);
+  CHECK(
+      default_backward_config(parse_sweep_line("4100x40x24 fp32 eval").problem, hopper).dw.split_k >
+      1);
   auto why = [&](const Problem& q, const char* key) {
     return grad_gemm_why_invalid(q, KernelConfig::parse(key), dw_gemm_problem(q), hopper);
   };
@@ -129,13 +193,20 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
             .find("bf16 and fp16") != std::string::npos);
   CHECK(why(parse_sweep_line("300x60x40 bf16 train").problem, "warpspec.128x128x64.c2.s5.g8.cl1.p1")
             .find("16-byte") != std::string::npos);
+  CHECK(why(p, "warpspec.64x64x64.c1.s8.g8.cl1.p1.k4.ts").find("tma_store") != std::string::npos);
+  CHECK(why(p, "warpspec.64x64x64.c1.s8.g8.cl1.p1.k64").find("split_k") != std::string::npos);
+  // Split-K on either variant, even with more splits than a run's reduction has k tiles.
+  CHECK(why(p, "warpspec.64x64x64.c1.s8.g8.cl1.p1.k32").empty());
+  CHECK(why(p, "tiled.64x64x64.w2x2.s3.g8.k16").empty());
   // The tile shapes the GPU test forces: accepted, and their sets compile.
   const std::pair<const char*, const char*> tiles[] = {
       {"warpspec.128x256x64.c2.s4.g16.cl1.p1", "warpspec.128x256x64.c2.s4.g16.cl1.p0"},
       {"warpspec.64x128x64.c1.s6.g8.cl1.p0", "warpspec.64x128x64.c1.s6.g8.cl1.p1"},
       {"warpspec.128x64x64.c2.s6.g8.cl1.p1", "warpspec.128x128x64.c1.s4.g8.cl1.p1"},
       {"warpspec.256x128x64.c2.s3.g8.cl1.p1", "warpspec.64x64x64.c1.s8.g8.cl1.p1"},
-      {"warpspec.128x256x64.c2.s3.g16.cl1.p1.ts", "warpspec.64x128x64.c1.s6.g8.cl1.p0.ts"}};
+      {"warpspec.128x256x64.c2.s3.g16.cl1.p1.ts", "warpspec.64x128x64.c1.s6.g8.cl1.p0.ts"},
+      {"warpspec.128x256x64.c2.s4.g16.cl1.p1.k4", "warpspec.64x64x64.c1.s8.g8.cl1.p1.k32"},
+      {"warpspec.64x128x64.c1.s6.g8.cl1.p0.k3", "tiled.64x128x64.w2x2.s3.g8.k5"}};
   std::vector<fusejit::test::CompileJob> jobs;
   for (const auto& pair : tiles) {
     // Named copies, not structured bindings: CAPTURE's lambda cannot capture those (clang 14).

@@ -268,7 +268,7 @@ TEST_CASE("pruning mirrors the mainloops' static limits") {
   CHECK(KernelConfig::parse("tiled.128x128x16.w4x2.s3.g8").valid_for(p, dev));
 }
 
-TEST_CASE("split-K keys: '.k<S>' after the tiled key, nothing for S = 1") {
+TEST_CASE("split-K keys: '.k<S>' after the tiled key or warpspec's '.p<0|1>', nothing for S = 1") {
   const KernelConfig c = KernelConfig::parse("tiled.64x64x32.w2x1.s3.g8.k8");
   CHECK(c.variant == Variant::tiled);
   CHECK(c.split_k == 8);
@@ -283,12 +283,24 @@ TEST_CASE("split-K keys: '.k<S>' after the tiled key, nothing for S = 1") {
   s.split_k = 3;
   CHECK(s.key() == "tiled.128x128x32.w2x4.s3.g8.k3");
   CHECK(KernelConfig::parse(s.key()).split_k == 3);
-  for (const char* bad : {"tiled.64x64x32.w2x1.s3.g8.k", "tiled.64x64x32.w2x1.s3.g8.k8junk",
-                          "tiled.64x64x32.w2x1.s3.g8.k8.k2", "tiled.64x64x32.w2x1.s3.g8k8",
-                          "warpspec.128x128x64.c2.s4.g8.cl1.p1.k2"}) {
+  for (const char* bad :
+       {"tiled.64x64x32.w2x1.s3.g8.k", "tiled.64x64x32.w2x1.s3.g8.k8junk",
+        "tiled.64x64x32.w2x1.s3.g8.k8.k2", "tiled.64x64x32.w2x1.s3.g8k8",
+        "warpspec.128x128x64.c2.s4.g8.cl1.p1.ts.k2", "warpspec.128x128x64.c2.s4.g8.cl1.p1.k2.k2"}) {
     CAPTURE(bad);
     CHECK_THROWS_AS(KernelConfig::parse(bad), InvalidArgument);
   }
+  // Warpspec splits for the gradient GEMMs (plan/backward_core.hpp), not the forward.
+  const KernelConfig w = KernelConfig::parse("warpspec.64x64x64.c1.s8.g8.cl1.p1.k32");
+  CHECK(w.variant == Variant::warpspec);
+  CHECK(w.split_k == 32);
+  CHECK(w.persistent);
+  CHECK(w.key() == "warpspec.64x64x64.c1.s8.g8.cl1.p1.k32");
+  CHECK(KernelConfig::parse("warpspec.128x128x64.c2.s4.g8.cl1.p0.k2.pp").pingpong);
+  CHECK(KernelConfig::parse("warpspec.128x128x64.c2.s4.g8.cl1.p0.k2.pp").split_k == 2);
+  CHECK(KernelConfig::parse("warpspec.128x128x64.c2.s4.g8.cl1.p1").split_k == 1);
+  const Problem fwd = problem(DType::bf16, Mode::eval, 128, 512, 1024);
+  CHECK(w.why_invalid(fwd, Device::for_arch("sm_90a")).find("split_k") != std::string::npos);
 }
 
 TEST_CASE("split-K pruning: tiled only, 1..32 splits, never more splits than k tiles") {

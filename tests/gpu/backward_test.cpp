@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <string>
+#include <vector>
 
 #include "fusejit/backward.hpp"
 #include "fusejit/device/device_memory.hpp"
@@ -38,6 +39,24 @@ void check(const std::string& line, const BackwardCheckOptions& o = {}) {
                   line, r.errors.saved, r.errors.dx, r.errors.dw, r.errors.dbias, r.errors.dscale,
                   r.errors.dgamma, r.errors.dbeta));
   CHECK(ok);
+}
+
+// Both gradient GEMMs forced to (dx, dw) on every line, then an accumulating run of `accumulate`
+// and a 129-row run of `rows`' plan.
+void check_forced(const char* dx, const char* dw, const std::vector<std::string>& lines,
+                  const char* accumulate, const char* rows) {
+  CAPTURE(dx);
+  CAPTURE(dw);
+  BackwardCheckOptions o;
+  o.dx_config = KernelConfig::parse(dx);
+  o.dw_config = KernelConfig::parse(dw);
+  for (const std::string& line : lines) check(line, o);
+  BackwardCheckOptions a = o;
+  a.accumulate = true;
+  check(accumulate, a);
+  BackwardCheckOptions r = o;
+  r.rows = 129;
+  check(rows, r);
 }
 
 }  // namespace
@@ -94,7 +113,9 @@ TEST_CASE("backward: forced gradient GEMM tiles, and configs it cannot take") {
         Refused{&p, "warpspec.128x256x64.c2.s4.g8.cl1.p1.ts"} /* staging exceeds smem */,
         Refused{&tf32, "warpspec.128x128x32.c2.s5.g8.cl1.p1"},
         Refused{&narrow, "warpspec.128x128x64.c2.s5.g8.cl1.p1"},
-        Refused{&p, "tiled.64x64x64.w2x2.s3.g8.k2"}, Refused{&p, "tiled.64x64x64.w2x2.s3.g8.xm"}}) {
+        Refused{&p, "tiled.64x64x64.w2x2.s3.g8.k64"} /* above kMaxSplitK */,
+        Refused{&p, "warpspec.64x64x64.c1.s8.g8.cl1.p1.k2.ts"} /* slices need thread stores */,
+        Refused{&p, "tiled.64x64x64.w2x2.s3.g8.xm"}}) {
     CAPTURE(r.key);
     BackwardOptions bo;
     bo.dw_config = KernelConfig::parse(r.key);
@@ -120,26 +141,47 @@ TEST_CASE("backward: warpspec gradient GEMMs (sm_90a): tile shapes, tails, persi
         Tiles{"warpspec.64x128x64.c1.s6.g8.cl1.p0", "warpspec.64x128x64.c1.s6.g8.cl1.p1"},
         Tiles{"warpspec.128x64x64.c2.s6.g8.cl1.p1", "warpspec.128x128x64.c1.s4.g8.cl1.p1"},
         Tiles{"warpspec.256x128x64.c2.s3.g8.cl1.p1", "warpspec.64x64x64.c1.s8.g8.cl1.p1"},
-        {"warpspec.128x256x64.c2.s3.g16.cl1.p1.ts", "warpspec.64x128x64.c1.s6.g8.cl1.p0.ts"}}) {
-    BackwardCheckOptions o;
-    o.dx_config = KernelConfig::parse(t.dx);
-    o.dw_config = KernelConfig::parse(t.dw);
-    for (const char* line : {"1000x200x136 bf16 train", "300x72x40 fp16 eval", "2x24x16 bf16 train",
-                             "777x328x520 bf16 eval", "1000x64x256 fp16 train non_centred"})
-      check(line, o);
-    BackwardCheckOptions a = o;
-    a.accumulate = true;
-    check("300x136x96 bf16 train", a);
-    BackwardCheckOptions r = o;
-    r.rows = 129;
-    check("1000x64x96 bf16 eval", r);
+        {"warpspec.128x256x64.c2.s3.g16.cl1.p1.ts", "warpspec.64x128x64.c1.s6.g8.cl1.p0.ts"}})
+    check_forced(t.dx, t.dw,
+                 {"1000x200x136 bf16 train", "300x72x40 fp16 eval", "2x24x16 bf16 train",
+                  "777x328x520 bf16 eval", "1000x64x256 fp16 train non_centred"},
+                 "300x136x96 bf16 train", "1000x64x96 bf16 eval");
+}
+
+// Split-K gradient GEMMs (fp32 slices, then kernels/grad_split_sum.cuh), forced on both GEMMs:
+// tails in every dimension, splits beyond a run's k tiles (those store zeros), fewer rows than the
+// plan's M, accumulation into dW, and bit-identical results run to run (the sum's fixed order).
+TEST_CASE("backward: split-K gradient GEMMs, tiled and warpspec") {
+  struct Tiles {
+    const char *dx, *dw;
+  };
+  std::vector<Tiles> tiles = {{"tiled.64x64x64.w2x2.s3.g8.k2", "tiled.64x128x64.w2x2.s3.g8.k5"},
+                              {"tiled.128x128x32.w2x2.s4.g8.k3", "tiled.64x64x64.w2x2.s3.g8.k32"}};
+  if (Device::get(0).cc() == 90) {
+    tiles.push_back(
+        {"warpspec.128x256x64.c2.s4.g16.cl1.p1.k4", "warpspec.64x64x64.c1.s8.g8.cl1.p1.k32"});
+    tiles.push_back(
+        {"warpspec.64x128x64.c1.s6.g8.cl1.p0.k3", "warpspec.128x128x64.c2.s4.g8.cl1.p1.k7"});
+  } else {
+    MESSAGE("warpspec split configs skipped: they need sm_90a");
+  }
+  for (const Tiles& t : tiles) {
+    std::vector<std::string> lines = {"1000x200x136 bf16 train", "300x72x40 fp16 eval",
+                                      "2x24x16 bf16 train", "4097x328x520 bf16 eval",
+                                      "3000x64x256 fp16 train non_centred"};
+    // K = 13 (rows of 26 bytes) for the tiled kernels; warpspec needs 16-byte rows.
+    if (KernelConfig::parse(t.dx).variant == Variant::tiled)
+      lines.push_back("777x96x13 bf16 train");
+    check_forced(t.dx, t.dw, lines, "1300x136x96 bf16 train", "3000x64x96 bf16 eval");
   }
 }
 
 // Run twice directly and once from a captured CUDA graph: every gradient bit-identical (the
 // reductions merge in a fixed order; nothing in run() may sync or allocate, or capture fails).
 TEST_CASE("backward: bit-identical run to run, and under CUDA graph capture") {
-  for (const char* line : {"1000x136x96 bf16 train", "300x72x40 fp16 eval"}) {
+  // The last: the heuristic splits its dW (N x K is a few tiles, the reduction 20000 rows).
+  for (const char* line :
+       {"1000x136x96 bf16 train", "300x72x40 fp16 eval", "20000x256x64 bf16 train"}) {
     CAPTURE(line);
     const SweepCase c = parse_sweep_line(line);
     const Problem& p = c.problem;

@@ -46,7 +46,7 @@ BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& option
   forced(options.dx_config, gemms.dx, "dx_config", config.dx);
   forced(options.dw_config, gemms.dw, "dw_config", config.dw);
   core_ = backward_core(problem, config, ctx, options.cache_dir);
-  state_->workspace_bytes = backward_workspace(problem, problem.M).total;
+  state_->workspace_bytes = backward_workspace(problem, core_->config, problem.M).total;
   if (const std::size_t bytes = workspace_size(); bytes && options.allocate_workspace) {
     FJ_CU(cuCtxSetCurrent(core_->context));
     FJ_CU(cuMemAlloc(&own_workspace_, bytes));

@@ -38,13 +38,13 @@ std::string gemm_spec(const char* name, const Problem& p, const KernelConfig& c,
       "  static constexpr int LDA = {}, LDB = {}, LDC = {};\n"
       "  static constexpr int BM = {}, BN = {}, BK = {}, WARPS_M = {}, WARPS_N = {};\n"
       "  static constexpr int STAGES = {}, GROUP_M = {}, THREADS = {}, VEC_BYTES = {};\n"
-      "  static constexpr int CONSUMERS = {};\n"
+      "  static constexpr int CONSUMERS = {}, SPLIT_K = {};\n"
       "  static constexpr bool PERSISTENT = {}, TMA_STORE = {};\n"
       "  static constexpr int SMEM_BYTES = {};\n"
       "}};\n",
       name, template_type_name(p.dtype), template_math_name(p.dtype), rows, cols, red, b(a_mn),
       b(b_mn), lda, ldb, ldc, c.bm, c.bn, c.bk, c.warps_m, c.warps_n, c.stages, c.group_m,
-      c.threads(), vec_bytes, c.warps_m, b(c.persistent), b(c.tma_store),
+      c.threads(), vec_bytes, c.warps_m, c.split_k, b(c.persistent), b(c.tma_store),
       c.variant == Variant::warpspec ? grad_wgmma_smem_bytes(c) : -1);
 }
 
@@ -122,16 +122,19 @@ Problem dw_gemm_problem(const Problem& p) {
   return g;
 }
 
-std::vector<std::string> backward_kernel_set(const Problem& p) {
+std::vector<std::string> backward_kernel_set(const Problem& p, const BackwardConfig& c) {
   std::vector<std::string> k{"fj_bwd_reduce"};
   if (p.mode == Mode::train) k.insert(k.end(), {"fj_bwd_coef", "fj_bwd_da"});
-  k.insert(k.end(), {"fj_bwd_params", "fj_bwd_dx", "fj_bwd_dw"});
+  k.insert(k.end(), {"fj_bwd_params", "fj_bwd_dx"});
+  if (c.dx.split_k > 1) k.push_back("fj_bwd_dx_sum");
+  k.push_back("fj_bwd_dw");
+  if (c.dw.split_k > 1) k.push_back("fj_bwd_dw_sum");
   return k;
 }
 
 KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
   KernelSource src;
-  src.kernels = backward_kernel_set(p);
+  src.kernels = backward_kernel_set(p, c);
   src.name =
       fmt::format("fj.{}.{}.backward.Mx{}x{}.{}", name(p.dtype), name(p.mode), p.N, p.K, c.key());
   std::string& t = src.text;
@@ -161,6 +164,7 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
   t += gemm_spec("DwSpec", p, c.dw, static_cast<int>(p.N), static_cast<int>(p.K), 0, true, true,
                  p.N, p.lda_x(), p.lda_w(), dx_vec);
   t += "#include \"kernels/bn_backward.cuh\"\n#include \"kernels/grad_gemm.cuh\"\n";
+  if (c.dx.split_k > 1 || c.dw.split_k > 1) t += "#include \"kernels/grad_split_sum.cuh\"\n";
   // sm_90a-only instructions: included only when a config asks for them (KernelConfig::why_invalid
   // keeps warpspec to Hopper).
   if (c.dx.variant == Variant::warpspec || c.dw.variant == Variant::warpspec)
@@ -193,6 +197,11 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
       t += gemm_kernel("fj_bwd_dx", "DxSpec", c.dx);
     else if (k == "fj_bwd_dw")
       t += gemm_kernel("fj_bwd_dw", "DwSpec", c.dw);
+    else if (k == "fj_bwd_dx_sum" || k == "fj_bwd_dw_sum")
+      t += fmt::format(
+          "extern \"C\" __global__ void __launch_bounds__(fj::GradSplitSum<{0}>::kThreads)\n"
+          "{1}(const fj::GemmParams p) {{ fj::GradSplitSum<{0}>::run(p); }}\n",
+          k == "fj_bwd_dx_sum" ? "DxSpec" : "DwSpec", k);
   }
   src.options = {"--std=c++17", "-DNDEBUG", "--extra-device-vectorization"};
   src.headers = template_headers();

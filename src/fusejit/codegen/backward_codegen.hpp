@@ -13,8 +13,9 @@
 namespace fusejit {
 
 // The two gradient GEMMs' tiles: the tiled variant (mma.sync, or FFMA for strict fp32) or, on
-// Hopper for bf16/fp16, the warpspec one (TMA + wgmma, kernels/grad_wgmma.cuh: no clusters,
-// pingpong or TMA store); no split-K, no exact M. dx = da W (M x K, reduction over N), dW = da^T x
+// Hopper for bf16/fp16, the warpspec one (TMA + wgmma, kernels/grad_wgmma.cuh: no clusters or
+// pingpong); either may split K (fp32 slices in the workspace, then an elementwise sum kernel:
+// kernels/grad_split_sum.cuh); no exact M. dx = da W (M x K, reduction over N), dW = da^T x
 // (N x K, reduction over the run's M).
 struct BackwardConfig {
   KernelConfig dx, dw;
@@ -37,8 +38,8 @@ Problem dx_gemm_problem(const Problem&);
 Problem dw_gemm_problem(const Problem&);
 
 // Kernels of the set, in launch order: fj_bwd_reduce, [fj_bwd_coef, fj_bwd_da] (train),
-// fj_bwd_params, fj_bwd_dx, fj_bwd_dw.
-std::vector<std::string> backward_kernel_set(const Problem&);
+// fj_bwd_params, fj_bwd_dx, [fj_bwd_dx_sum] (dx split), fj_bwd_dw, [fj_bwd_dw_sum] (dW split).
+std::vector<std::string> backward_kernel_set(const Problem&, const BackwardConfig&);
 
 // The source. It names no M: problems differing only in M give the same text (one cache key).
 KernelSource generate_backward(const Problem&, const BackwardConfig&);

@@ -53,9 +53,20 @@ inline constexpr int kMaxMClassesUpTo8192 = 7;
 // module's occupancy (PlanCore::resident_tiles), the time model its estimate of it.
 unsigned resident_tiles(const KernelConfig&, int ctas_per_sm, int sm_count);
 
+// BK-deep slices of p.K a mainloop walks (the last may be partial): what split-K divides.
+std::int64_t k_tiles(const Problem& p, int bk);
+// The BM x BN output tiles of p.M x p.N.
+std::int64_t output_tiles(const Problem& p, const KernelConfig& c);
+
+// How a split-K config's fp32 slices are added: the forward's reduce runs one CTA per output
+// tile (kernels/splitk_reduce.cuh, which also runs the BatchNorm epilogue); the gradient GEMMs'
+// sum is elementwise over every SM (kernels/grad_split_sum.cuh).
+enum class SplitSum { per_tile, elementwise };
+
 // A rough time model (waves x tile time + extra passes) that orders candidates until the
 // autotuner measures them.
-double estimated_us(const Problem&, const Device&, const KernelConfig&);
+double estimated_us(const Problem&, const Device&, const KernelConfig&,
+                    SplitSum sum = SplitSum::per_tile);
 
 // The configs fusejit considers for a problem on a device (both variants where they apply),
 // each valid_for it. The first is the built-in heuristic's choice.

@@ -24,6 +24,14 @@ Variant parse_variant(std::string_view s) {
   throw InvalidArgument("variant", "expected tiled or warpspec; got '" + printable(s) + "'");
 }
 
+std::int64_t k_tiles(const Problem& p, int bk) {
+  return (p.K + bk - 1) / bk;
+}
+
+std::int64_t output_tiles(const Problem& p, const KernelConfig& c) {
+  return ((p.M + c.bm - 1) / c.bm) * ((p.N + c.bn - 1) / c.bn);
+}
+
 namespace {
 
 // The tiled epilogue's shared memory with `threads` threads: the fp32 AccTile (rows padded by 8
@@ -31,15 +39,6 @@ namespace {
 int tiled_epilogue_bytes(int bm, int bn, int threads) {
   const int tpc = threads >= bn ? threads / bn : 1;
   return bm * (bn + 8) * 4 + (2 * bn + tpc * bn) * 4;
-}
-
-// BK-deep slices of K the mainloop walks (the last may be partial): what split-K divides.
-std::int64_t k_tiles(const Problem& p, int bk) {
-  return (p.K + bk - 1) / bk;
-}
-
-std::int64_t output_tiles(const Problem& p, const KernelConfig& c) {
-  return ((p.M + c.bm - 1) / c.bm) * ((p.N + c.bn - 1) / c.bn);
 }
 
 // The tiled mainloops' cp.async ring (TiledMmaMainloop / SimtFp32Mainloop::kSmemBytes; the
@@ -288,8 +287,10 @@ std::string KernelConfig::key() const {
   if (variant == Variant::tiled)
     return fmt::format("tiled.{}x{}x{}.w{}x{}.s{}.g{}{}{}", bm, bn, bk, warps_m, warps_n, stages,
                        group_m, split_k != 1 ? fmt::format(".k{}", split_k) : "", tail);
-  return fmt::format("warpspec.{}x{}x{}.c{}.s{}.g{}.cl{}.p{}{}{}{}", bm, bn, bk, warps_m, stages,
-                     group_m, cluster_m, int(persistent), pingpong ? ".pp" : "",
+  // Split-K on warpspec: the gradient GEMMs' only (plan/backward_core.cpp).
+  return fmt::format("warpspec.{}x{}x{}.c{}.s{}.g{}.cl{}.p{}{}{}{}{}", bm, bn, bk, warps_m, stages,
+                     group_m, cluster_m, int(persistent),
+                     split_k != 1 ? fmt::format(".k{}", split_k) : "", pingpong ? ".pp" : "",
                      tma_store ? ".ts" : "", tail);
 }
 
@@ -345,17 +346,19 @@ KernelConfig KernelConfig::parse(std::string_view whole) {
   if (tma_store) rest.remove_suffix(3);
   const bool pingpong = rest.ends_with(".pp");
   if (pingpong) rest.remove_suffix(3);
-  if (const auto v = match_key(rest, "warpspec.#x#x#.c#.s#.g#.cl#.p#")) {
+  if (auto v = match_key(rest, "warpspec.#x#x#.c#.s#.g#.cl#.p#.k#");
+      v || (v = match_key(rest, "warpspec.#x#x#.c#.s#.g#.cl#.p#"))) {
     c.variant = Variant::warpspec;
     c.bm = (*v)[0], c.bn = (*v)[1], c.bk = (*v)[2];
     c.warps_m = (*v)[3], c.warps_n = 1, c.stages = (*v)[4], c.group_m = (*v)[5];
     c.cluster_m = (*v)[6], c.persistent = (*v)[7] != 0, c.pingpong = pingpong;
+    c.split_k = v->size() == 9 ? (*v)[8] : 1;
     c.tma_store = tma_store;
     return c;
   }
   throw InvalidArgument("config",
                         "expected a key like tiled.128x128x32.w2x4.s4.g8[.k4][.rc][.xm] or "
-                        "warpspec.128x256x64.c2.s4.g8.cl1.p1[.pp|.ts][.pad][.rc][.xm]; got '" +
+                        "warpspec.128x256x64.c2.s4.g8.cl1.p1[.k4][.pp|.ts][.pad][.rc][.xm]; got '" +
                             printable(whole) + "'");
 }
 
@@ -528,7 +531,7 @@ unsigned resident_tiles(const KernelConfig& c, int ctas_per_sm, int sm_count) {
   return c.persistent ? sms : static_cast<unsigned>(ctas_per_sm) * sms;
 }
 
-double estimated_us(const Problem& p, const Device& d, const KernelConfig& c) {
+double estimated_us(const Problem& p, const Device& d, const KernelConfig& c, SplitSum sum) {
   // FLOP/s one SM sustains per math path (H100 measurements, docs/performance.md); only the
   // ratios matter for choosing.
   const bool ws = c.variant == Variant::warpspec;
@@ -572,13 +575,15 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c) {
       sharing * 2.0 * c.bm * c.bn * double(p.K) / splits / (per_sm * eff * fill) * 1e6;
   double us = waves * wave_us + 3.0;
   if (splits > 1) {
-    // A second launch; every GEMM CTA stores its fp32 slice, and each reduce CTA (one per tile)
-    // reads S of them, both at about one SM's share of L2 bandwidth (~100 GB/s). The reduce
-    // term is what keeps S and the tile small: 128x128 tiles read 64 KiB per split.
+    // A second launch; every GEMM CTA stores its fp32 slice, and the sum reads S of them per
+    // tile, both at about one SM's share of L2 bandwidth (~100 GB/s). The forward's reduce has
+    // one CTA per tile, so that term is what keeps S and the tile small there (128x128 tiles read
+    // 64 KiB per split); the gradient GEMMs' elementwise sum spreads the reads over every SM.
     constexpr double kSmL2BytesPerUs = 1.0e5;
     const double slice = 4.0 * c.bm * c.bn;
-    us += 2.5 + waves * slice / kSmL2BytesPerUs +
-          std::ceil(tiles / sms) * splits * slice / kSmL2BytesPerUs;
+    const double reads = sum == SplitSum::per_tile ? std::ceil(tiles / sms) * splits * slice
+                                                   : tiles * splits * slice / sms;
+    us += 2.5 + waves * slice / kSmL2BytesPerUs + reads / kSmL2BytesPerUs;
   }
   if (c.pad_operands) {
     // The copy's launch, and x and W read and written once at about the rate an

@@ -27,7 +27,8 @@ struct BackwardCore {
   std::shared_ptr<const Module> module;
   CUfunction reduce = nullptr, coef = nullptr, da = nullptr, params = nullptr, dx = nullptr,
              dw = nullptr;
-  int strips = 0, column_blocks = 0;  // from the module (kernels/bn_backward.cuh)
+  CUfunction dx_sum = nullptr, dw_sum = nullptr;  // split-K configs only
+  int strips = 0, column_blocks = 0;              // from the module (kernels/bn_backward.cuh)
   int dx_smem_bytes = 0, dw_smem_bytes = 0;
   std::vector<std::string> kernel_names;
   bool cache_hit = false;
@@ -42,17 +43,19 @@ void validate_backward_problem(const Problem&);
 std::string backward_refusal(const Problem&);
 
 // Why `config` cannot run the gradient GEMM `gemm` (dx_gemm_problem or dw_gemm_problem of the
-// layer `p`) on `device`; empty when it can. Beyond KernelConfig::why_invalid: no split-K or
-// exact M; warpspec only for 16-bit types (MN-major operands through wgmma's transpose bits),
-// without clusters or pingpong, with 16-byte aligned rows of x, W and dA, and within the
-// device's shared memory (grad_wgmma_smem_bytes).
+// layer `p`) on `device`; empty when it can. Beyond KernelConfig::why_invalid: no exact M;
+// split-K on either variant (up to kMaxSplitK, not with TMA stores); warpspec only for 16-bit
+// types (MN-major operands through wgmma's transpose bits), without clusters or pingpong, with
+// 16-byte aligned rows of x, W and dA, and within the device's shared memory
+// (grad_wgmma_smem_bytes).
 std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& config, const Problem& gemm,
                                   const Device& device);
 
 // The configs the gradient GEMM `g` (dx_gemm_problem or dw_gemm_problem of `p`) can run on `d`,
-// in the heuristic's order (candidate_configs, warpspec before tiled; TMA-store ones with the
-// ring stages their staging leaves room for): what default_backward_config takes the first of
-// and `fusejit autotune --backward` times.
+// in the heuristic's order (warpspec before tiled, each by the time model with the split sum's
+// cost; TMA-store ones with the ring stages their staging leaves room for; split-K twins where
+// the tiles fill at most half the GPU): what default_backward_config takes the first of and
+// `fusejit autotune --backward` times.
 std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& g, const Device& d);
 
 // The two GEMMs as their configs are chosen: dx_gemm_problem and dw_gemm_problem with M (dx's
@@ -72,12 +75,14 @@ BackwardConfig default_backward_config(const Problem&, const Device&);
 std::shared_ptr<const BackwardCore> backward_core(const Problem&, const BackwardConfig&,
                                                   CUcontext context, const std::string& cache_dir);
 
-// Where each region of a backward run's workspace lies, for runs of up to `rows` rows.
+// Where each region of a backward run's workspace lies, for runs of up to `rows` rows with
+// `config`'s gradient GEMMs (a split one's fp32 slices: common/split_k.h).
 struct BackwardWorkspace {
   std::size_t dy_partials_offset = 0, dz_partials_offset = 0, coef_offset = 0, da_offset = 0;
+  std::size_t dx_slices_offset = 0, dw_slices_offset = 0;
   std::size_t total = 0;
 };
-BackwardWorkspace backward_workspace(const Problem&, std::int64_t rows);
+BackwardWorkspace backward_workspace(const Problem&, const BackwardConfig&, std::int64_t rows);
 
 // Throws InvalidArgument naming the first tensor that is missing, misaligned or not wanted.
 void validate_backward_tensors(const Problem&, const BackwardTensors&);

@@ -177,7 +177,9 @@ TuneResult tune_backward(const Problem& p, const TunerOptions& o) {
   const DType st = storage_type(p.dtype);
   HostTensor dy(st, static_cast<std::size_t>(p.M * p.lda_y()));
   fill_normal(dy, 0.0, 1.0, in.seed + 1);
-  const std::size_t ws_bytes = backward_workspace(p, p.M).total;
+  std::size_t ws_bytes = 0;  // one workspace per input set, for every contender's layout
+  for (const Contender& c : cs)
+    ws_bytes = std::max(ws_bytes, backward_workspace(p, c.config, p.M).total);
   const double set_bytes =
       static_cast<double>(storage_bytes(st)) *
       static_cast<double>(2 * p.M * p.lda_x() + 2 * p.N * p.lda_w() + 3 * p.M * p.lda_y());
