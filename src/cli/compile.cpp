@@ -167,8 +167,9 @@ int run_compile(const CompileArgs& a) {
   if (a.from_db && a.problem_given)
     throw InvalidArgument("from-db",
                           "the problems come from the tuning database (its backward entries "
-                          "too); drop --shapes, --dtypes, --modes, --variant, --config, "
-                          "--every-m and --backward");
+                          "too); drop --shapes, --dtypes, --modes, --param-dtype, --momentum, "
+                          "--eps, --stat-ranks, --variant, --config, --every-m, --backward and "
+                          "--backward-config");
   if (!a.backward_config.empty() && !a.backward)
     throw InvalidArgument("backward-config", "needs --backward");
   std::vector<Job> jobs;
@@ -333,8 +334,11 @@ void add_compile(CLI::App& app, Action& action) {
                   "Also write the generated CUDA sources (and template headers) to DIR");
   cmd->callback([&action, a, cmd] {
     a->from_db = cmd->get_option("--from-db")->count() > 0;
+    // Everything that shapes a problem: with --from-db the database's entries do, and an option
+    // that would be silently ignored there (--stat-ranks 2 warming unsynchronized sets) is refused.
     for (const char* o :
-         {"--shapes", "--dtypes", "--modes", "--variant", "--config", "--every-m", "--backward"})
+         {"--shapes", "--dtypes", "--modes", "--param-dtype", "--momentum", "--eps", "--stat-ranks",
+          "--variant", "--config", "--every-m", "--backward", "--backward-config"})
       a->problem_given |= cmd->get_option(o)->count() > 0;
     action = [a] { return run_compile(*a); };
   });

@@ -254,6 +254,34 @@ TEST_CASE("compile --every-m warms one kernel set per M class; a second run hits
   const Result second = run(cmd);
   REQUIRE_MESSAGE(second.code == 0, second.out);
   CHECK(second.out.find(" 0 compiled") != std::string::npos);
-  // --every-m names problems, so it does not go with --from-db.
-  CHECK(run("compile --arch sm_90a --from-db --every-m --cache-dir " + dir).code == 2);
+  // --every-m names problems, so it does not go with --from-db; nor does any option that shapes
+  // a problem (the database's entries do: --stat-ranks 2 would otherwise be silently ignored).
+  for (const char* o :
+       {"--every-m", "--stat-ranks 2", "--momentum none", "--param-dtype bf16", "--eps 1e-3"}) {
+    CAPTURE(o);
+    const Result r =
+        run(std::string("compile --arch sm_90a --from-db ") + o + " --cache-dir " + dir);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("from-db") != std::string::npos);
+  }
+  // --backward-config forces a backward set and needs --backward.
+  const Result lone =
+      run("compile --arch sm_90a --shape 300x72x40 --backward-config "
+          "dx.tiled.64x64x64.w2x2.s3.g8.dw.tiled.64x64x64.w2x2.s3.g8.k4 --cache-dir " +
+          dir);
+  CHECK(lone.code == 2);
+  CHECK(lone.out.find("needs --backward") != std::string::npos);
+  const Result forced =
+      run("compile --arch sm_90a --shape 300x72x40 --backward --backward-config "
+          "dx.tiled.64x64x64.w2x2.s3.g8.dw.warpspec.64x64x64.c1.s8.g8.cl1.p1.k4 --cache-dir " +
+          dir);
+  REQUIRE_MESSAGE(forced.code == 0, forced.out);
+  CHECK(forced.out.find("backward.Mx72x40.dx.tiled.64x64x64.w2x2.s3.g8.dw.warpspec.64x64x64.c1."
+                        "s8.g8.cl1.p1.k4") != std::string::npos);
+  const Result refused =
+      run("compile --arch sm_90a --shape 300x72x40 --backward --backward-config "
+          "dx.tiled.64x64x64.w2x2.s3.g8.dw.warpspec.64x64x64.c1.s8.g8.cl1.p1.k4.ts --cache-dir " +
+          dir);
+  CHECK(refused.code == 2);
+  CHECK(refused.out.find("tma_store") != std::string::npos);
 }
