@@ -12,7 +12,9 @@ struct KRange {
 
 // Split s of `splits` over `k_tiles`: contiguous ranges in order, the first k_tiles % splits one
 // tile longer, so no split is more than one tile longer than another and none is empty while
-// splits <= k_tiles (KernelConfig::why_invalid refuses more splits than k tiles).
+// splits <= k_tiles (KernelConfig::why_invalid refuses more splits than k tiles for the forward;
+// a gradient GEMM's reduction is the run's M, so some of its splits may be empty: they store
+// zeros).
 FJ_HOST_DEVICE constexpr KRange split_k_range(int k_tiles, int splits, int s) {
   const int base = k_tiles / splits, extra = k_tiles % splits;
   const int begin = s * base + (s < extra ? s : extra);

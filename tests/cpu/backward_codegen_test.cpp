@@ -176,6 +176,25 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
     CHECK(c.dx.split_k == 1);
     CHECK(c.dw.split_k == 1);
   }
+  // At most one split twin per unsplit candidate, and none of the forward's own (add_split_k:
+  // 1024 rows are 16 k tiles, which the forward would split on sm_80).
+  for (const Device& dev : {hopper, Device::for_arch("sm_80")}) {
+    const Problem q = parse_sweep_line("65536x256x64 bf16 train").problem;
+    std::set<std::string> bases, unsplit;
+    for (const KernelConfig& c : grad_gemm_candidates(q, backward_gemms(q).dw, dev)) {
+      KernelConfig base = c;
+      base.split_k = 1;
+      if (c.split_k == 1)
+        unsplit.insert(c.key());
+      else
+        CHECK(bases.insert(base.key()).second);
+    }
+    CHECK(!bases.empty());
+    for (const std::string& b : bases) CHECK(unsplit.count(b) == 1);
+    const Problem short_k = parse_sweep_line("1024x256x64 bf16 train").problem;
+    for (const KernelConfig& c : grad_gemm_candidates(short_k, backward_gemms(short_k).dw, dev))
+      CHECK(c.split_k == 1);
+  }
   // The sanitizer sweep's split lines (tests/sanitize/backward_small.sweep) do split.
   CHECK(default_backward_config(parse_sweep_line("4100x64x40 bf16 train").problem, hopper)
             .dw.split_k > 1);

@@ -89,12 +89,12 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
 //
 // Split-K: where even the smallest tiles fill at most half the SMs (dW of a narrow layer: N x K
 // is a few tiles, its reduction the whole batch) and the reduction is long (at least 64 k
-// tiles), each unsplit candidate also comes split in 2, 4, ... while the grid stays within one
-// CTA per SM and every split keeps at least 8 k tiles (a pipeline's fill and drain), ranked by
-// the time model with an elementwise sum's cost. Measured on H200 (bf16 train, backward alone):
-// 65536x256x64 0.306 -> 0.170 ms (dW 64x64 in 32 splits); but 1024x256x64 (16 k tiles) 0.0283
-// unsplit against 0.0295 in 4 splits, and at 2048x2048x512, where unsplit 64x128 tiles fill the
-// GPU, the time model's 128x256 tiles in 4 splits took 0.076 ms against 0.052.
+// tiles), each unsplit candidate also comes split in the most of 2, 4, ..., 32 that keeps the
+// grid within one CTA per SM and at least 8 k tiles per split (a pipeline's fill and drain),
+// ranked by the time model with an elementwise sum's cost. Measured on H200 (bf16 train, backward
+// alone): 65536x256x64 0.306 -> 0.170 ms (dW 64x64 in 32 splits); but 1024x256x64 (16 k tiles)
+// 0.0283 unsplit against 0.0295 in 4 splits, and at 2048x2048x512, where unsplit 64x128 tiles fill
+// the GPU, the time model's 128x256 tiles in 4 splits took 0.076 ms against 0.052.
 std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& g,
                                                const Device& d) {
   std::vector<KernelConfig> candidates = candidate_configs(g, d);
@@ -103,25 +103,25 @@ std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& 
   for (KernelConfig& c : candidates)
     if (c.variant == Variant::warpspec && c.tma_store)
       while (c.stages > 2 && grad_wgmma_smem_bytes(c) > d.smem_per_block_optin) --c.stages;
+  // The forward's own split twins (add_split_k) follow the forward's rules, not these: dropped.
+  std::erase_if(candidates, [](const KernelConfig& c) { return c.split_k != 1; });
   const std::int64_t sms = std::max(1, d.sm_count);
   std::int64_t widest = 0;  // the most tiles an unsplit candidate has
   for (const KernelConfig& c : candidates)
-    if (c.split_k == 1 && grad_gemm_why_invalid(p, c, g, d).empty())
-      widest = std::max(widest, output_tiles(g, c));
-  const bool split = 2 * widest <= sms;
-  // The forward's tiled split twins (add_split_k) follow the same rule.
-  if (!split) std::erase_if(candidates, [](const KernelConfig& c) { return c.split_k != 1; });
+    if (grad_gemm_why_invalid(p, c, g, d).empty()) widest = std::max(widest, output_tiles(g, c));
+  // One twin per unsplit candidate, its largest split: the tuner compiles and times every set,
+  // and every split of every candidate made 80 sets instead of 25 at 65536x256x64.
   const std::size_t unsplit = candidates.size();
-  for (std::size_t i = 0; split && i < unsplit; ++i) {
+  for (std::size_t i = 0; 2 * widest <= sms && i < unsplit; ++i) {
     const KernelConfig base = candidates[i];
-    if (base.split_k != 1 || base.tma_store) continue;
     const std::int64_t tiles = output_tiles(g, base), kt = k_tiles(g, base.bk);
-    if (kt < 64) continue;
-    for (int s = 2; s <= KernelConfig::kMaxSplitK && tiles * s <= sms && kt >= 8 * s; s *= 2) {
-      KernelConfig c = base;
-      c.split_k = s;
-      candidates.push_back(c);
-    }
+    if (base.tma_store || kt < 64) continue;
+    int s = 1;
+    while (2 * s <= KernelConfig::kMaxSplitK && tiles * 2 * s <= sms && kt >= 8 * 2 * s) s *= 2;
+    if (s == 1) continue;
+    KernelConfig c = base;
+    c.split_k = s;
+    candidates.push_back(c);
   }
   std::stable_sort(candidates.begin(), candidates.end(),
                    [&](const KernelConfig& a, const KernelConfig& b) {
