@@ -10,7 +10,6 @@
 #include <set>
 #include <string>
 #include <thread>
-#include <tuple>
 
 #include "cli/problem_options.hpp"
 #include "cli/verbs.hpp"
@@ -237,13 +236,9 @@ int run_compile(const CompileArgs& a) {
         fmt::print("{}: no backward kernel set ({})\n", p.key(), refusal);
       else if (a.backward) {
         if (!a.backward_config.empty()) {
-          // Judged as BackwardPlan judges a forced config: at the M class's representative M.
           const BackwardConfig c = BackwardConfig::parse(a.backward_config);
-          const BackwardGemms g = backward_gemms(p);
-          for (const auto& [k, gemm, arg] :
-               {std::tuple{c.dx, g.dx, "dx"}, std::tuple{c.dw, g.dw, "dw"}})
-            if (const std::string why = grad_gemm_why_invalid(p, k, gemm, dev); !why.empty())
-              throw InvalidArgument("backward-config", fmt::format("{} {}: {}", arg, k.key(), why));
+          require_grad_gemm_config(p, c.dx, false, dev, "backward-config");
+          require_grad_gemm_config(p, c.dw, true, dev, "backward-config");
           add(generate_backward(p, c));
         } else if (a.variant == "all") {
           for (KernelSource& src : backward_tuning_sources(p, dev)) add(std::move(src));

@@ -34,17 +34,15 @@ BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& option
     dispatch_ =
         options.dx_config || options.dw_config ? "config" : std::string(name(choice.source));
   }
-  auto forced = [&](const std::optional<KernelConfig>& c, const Problem& gemm, const char* arg,
-                    KernelConfig& out) {
-    if (!c) return;
-    if (const std::string why = grad_gemm_why_invalid(problem, *c, gemm, device); !why.empty())
-      throw InvalidArgument(arg, c->key() + ": " + why);
-    out = *c;
-  };
   // Judged as the heuristic and the tuning entries are: at the M class's representative M.
-  const BackwardGemms gemms = backward_gemms(problem);
-  forced(options.dx_config, gemms.dx, "dx_config", config.dx);
-  forced(options.dw_config, gemms.dw, "dw_config", config.dw);
+  if (options.dx_config) {
+    require_grad_gemm_config(problem, *options.dx_config, false, device, "dx_config");
+    config.dx = *options.dx_config;
+  }
+  if (options.dw_config) {
+    require_grad_gemm_config(problem, *options.dw_config, true, device, "dw_config");
+    config.dw = *options.dw_config;
+  }
   core_ = backward_core(problem, config, ctx, options.cache_dir);
   state_->workspace_bytes = backward_workspace(problem, core_->config, problem.M).total;
   if (const std::size_t bytes = workspace_size(); bytes && options.allocate_workspace) {

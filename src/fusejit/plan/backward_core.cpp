@@ -193,6 +193,13 @@ std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& c, const
   return unsplit.why_invalid(gemm, d);
 }
 
+void require_grad_gemm_config(const Problem& p, const KernelConfig& c, bool dw, const Device& d,
+                              const char* arg) {
+  const BackwardGemms g = backward_gemms(p);
+  if (const std::string why = grad_gemm_why_invalid(p, c, dw ? g.dw : g.dx, d); !why.empty())
+    throw InvalidArgument(arg, c.key() + ": " + why);
+}
+
 BackwardGemms backward_gemms(const Problem& p) {
   // dx's rows and dW's reduction are M: rank the tiles at the M class's representative, as the
   // forward's dispatch does (config/candidates.hpp), so every M of a class shares the kernel set.

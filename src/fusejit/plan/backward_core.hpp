@@ -51,6 +51,13 @@ std::string backward_refusal(const Problem&);
 std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& config, const Problem& gemm,
                                   const Device& device);
 
+// A caller's config for the dx GEMM (`dw` false) or the dW GEMM of `p`, judged as the dispatch
+// judges its own: grad_gemm_why_invalid at the M class's representative M (backward_gemms).
+// Throws InvalidArgument(arg, "<key>: <why>") when it cannot run. BackwardPlan's forced tiles and
+// `fusejit compile --backward-config` both check through it.
+void require_grad_gemm_config(const Problem& p, const KernelConfig& c, bool dw, const Device& d,
+                              const char* arg);
+
 // The configs the gradient GEMM `g` (dx_gemm_problem or dw_gemm_problem of `p`) can run on `d`,
 // in the heuristic's order (warpspec before tiled, each by the time model with the split sum's
 // cost; TMA-store ones with the ring stages their staging leaves room for; split-K twins where
