@@ -162,6 +162,9 @@ TEST_CASE("backward: split-K gradient GEMMs, tiled and warpspec") {
         {"warpspec.128x256x64.c2.s4.g16.cl1.p1.k4", "warpspec.64x64x64.c1.s8.g8.cl1.p1.k32"});
     tiles.push_back(
         {"warpspec.64x128x64.c1.s6.g8.cl1.p0.k3", "warpspec.128x128x64.c2.s4.g8.cl1.p1.k7"});
+    // dW in one consumer's 64x128 tiles, split: the heuristic's pick for layers like 16384x512x128.
+    tiles.push_back(
+        {"warpspec.128x128x64.c2.s6.g8.cl1.p1.ts", "warpspec.64x128x64.c1.s6.g8.cl1.p1.k16"});
   } else {
     MESSAGE("warpspec split configs skipped: they need sm_90a");
   }

@@ -58,15 +58,17 @@ std::int64_t k_tiles(const Problem& p, int bk);
 // The BM x BN output tiles of p.M x p.N.
 std::int64_t output_tiles(const Problem& p, const KernelConfig& c);
 
-// How a split-K config's fp32 slices are added: the forward's reduce runs one CTA per output
-// tile (kernels/splitk_reduce.cuh, which also runs the BatchNorm epilogue); the gradient GEMMs'
-// sum is elementwise over every SM (kernels/grad_split_sum.cuh).
-enum class SplitSum { per_tile, elementwise };
+// Whose kernels a config is ranked for. The forward's (fj_gemm): its split-K reduce runs one CTA
+// per output tile (kernels/splitk_reduce.cuh, which also runs the BatchNorm epilogue). The
+// gradient GEMMs' (fj_bwd_dx, fj_bwd_dw): their split sum is elementwise over every SM
+// (kernels/grad_split_sum.cuh), and a grid of at most one wave, where each CTA has its SM to
+// itself, is ranked by the rates the gradient kernels measured there.
+enum class GemmKind { forward, gradient };
 
 // A rough time model (waves x tile time + extra passes) that orders candidates until the
 // autotuner measures them.
 double estimated_us(const Problem&, const Device&, const KernelConfig&,
-                    SplitSum sum = SplitSum::per_tile);
+                    GemmKind kind = GemmKind::forward);
 
 // The configs fusejit considers for a problem on a device (both variants where they apply),
 // each valid_for it. The first is the built-in heuristic's choice.

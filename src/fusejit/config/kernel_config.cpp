@@ -531,7 +531,38 @@ unsigned resident_tiles(const KernelConfig& c, int ctas_per_sm, int sm_count) {
   return c.persistent ? sms : static_cast<unsigned>(ctas_per_sm) * sms;
 }
 
-double estimated_us(const Problem& p, const Device& d, const KernelConfig& c, SplitSum sum) {
+namespace {
+
+// The gradient GEMMs' tiles alone on an SM (a grid of at most one wave): the FLOP/s each tile
+// sustains there, fitted on H100 to `fusejit autotune --backward`'s whole-backward times of every
+// dW candidate of 16-bit types (bf16 train, 16384x512x128, 16384x256x256, 16384x1024x256 and
+// 4096x512x512, with the slices' cost below; docs/performance.md). A warpspec tile's rate follows
+// its warpgroups' wgmma width and its number of consumers, not its area: the forward's sqrt(area)
+// and thread fill rank 64x128 (one consumer, 128 wide) far below 128x64 (two, 64 wide), which
+// measured the other way round. In a grid of several waves the forward's rules apply (small tiles
+// then also pay for re-read operands). Only the ratios within one GPU matter.
+std::optional<double> lone_cta_flops_per_sm(const KernelConfig& c) {
+  struct Rate {
+    Variant variant;
+    int bm, bn;
+    double flops;
+  };
+  static constexpr Rate kRates[] = {
+      {Variant::warpspec, 128, 256, 7.3e12}, {Variant::warpspec, 128, 128, 7.0e12},
+      {Variant::warpspec, 64, 128, 5.6e12},  {Variant::warpspec, 128, 64, 4.9e12},
+      {Variant::warpspec, 64, 64, 3.7e12},   {Variant::tiled, 128, 256, 4.1e12},
+      {Variant::tiled, 128, 128, 3.6e12},    {Variant::tiled, 64, 128, 2.8e12},
+      {Variant::tiled, 128, 64, 2.8e12},     {Variant::tiled, 64, 64, 1.6e12},
+      {Variant::tiled, 128, 32, 1.5e12},
+  };
+  for (const Rate& r : kRates)
+    if (r.variant == c.variant && r.bm == c.bm && r.bn == c.bn) return r.flops;
+  return std::nullopt;
+}
+
+}  // namespace
+
+double estimated_us(const Problem& p, const Device& d, const KernelConfig& c, GemmKind kind) {
   // FLOP/s one SM sustains per math path (H100 measurements, docs/performance.md); only the
   // ratios matter for choosing.
   const bool ws = c.variant == Variant::warpspec;
@@ -555,7 +586,7 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c, Sp
   }
   // Small tiles re-read more operand bytes per FLOP and keep fewer MMAs in flight; few threads
   // on an SM leave issue slots empty.
-  const double eff = std::sqrt(std::min(1.0, double(c.bm) * c.bn / (128.0 * 256.0)));
+  double eff = std::sqrt(std::min(1.0, double(c.bm) * c.bn / (128.0 * 256.0)));
   const int sms = std::max(1, d.sm_count);
   const int smem = std::max(1, c.smem_bytes(p));
   const int per_sm_ctas = std::max(1, std::min(std::max(d.smem_per_sm, smem) / smem,
@@ -569,21 +600,30 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c, Sp
   // The SIMT FFMA loop hides its latencies with warps rather than asynchronous MMAs: it wants
   // 16 warps on an SM (two 256-thread CTAs), the tensor-core paths 8.
   const double full_threads = p.dtype == DType::fp32 ? 512.0 : 256.0;
-  const double fill = std::sqrt(std::min(1.0, sharing * c.threads() / full_threads));
+  double fill = std::sqrt(std::min(1.0, sharing * c.threads() / full_threads));
+  if (kind == GemmKind::gradient && ctas <= sms && storage_bytes(p.dtype) == 2) {
+    if (const std::optional<double> lone = lone_cta_flops_per_sm(c))
+      per_sm = *lone, eff = 1.0, fill = 1.0;
+  }
   const double waves = std::ceil(ctas / (sms * sharing));
   const double wave_us =
       sharing * 2.0 * c.bm * c.bn * double(p.K) / splits / (per_sm * eff * fill) * 1e6;
   double us = waves * wave_us + 3.0;
   if (splits > 1) {
-    // A second launch; every GEMM CTA stores its fp32 slice, and the sum reads S of them per
-    // tile, both at about one SM's share of L2 bandwidth (~100 GB/s). The forward's reduce has
-    // one CTA per tile, so that term is what keeps S and the tile small there (128x128 tiles read
-    // 64 KiB per split); the gradient GEMMs' elementwise sum spreads the reads over every SM.
-    constexpr double kSmL2BytesPerUs = 1.0e5;
     const double slice = 4.0 * c.bm * c.bn;
-    const double reads = sum == SplitSum::per_tile ? std::ceil(tiles / sms) * splits * slice
-                                                   : tiles * splits * slice / sms;
-    us += 2.5 + waves * slice / kSmL2BytesPerUs + reads / kSmL2BytesPerUs;
+    if (kind == GemmKind::gradient) {
+      // fj_bwd_*_sum's launch, and the S slices written and read back across the whole GPU:
+      // the same fit as lone_cta_flops_per_sm's: 4.9 us and 0.26 us per MB of slices
+      // written plus read (3.8 TB/s, much of it L2).
+      us += 5.0 + 2.0 * tiles * splits * slice / 3.8e12 * 1e6;
+    } else {
+      // A second launch; every GEMM CTA stores its fp32 slice, and the reduce reads S of them
+      // per tile through one CTA, both at about one SM's share of L2 bandwidth (~100 GB/s):
+      // what keeps S and the tile small here (128x128 tiles read 64 KiB per split).
+      constexpr double kSmL2BytesPerUs = 1.0e5;
+      us += 2.5 + waves * slice / kSmL2BytesPerUs +
+            std::ceil(tiles / sms) * splits * slice / kSmL2BytesPerUs;
+    }
   }
   if (c.pad_operands) {
     // The copy's launch, and x and W read and written once at about the rate an

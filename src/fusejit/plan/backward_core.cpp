@@ -125,8 +125,8 @@ std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& 
   }
   std::stable_sort(candidates.begin(), candidates.end(),
                    [&](const KernelConfig& a, const KernelConfig& b) {
-                     return estimated_us(g, d, a, SplitSum::elementwise) <
-                            estimated_us(g, d, b, SplitSum::elementwise);
+                     return estimated_us(g, d, a, GemmKind::gradient) <
+                            estimated_us(g, d, b, GemmKind::gradient);
                    });
   std::vector<KernelConfig> out;
   std::set<std::string> seen;
