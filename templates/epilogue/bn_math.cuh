@@ -63,20 +63,38 @@ __device__ __forceinline__ float momentum_factor(const Params& p) {
     return p.momentum;
 }
 
-// Train mode, one column with its batch statistics of a (biased variance over `rows` rows, the
-// batch: this run's, or the global batch of synchronized ranks): returns the folded affine and,
-// when `record`, updates the running stats (with the unbiased variance) and writes the saved
-// stats. Exactly one call per column per run records.
+// The parameters a train column folds, loaded apart from the folding so that a caller can issue
+// the loads early: the resident GEMM (FragmentBnEpilogue::finish_resident) loads them before its
+// grid barrier rather than after its merge, where they would add a memory round trip to the path
+// every CTA waits on.
+struct ColumnParams {
+  float b = 0.f, s = 1.f, g = 1.f, beta = 0.f;
+};
+
 template <class Spec>
-__device__ __forceinline__ Affine train_column_of(const Params& p, int n, float mean_a, float var_a,
-                                                  float factor, bool record, float rows) {
+__device__ __forceinline__ ColumnParams column_params(const Params& p, int n) {
   using P = typename Spec::P;
-  const float b = Spec::HAS_BIAS ? load_param<P>(p.bias, n, 0.f) : 0.f;
-  const float s = Spec::HAS_SCALE ? load_param<P>(p.scale, n, 1.f) : 1.f;
-  const float g = Spec::HAS_AFFINE ? load_param<P>(p.gamma, n, 1.f) : 1.f;
-  const float beta = Spec::HAS_AFFINE ? load_param<P>(p.beta, n, 0.f) : 0.f;
-  const float mean_z = s * (mean_a + b);
-  const float var_z = s * s * var_a;
+  ColumnParams c;
+  if constexpr (Spec::HAS_BIAS) c.b = load_param<P>(p.bias, n, 0.f);
+  if constexpr (Spec::HAS_SCALE) c.s = load_param<P>(p.scale, n, 1.f);
+  if constexpr (Spec::HAS_AFFINE) {
+    c.g = load_param<P>(p.gamma, n, 1.f);
+    c.beta = load_param<P>(p.beta, n, 0.f);
+  }
+  return c;
+}
+
+// Train mode, one column with its batch statistics of a (biased variance over `rows` rows, the
+// batch: this run's, or the global batch of synchronized ranks) and its parameters `cp`: returns
+// the folded affine and, when `record`, updates the running stats (with the unbiased variance)
+// and writes the saved stats. Exactly one call per column per run records.
+template <class Spec>
+__device__ __forceinline__ Affine train_column_of(const Params& p, const ColumnParams& cp, int n,
+                                                  float mean_a, float var_a, float factor,
+                                                  bool record, float rows) {
+  using P = typename Spec::P;
+  const float mean_z = cp.s * (mean_a + cp.b);
+  const float var_z = cp.s * cp.s * var_a;
   const float invstd = rsqrtf(var_z + p.eps);
   if (record && p.running_mean) {
     P* rm = static_cast<P*>(p.running_mean);
@@ -87,8 +105,15 @@ __device__ __forceinline__ Affine train_column_of(const Params& p, int n, float 
   }
   if (record && p.save_mean) p.save_mean[n] = mean_z;
   if (record && p.save_invstd) p.save_invstd[n] = invstd;
-  const float A = g * s * invstd;
-  return {A, beta - A * mean_a};
+  const float A = cp.g * cp.s * invstd;
+  return {A, cp.beta - A * mean_a};
+}
+
+template <class Spec>
+__device__ __forceinline__ Affine train_column_of(const Params& p, int n, float mean_a, float var_a,
+                                                  float factor, bool record, float rows) {
+  return train_column_of<Spec>(p, column_params<Spec>(p, n), n, mean_a, var_a, factor, record,
+                               rows);
 }
 
 // The same over this run's rows.

@@ -206,16 +206,26 @@ struct FragmentBnEpilogue {
                                          int row_tile, int tid, const TmaDescriptor* ty) {
     const int cols = min(BN, Spec::N - n0);
     const float factor = momentum_factor<Spec>(p);
+    // This thread's columns' parameters, loaded while the grid gathers (not after the merge).
+    constexpr int kColsPerThread = (BN + NT - 1) / NT;
+    ColumnParams params[kColsPerThread];
+#pragma unroll
+    for (int i = 0; i < kColsPerThread; ++i)
+      if (tid + i * NT < cols) params[i] = column_params<Spec>(p, n0 + tid + i * NT);
     all_sync();  // the team's partials before the arrival that releases them
     if (tid == 0) grid_barrier_arrive_and_wait();
     all_sync();
     const float rows = static_cast<float>(rows_of<Spec>(p));
-    for (int c = tid; c < BN; c += NT) {
+#pragma unroll
+    for (int i = 0; i < kColsPerThread; ++i) {
+      const int c = tid + i * NT;
+      if (c >= BN) break;
       Affine f{0.f, 0.f};
       float cnt = 0.f, mean = 0.f, m2 = 0.f;
       if (c < cols) {
         merge_column_in_finalize_order<Spec>(p, n0 + c, cnt, mean, m2);
-        f = train_column<Spec>(p, n0 + c, mean, m2 / rows, factor, row_tile == 0);
+        f = train_column_of<Spec>(p, params[i], n0 + c, mean, m2 / rows, factor, row_tile == 0,
+                                  rows);
       }
       coef_a[c] = f.a;
       coef_b[c] = f.b;
