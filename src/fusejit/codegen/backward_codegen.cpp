@@ -188,7 +188,8 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
       t += "extern \"C\" __global__ void __launch_bounds__(fj::kBackwardColumnThreads)\n"
            "fj_bwd_coef(const fj::BackwardParams p) { fj::bn_backward_coef<Spec>(p); }\n";
     else if (k == "fj_bwd_da")
-      t += "extern \"C\" __global__ void __launch_bounds__(fj::kBackwardThreads)\n"
+      t += "extern \"C\" __global__ void\n"
+           "__launch_bounds__(fj::kBackwardThreads, fj::BackwardShape<Spec>::kDaBlocksPerSm)\n"
            "fj_bwd_da(const fj::BackwardParams p) { fj::bn_backward_da<Spec>(p); }\n";
     else if (k == "fj_bwd_params")
       t += "extern \"C\" __global__ void __launch_bounds__(fj::kBackwardColumnThreads)\n"
