@@ -37,7 +37,7 @@ struct BackwardShape {
   // fj_bwd_da's resident blocks per SM that its registers must allow. A layer of fewer than 8
   // strips has a grid of about kBackwardTargetBlocks blocks, which at the 73 registers fj_bwd_da
   // takes there unbounded (three blocks per SM) is 1.29 waves on 132 SMs, and one wave at four
-  // (64 registers). ncu, bf16 train, H200: 65536x256 39.1 -> 32.7 us. Wider layers keep their
+  // (64 registers). ncu, bf16 train, H200: 65536x256 39.1 -> 32.1 us. Wider layers keep their
   // registers (87 at N >= 1024), which the cap made slower: 4096x4096 36.6 -> 39.5 us, and at
   // 8 strips (N = 1024, 512 blocks) 16384x1024 30.2 -> 32.0 and 65536x1024 109 -> 119 us.
   static constexpr int kDaBlocksPerSm = kStrips * kBackwardMaxSlabs < kBackwardTargetBlocks ? 4 : 1;
@@ -196,11 +196,11 @@ __device__ void bn_backward_reduce(const BackwardParams& p) {
     else
       col[j] = BackwardColumn{0.f, 0.f, 0.f, 0.f, 0.f};
   }
-  // Eight rows' loads in flight, not four: a narrow layer's grid is at most
-  // kBackwardTargetBlocks blocks, half the threads an H200 holds (ncu at 65536x256 bf16 train:
-  // 0.48 waves, 32 registers, dy and saved read at 2.5 TB/s), so each thread keeps more bytes in
-  // flight itself. There the pass went from 27.7 to 25.5 us, the eval backward (whose pass also
-  // stores da) from 0.084 to 0.075 ms; 4096x4096: 20.8 -> 19.6 us (H200).
+  // Eight rows' loads in flight, not four: a narrow layer's grid is about kBackwardTargetBlocks
+  // blocks, half the threads an H200 holds (ncu at 65536x256 bf16 train: 0.48 waves, 32
+  // registers, dy and saved read at 2.5 TB/s), so each thread keeps more bytes in flight itself.
+  // There the pass went from 27.7 to 24.7 us and the eval backward (whose pass also stores da)
+  // from 0.083 to 0.075 ms; 4096x4096: 20.8 -> 19.6 us (H200; docs/performance.md).
   if (blk.active)
     for_each_row<Spec, 8>(p, blk, [&](int r, const float(&dy)[VEC], const float(&sv)[VEC]) {
       float da[VEC];

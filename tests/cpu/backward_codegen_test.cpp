@@ -201,11 +201,12 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
   CHECK(
       default_backward_config(parse_sweep_line("4100x40x24 fp32 eval").problem, hopper).dw.split_k >
       1);
-  // A gradient GEMM of one wave is ranked by its tiles' measured rates alone on an SM and by its
-  // slices' traffic (estimated_us, GemmKind::gradient). On H100 (`fusejit autotune --backward`,
-  // bf16 train, whole backward) 16384x1024x256's dW in 128x128 tiles and 8 splits was 8% faster
-  // than in 128x256 tiles and 16 (twice the fp32 slices), which the forward's rules picked, and
-  // 4096x512x512's unsplit 64x64 tiles 12% faster than 128x128 tiles in 8 splits.
+  // A gradient GEMM whose candidates are all one wave is ranked by its tiles' measured rates alone
+  // on an SM and by its slices' traffic (estimated_us, GemmKind::gradient_one_wave). On H100
+  // (`fusejit autotune --backward`, bf16 train, whole backward) 16384x1024x256's dW in 128x128
+  // tiles and 8 splits was 8% faster than in 128x256 tiles and 16 (twice the fp32 slices), which
+  // the forward's rules picked, and 4096x512x512's unsplit 64x64 tiles 12% faster than 128x128
+  // tiles in 8 splits.
   CHECK(default_backward_config(parse_sweep_line("16384x1024x256 bf16 train").problem, hopper)
             .dw.key() == "warpspec.128x128x64.c2.s6.g8.cl1.p1.k8");
   CHECK(default_backward_config(parse_sweep_line("4096x512x512 bf16 train").problem, hopper)
@@ -234,7 +235,8 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
       {"warpspec.256x128x64.c2.s3.g8.cl1.p1", "warpspec.64x64x64.c1.s8.g8.cl1.p1"},
       {"warpspec.128x256x64.c2.s3.g16.cl1.p1.ts", "warpspec.64x128x64.c1.s6.g8.cl1.p0.ts"},
       {"warpspec.128x256x64.c2.s4.g16.cl1.p1.k4", "warpspec.64x64x64.c1.s8.g8.cl1.p1.k32"},
-      {"warpspec.64x128x64.c1.s6.g8.cl1.p0.k3", "tiled.64x128x64.w2x2.s3.g8.k5"}};
+      {"warpspec.64x128x64.c1.s6.g8.cl1.p0.k3", "tiled.64x128x64.w2x2.s3.g8.k5"},
+      {"warpspec.128x128x64.c2.s6.g8.cl1.p1.ts", "warpspec.64x128x64.c1.s6.g8.cl1.p1.k16"}};
   std::vector<fusejit::test::CompileJob> jobs;
   for (const auto& pair : tiles) {
     // Named copies, not structured bindings: CAPTURE's lambda cannot capture those (clang 14).

@@ -58,12 +58,14 @@ std::int64_t k_tiles(const Problem& p, int bk);
 // The BM x BN output tiles of p.M x p.N.
 std::int64_t output_tiles(const Problem& p, const KernelConfig& c);
 
-// Whose kernels a config is ranked for. The forward's (fj_gemm): its split-K reduce runs one CTA
-// per output tile (kernels/splitk_reduce.cuh, which also runs the BatchNorm epilogue). The
-// gradient GEMMs' (fj_bwd_dx, fj_bwd_dw): their split sum is elementwise over every SM
-// (kernels/grad_split_sum.cuh), and a grid of at most one wave, where each CTA has its SM to
-// itself, is ranked by the rates the gradient kernels measured there.
-enum class GemmKind { forward, gradient };
+// Whose kernels a config is ranked for, and how. forward (fj_gemm): its split-K reduce runs one CTA
+// per output tile (kernels/splitk_reduce.cuh, which also runs the BatchNorm epilogue). gradient
+// (fj_bwd_dx, fj_bwd_dw): the split sum is elementwise over every SM (kernels/grad_split_sum.cuh);
+// otherwise the forward's rules. gradient_one_wave: a gradient GEMM whose candidates all run in
+// one wave, each CTA alone on its SM (grad_gemm_candidates decides); for 16-bit types on sm_90
+// the tiles' rates and the split's cost there are the ones measured for the gradient kernels
+// (lone_cta_flops_per_sm in kernel_config.cpp), elsewhere as `gradient`.
+enum class GemmKind { forward, gradient, gradient_one_wave };
 
 // A rough time model (waves x tile time + extra passes) that orders candidates until the
 // autotuner measures them.

@@ -533,14 +533,14 @@ unsigned resident_tiles(const KernelConfig& c, int ctas_per_sm, int sm_count) {
 
 namespace {
 
-// The gradient GEMMs' tiles alone on an SM (a grid of at most one wave): the FLOP/s each tile
+// The gradient GEMMs' tiles alone on an SM (GemmKind::gradient_one_wave): the FLOP/s each tile
 // sustains there, fitted on H100 to `fusejit autotune --backward`'s whole-backward times of every
-// dW candidate of 16-bit types (bf16 train, 16384x512x128, 16384x256x256, 16384x1024x256 and
-// 4096x512x512, with the slices' cost below; docs/performance.md). A warpspec tile's rate follows
-// its warpgroups' wgmma width and its number of consumers, not its area: the forward's sqrt(area)
-// and thread fill rank 64x128 (one consumer, 128 wide) far below 128x64 (two, 64 wide), which
-// measured the other way round. In a grid of several waves the forward's rules apply (small tiles
-// then also pay for re-read operands). Only the ratios within one GPU matter.
+// dW candidate (bf16 train, 16384x512x128, 16384x256x256, 16384x1024x256 and 4096x512x512, with
+// the split's cost below; docs/performance.md). A warpspec tile's rate follows its warpgroups'
+// wgmma width and its number of consumers, not its area: the forward's sqrt(area) x thread fill
+// rates 64x128 (one consumer, 128 wide) and 128x64 (two, 64 wide) alike at half of 128x256, where
+// they measured 0.77 and 0.67 of it. These are absolute rates, above the forward's per_sm: a list
+// is ranked either wholly by them or not at all (GemmKind), so only their ratios matter.
 std::optional<double> lone_cta_flops_per_sm(const KernelConfig& c) {
   struct Rate {
     Variant variant;
@@ -601,7 +601,10 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c, Ge
   // 16 warps on an SM (two 256-thread CTAs), the tensor-core paths 8.
   const double full_threads = p.dtype == DType::fp32 ? 512.0 : 256.0;
   double fill = std::sqrt(std::min(1.0, sharing * c.threads() / full_threads));
-  if (kind == GemmKind::gradient && ctas <= sms && storage_bytes(p.dtype) == 2) {
+  // The measured one-wave rates and split cost: fitted on H100 with 16-bit operands only.
+  const bool lone_fit =
+      kind == GemmKind::gradient_one_wave && d.cc() == 90 && storage_bytes(p.dtype) == 2;
+  if (lone_fit) {
     if (const std::optional<double> lone = lone_cta_flops_per_sm(c))
       per_sm = *lone, eff = 1.0, fill = 1.0;
   }
@@ -611,18 +614,21 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c, Ge
   double us = waves * wave_us + 3.0;
   if (splits > 1) {
     const double slice = 4.0 * c.bm * c.bn;
-    if (kind == GemmKind::gradient) {
+    constexpr double kSmL2BytesPerUs = 1.0e5;
+    if (lone_fit) {
       // fj_bwd_*_sum's launch, and the S slices written and read back across the whole GPU:
-      // the same fit as lone_cta_flops_per_sm's: 4.9 us and 0.26 us per MB of slices
-      // written plus read (3.8 TB/s, much of it L2).
-      us += 5.0 + 2.0 * tiles * splits * slice / 3.8e12 * 1e6;
+      // the same fit as lone_cta_flops_per_sm's, 4.9 us and 0.26 us per MB of slices written
+      // plus read (3.8 TB/s, much of it L2).
+      us += 4.9 + 2.0 * tiles * splits * slice / 3.8e12 * 1e6;
     } else {
-      // A second launch; every GEMM CTA stores its fp32 slice, and the reduce reads S of them
-      // per tile through one CTA, both at about one SM's share of L2 bandwidth (~100 GB/s):
-      // what keeps S and the tile small here (128x128 tiles read 64 KiB per split).
-      constexpr double kSmL2BytesPerUs = 1.0e5;
-      us += 2.5 + waves * slice / kSmL2BytesPerUs +
-            std::ceil(tiles / sms) * splits * slice / kSmL2BytesPerUs;
+      // A second launch; every GEMM CTA stores its fp32 slice, and the sum reads S of them per
+      // tile, both at about one SM's share of L2 bandwidth (~100 GB/s). The forward's reduce
+      // has one CTA per tile, so that term is what keeps S and the tile small there (128x128
+      // tiles read 64 KiB per split); the gradient GEMMs' elementwise sum spreads the reads over
+      // every SM.
+      const double reads = kind == GemmKind::forward ? std::ceil(tiles / sms) * splits * slice
+                                                     : tiles * splits * slice / sms;
+      us += 2.5 + waves * slice / kSmL2BytesPerUs + reads / kSmL2BytesPerUs;
     }
   }
   if (c.pad_operands) {

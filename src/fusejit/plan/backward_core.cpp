@@ -91,7 +91,8 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
 // is a few tiles, its reduction the whole batch) and the reduction is long (at least 64 k
 // tiles), each unsplit candidate also comes split in the most of 2, 4, ..., 32 that keeps the
 // grid within one CTA per SM and at least 8 k tiles per split (a pipeline's fill and drain),
-// ranked by the time model with an elementwise sum's cost. Measured on H200 (bf16 train, backward
+// ranked by the time model's one-wave rates and split cost (GemmKind::gradient_one_wave).
+// Measured on H200 (bf16 train, backward
 // alone): 65536x256x64 0.306 -> 0.170 ms (dW 64x64 in 32 splits); but 1024x256x64 (16 k tiles)
 // 0.0283 unsplit against 0.0295 in 4 splits, and at 2048x2048x512, where unsplit 64x128 tiles fill
 // the GPU, the time model's 128x256 tiles in 4 splits took 0.076 ms against 0.052.
@@ -123,10 +124,12 @@ std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& 
     c.split_k = s;
     candidates.push_back(c);
   }
+  // Where even the widest unsplit grid fills at most half the SMs, every candidate (twins
+  // included) is one wave of lone CTAs: ranked by the gradient kernels' measured rates there.
+  const GemmKind kind = 2 * widest <= sms ? GemmKind::gradient_one_wave : GemmKind::gradient;
   std::stable_sort(candidates.begin(), candidates.end(),
                    [&](const KernelConfig& a, const KernelConfig& b) {
-                     return estimated_us(g, d, a, GemmKind::gradient) <
-                            estimated_us(g, d, b, GemmKind::gradient);
+                     return estimated_us(g, d, a, kind) < estimated_us(g, d, b, kind);
                    });
   std::vector<KernelConfig> out;
   std::set<std::string> seen;
