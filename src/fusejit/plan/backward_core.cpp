@@ -92,10 +92,10 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
 // tiles), each unsplit candidate also comes split in the most of 2, 4, ..., 32 that keeps the
 // grid within one CTA per SM and at least 8 k tiles per split (a pipeline's fill and drain),
 // ranked by the time model's one-wave rates and split cost (GemmKind::gradient_one_wave).
-// Measured on H200 (bf16 train, backward
-// alone): 65536x256x64 0.306 -> 0.170 ms (dW 64x64 in 32 splits); but 1024x256x64 (16 k tiles)
-// 0.0283 unsplit against 0.0295 in 4 splits, and at 2048x2048x512, where unsplit 64x128 tiles fill
-// the GPU, the time model's 128x256 tiles in 4 splits took 0.076 ms against 0.052.
+// Measured on H200 (bf16 train, backward alone): 65536x256x64 0.306 -> 0.170 ms (dW 64x64 in 32
+// splits); but 1024x256x64 (16 k tiles) 0.0283 unsplit against 0.0295 in 4 splits, and at
+// 2048x2048x512, where unsplit 64x128 tiles fill the GPU, the time model's 128x256 tiles in 4
+// splits took 0.076 ms against 0.052.
 std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& g,
                                                const Device& d) {
   std::vector<KernelConfig> candidates = candidate_configs(g, d);
