@@ -26,6 +26,27 @@ struct Affine {
   float a, b;
 };
 
+// A column's parameters, which eval_affine and train_column_of fold; loaded apart from the folding
+// so that a caller can issue the loads early: the resident GEMM
+// (FragmentBnEpilogue::finish_resident) loads them before its grid barrier rather than after its
+// merge, where they would add a memory round trip to the path every CTA waits on.
+struct ColumnParams {
+  float b = 0.f, s = 1.f, g = 1.f, beta = 0.f;
+};
+
+template <class Spec>
+__device__ __forceinline__ ColumnParams column_params(const Params& p, int n) {
+  using P = typename Spec::P;
+  ColumnParams c;
+  if constexpr (Spec::HAS_BIAS) c.b = load_param<P>(p.bias, n, 0.f);
+  if constexpr (Spec::HAS_SCALE) c.s = load_param<P>(p.scale, n, 1.f);
+  if constexpr (Spec::HAS_AFFINE) {
+    c.g = load_param<P>(p.gamma, n, 1.f);
+    c.beta = load_param<P>(p.beta, n, 0.f);
+  }
+  return c;
+}
+
 template <class Spec>
 __device__ __forceinline__ Affine eval_affine(const Params& p, int n) {
   if constexpr (WsAffine<Spec>::value) {
@@ -35,12 +56,9 @@ __device__ __forceinline__ Affine eval_affine(const Params& p, int n) {
   using P = typename Spec::P;
   const float rm = to_float(static_cast<const P*>(p.running_mean)[n]);
   const float rv = to_float(static_cast<const P*>(p.running_var)[n]);
-  const float b = Spec::HAS_BIAS ? load_param<P>(p.bias, n, 0.f) : 0.f;
-  const float s = Spec::HAS_SCALE ? load_param<P>(p.scale, n, 1.f) : 1.f;
-  const float g = Spec::HAS_AFFINE ? load_param<P>(p.gamma, n, 1.f) : 1.f;
-  const float beta = Spec::HAS_AFFINE ? load_param<P>(p.beta, n, 0.f) : 0.f;
+  const ColumnParams c = column_params<Spec>(p, n);
   const float invstd = rsqrtf(rv + p.eps);
-  return {g * s * invstd, beta + g * (s * b - rm) * invstd};
+  return {c.g * c.s * invstd, c.beta + c.g * (c.s * c.b - rm) * invstd};
 }
 
 // The eval epilogues' saved output, saved = a + this: eval's u = a + b (the bias); WS_AFFINE's
@@ -61,27 +79,6 @@ __device__ __forceinline__ float momentum_factor(const Params& p) {
     return 1.0f / static_cast<float>(*p.num_batches_tracked + 1);
   else
     return p.momentum;
-}
-
-// The parameters a train column folds, loaded apart from the folding so that a caller can issue
-// the loads early: the resident GEMM (FragmentBnEpilogue::finish_resident) loads them before its
-// grid barrier rather than after its merge, where they would add a memory round trip to the path
-// every CTA waits on.
-struct ColumnParams {
-  float b = 0.f, s = 1.f, g = 1.f, beta = 0.f;
-};
-
-template <class Spec>
-__device__ __forceinline__ ColumnParams column_params(const Params& p, int n) {
-  using P = typename Spec::P;
-  ColumnParams c;
-  if constexpr (Spec::HAS_BIAS) c.b = load_param<P>(p.bias, n, 0.f);
-  if constexpr (Spec::HAS_SCALE) c.s = load_param<P>(p.scale, n, 1.f);
-  if constexpr (Spec::HAS_AFFINE) {
-    c.g = load_param<P>(p.gamma, n, 1.f);
-    c.beta = load_param<P>(p.beta, n, 0.f);
-  }
-  return c;
 }
 
 // Train mode, one column with its batch statistics of a (biased variance over `rows` rows, the

@@ -59,10 +59,10 @@ void require_grad_gemm_config(const Problem& p, const KernelConfig& c, bool dw, 
                               const char* arg);
 
 // The configs the gradient GEMM `g` (dx_gemm_problem or dw_gemm_problem of `p`) can run on `d`,
-// in the heuristic's order (warpspec before tiled, each by the time model with the split sum's
-// cost; TMA-store ones with the ring stages their staging leaves room for; split-K twins where
-// the tiles fill at most half the GPU): what default_backward_config takes the first of and
-// `fusejit autotune --backward` times.
+// in the heuristic's order (warpspec before tiled, each by the time model: GemmKind::gradient, or
+// gradient_one_wave where even the widest unsplit grid fills at most half the GPU, which is also
+// where split-K twins are offered; TMA-store ones with the ring stages their staging leaves room
+// for): what default_backward_config takes the first of and `fusejit autotune --backward` times.
 std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& g, const Device& d);
 
 // The two GEMMs as their configs are chosen: dx_gemm_problem and dw_gemm_problem with M (dx's
