@@ -81,9 +81,9 @@ struct WarpspecGemm {
   static_assert(Spec::MATH != kMathSimtFp32, "warpspec runs on tensor cores (tf32, fp16, bf16)");
   static_assert((Spec::MATH == kMathTf32 || Spec::MATH == kMathTf32x3) == (sizeof(T) == 4),
                 "warpspec: tf32 and tf32x3 iff T is float");
-  // 3xTF32: the consumers split each landed stage into big and small parts in shared memory
-  // (split_stage), issue three wgmma per k-step where tf32 issues one, and add each slice's
-  // products to the tile's sums in fp32 themselves (consume()).
+  // 3xTF32: the consumers split each landed stage into big and small parts (W's small parts in
+  // shared memory, x in registers: split3_mainloop), issue three wgmma per k-step where tf32
+  // issues one, and add each slice's products to the tile's sums in fp32 themselves.
   static constexpr bool kSplit3 = Spec::MATH == kMathTf32x3;
   // x and W come through TMA (16-byte aligned rows: the host's tensor maps check, and
   // KernelConfig::pad_operands copies rows that are not); VEC_BYTES is y's and saved's store
@@ -167,20 +167,18 @@ struct WarpspecGemm {
     alignas(1024) unsigned char a[kKAtoms][BM][128];
     alignas(1024) unsigned char b[kKAtoms][BN][128];
   };
-  // 3xTF32: TMA fills a and b with raw fp32; split_stage rounds a in place to its big parts
-  // (b's are b itself, truncated by the tensor core) and writes the small parts beside them in
-  // the same swizzled layout (the split is per element, so the layout does not matter to it,
-  // and the same descriptors read both).
+  // 3xTF32: TMA fills a and b with raw fp32; split_w writes W's small parts beside b in the
+  // same swizzled layout (the split is per element, so the layout does not matter to it, and
+  // the same descriptors read both). x is split in registers and needs no second slab.
   struct SplitStage {
     alignas(1024) unsigned char a[kKAtoms][BM][128];
     alignas(1024) unsigned char b[kKAtoms][BN][128];
-    alignas(1024) unsigned char a_small[kKAtoms][BM][128];
     alignas(1024) unsigned char b_small[kKAtoms][BN][128];
   };
   using Stage = typename Select<kSplit3, SplitStage, PlainStage>::type;
   // What TMA writes into a stage (the full barrier's transaction count).
   static constexpr int kStageTmaBytes = kKAtoms * (kASlab + kBSlab);
-  static_assert(sizeof(Stage) == (kSplit3 ? 2 : 1) * kStageTmaBytes,
+  static_assert(sizeof(Stage) == kStageTmaBytes + (kSplit3 ? kKAtoms * kBSlab : 0),
                 "warpspec: slabs pack the stage");
   struct Barriers {
     MbarrierSlot full[STAGES];   // the stage's TMA bytes have landed (the producer's arrival)
@@ -317,10 +315,7 @@ struct WarpspecGemm {
       return addr + FJ_OFFSETOF(Stage, b) + ka * static_cast<unsigned>(sizeof(Stage::b[0])) +
              row * static_cast<unsigned>(sizeof(Stage::b[0][0]));
     }
-    // 3xTF32: the small parts, at the same offsets from their own arrays.
-    __device__ __forceinline__ unsigned a_small(int ka, unsigned row = 0) const {
-      return a(ka, row) + FJ_OFFSETOF(Stage, a_small) - FJ_OFFSETOF(Stage, a);
-    }
+    // 3xTF32: W's small parts, at the same offsets from their own array.
     __device__ __forceinline__ unsigned b_small(int ka, unsigned row = 0) const {
       return b(ka, row) + FJ_OFFSETOF(Stage, b_small) - FJ_OFFSETOF(Stage, b);
     }
@@ -495,8 +490,8 @@ struct WarpspecGemm {
           const unsigned long long da = wgmma_desc_sw128(stage.a(0, a_row0));
           const unsigned long long db = wgmma_desc_sw128(stage.b(0));
           wgmma_fence();
-          for_each_kstep([&](int ma, unsigned a_off, unsigned b_off, bool first) {
-            Wgmma<T, BN>::mma(acc[ma], da + a_off, db + b_off, kt == 0 && first ? 0 : 1);
+          for_each_kstep([&](int ma, unsigned a_off, unsigned b_off, int step) {
+            Wgmma<T, BN>::mma(acc[ma], da + a_off, db + b_off, kt == 0 && step == 0 ? 0 : 1);
           });
           wgmma_commit();
           if (kt > 0) {
@@ -559,9 +554,9 @@ struct WarpspecGemm {
     }
   }
 
-  // The wgmma of one k-slice in issue order: f(ma, a_off, b_off, first) for each slab ka, k-step
+  // The wgmma of one k-slice in issue order: f(ma, a_off, b_off, step) for each slab ka, k-step
   // ks and M atom ma, with the operands' descriptor offsets in their 16-byte units (slab ka, row
-  // 64 ma, byte 32 ks); `first`: the slice's first k-step (ka = ks = 0).
+  // 64 ma, byte 32 ks) and the k-step's index in the slice (ka kKSteps + ks; 0: the first).
   template <class F>
   __device__ __forceinline__ static void for_each_kstep(F&& f) {
 #pragma unroll
@@ -571,116 +566,130 @@ struct WarpspecGemm {
 #pragma unroll
         for (int ma = 0; ma < kMAtoms; ++ma)
           f(ma, static_cast<unsigned>((ka * kASlab + ma * 64 * 128 + ks * 32) >> 4),
-            static_cast<unsigned>((ka * kBSlab + ks * 32) >> 4), (ka | ks) == 0);
+            static_cast<unsigned>((ka * kBSlab + ks * 32) >> 4), ka * kKSteps + ks);
   }
 
-  // 3xTF32's mainloop over one tile. Each slice's three products go into a partial sum that is
-  // added to the tile's sums on the CUDA cores: wgmma's own accumulation keeps fewer bits than
-  // an fp32 add, and with the whole K summed in it 3xTF32 measured 24-90x strict fp32's error
-  // and failed its 2e-5 tolerance at 512x256x4096 (H100); summed per 32-deep slice, 0.8-1.3x
-  // (docs/performance.md, "3xTF32"). Two partial sums alternate so that the tensor cores work
-  // on slice k while the CUDA cores split slice k + 1 and add slice k - 1. With one, every
-  // slice's split, products and add ran back to back: 1.76 ms against 1.61 at 1024x8192x8192
-  // train (H200, both with the branch-free split; docs/performance.md). The price: a third
-  // set of accumulator registers (BN <= 128, and a few spills at 128x128).
+  // 3xTF32's mainloop over one tile. x's fragments come from shared memory into registers
+  // (ldmatrix) and are split there; the products take them as wgmma's register A operand, so
+  // x is neither written back nor read by the tensor cores, and only W's small parts are
+  // stored (split_w). Against splitting both operands in shared memory and reading both
+  // through descriptors (docs/performance.md, "3xTF32"), a 128x128x32 slice's shared-memory
+  // traffic falls from ~224 KiB to ~144 KiB, and a stage needs no slab for x's small parts.
+  //
+  // Each slice's three products go into a partial sum that is added to the tile's sums on the
+  // CUDA cores: wgmma's own accumulation keeps fewer bits than an fp32 add, and with the whole
+  // K summed in it 3xTF32 measured 24-90x strict fp32's error and failed its 2e-5 tolerance at
+  // 512x256x4096 (H100); summed per 32-deep slice, 0.8-1.3x. One partial sum: while a slice's
+  // products run, the warpgroup already waits for the next stage, splits its W and loads its
+  // x; only the add and x's split (register arithmetic) sit between two slices' products, and
+  // the other consumer warpgroup's products fill that gap. Nothing is in flight across the
+  // loop's back edge (ptxas serializes every wgmma when an accumulator is: warning C7514).
   __device__ __forceinline__ static void split3_mainloop(const Ctx& c,
                                                          PipelineCounter<STAGES>& slice, int a_row0,
                                                          int ctid, int group, Acc& acc) {
     const int lane = ctid % 32;
-    Acc part0, part1;
-    // Splits the next landed stage and issues its products into `part`.
-    auto issue = [&](Acc& part) {
+    // ldmatrix_x4's four 8x4 matrices of 32-bit elements are the A fragment's registers: rows
+    // 0-7 and 8-15 of the warp's 16 at k 0-3 of a k-step, then the same at k 4-7. Lane l
+    // addresses row l % 8 + 8 ((l / 8) % 2) of matrix l / 8. A row's 16-byte unit u sits at
+    // unit u ^ (row % 8) (the 128-byte swizzle; the warp's rows start at a multiple of 8).
+    const int frag_row = a_row0 + 16 * ((ctid / 32) % 4) + (lane & 7) + ((lane >> 3) & 1) * 8;
+    const unsigned unit_hi = static_cast<unsigned>(lane >> 4);
+    const unsigned swizzle = static_cast<unsigned>(lane & 7);
+    Acc part;
+    XFrag raw, big, small;
+    // Waits for the next slice's stage, splits its W and loads this warpgroup's rows of x.
+    auto prepare = [&]() {
       const unsigned i = slice.index();
       c.full[i].wait(slice.phase());
-      split_stage(c.s.ring[i], a_row0, ctid, group);
+      split_w(c.s.ring[i], ctid, group);
       const StageAddr stage = c.stage(i);
-      const unsigned long long da = wgmma_desc_sw128(stage.a(0, a_row0));
+#pragma unroll
+      for (int ma = 0; ma < kMAtoms; ++ma)
+#pragma unroll
+        for (int ka = 0; ka < kKAtoms; ++ka)
+#pragma unroll
+          for (int ks = 0; ks < kKSteps; ++ks)
+            ldmatrix_x4(raw[ma][ka * kKSteps + ks],
+                        stage.a(ka, frag_row + 64 * ma) + (((2u * ks + unit_hi) ^ swizzle) << 4));
+    };
+    // Splits the loaded x and issues the slice's products into `part`.
+    auto issue = [&]() {
+#pragma unroll
+      for (int ma = 0; ma < kMAtoms; ++ma)
+#pragma unroll
+        for (int f = 0; f < kKAtoms * kKSteps; ++f)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) split_tf32(raw[ma][f][r], big[ma][f][r], small[ma][f][r]);
+      const StageAddr stage = c.stage(slice.index());
       const unsigned long long db = wgmma_desc_sw128(stage.b(0));
-      const unsigned long long das = wgmma_desc_sw128(stage.a_small(0, a_row0));
       const unsigned long long dbs = wgmma_desc_sw128(stage.b_small(0));
       wgmma_fence();
-      for_each_kstep([&](int ma, unsigned a_off, unsigned b_off, bool first) {
+      for_each_kstep([&](int ma, unsigned, unsigned b_off, int step) {
         // small * big and big * small before big * big, as in the tiled mainloop.
-        Wgmma<T, BN>::mma(part[ma], das + a_off, db + b_off, first ? 0 : 1);
-        Wgmma<T, BN>::mma(part[ma], da + a_off, dbs + b_off, 1);
-        Wgmma<T, BN>::mma(part[ma], da + a_off, db + b_off, 1);
+        WgmmaRegA<BN>::mma(part[ma], small[ma][step], db + b_off, step == 0 ? 0 : 1);
+        WgmmaRegA<BN>::mma(part[ma], big[ma][step], dbs + b_off, 1);
+        WgmmaRegA<BN>::mma(part[ma], big[ma][step], db + b_off, 1);
       });
       wgmma_commit();
       slice.advance();
     };
-    // Once the products of `part`'s slice are done (all of them for the `last`, all but the
-    // slice issued after it otherwise): adds them to the tile's sums and hands the stage back.
-    auto retire = [&](Acc& part, unsigned stage_index, bool last) {
-      if (last)
-        wgmma_wait<0>();
-      else
-        wgmma_wait<1>();
+    // Once the slice's products are done: adds them to the tile's sums and hands the stage back.
+    auto retire = [&](unsigned stage_index) {
+      wgmma_wait<0>();
 #pragma unroll
       for (int ma = 0; ma < kMAtoms; ++ma) {
         wgmma_fence_operands(part[ma]);
+        // The products read big and small until here: keep the compiler from reusing them.
+        fence_fragments(big[ma]);
+        fence_fragments(small[ma]);
 #pragma unroll
         for (int j = 0; j < BN / 2; ++j) acc[ma][j] += part[ma][j];
       }
       release(c.empty[stage_index], lane);
     };
+    prepare();
 #pragma unroll 1
-    for (int kt = 0; kt + kSplit3Run <= kKTiles; kt += kSplit3Run)
-      split3_run<kSplit3Run>(issue, retire, slice, part0, part1);
-    if constexpr (kKTiles % kSplit3Run != 0)
-      split3_run<kKTiles % kSplit3Run>(issue, retire, slice, part0, part1);
-  }
-  // N slices in a row, unrolled: ptxas serializes every wgmma (C7514) when a partial sum is in
-  // flight across a loop's back edge or a runtime branch, so each run drains before the next
-  // and knows which partial sum each slice takes at compile time.
-  template <int N, class Issue, class Retire>
-  __device__ __forceinline__ static void split3_run(Issue& issue, Retire& retire,
-                                                    PipelineCounter<STAGES>& slice, Acc& part0,
-                                                    Acc& part1) {
-    issue(part0);
-#pragma unroll
-    for (int j = 1; j < N; ++j) {
-      if (j % 2 == 1) {
-        issue(part1);
-        retire(part0, slice.index_before(2), false);
-      } else {
-        issue(part0);
-        retire(part1, slice.index_before(2), false);
-      }
+    for (int kt = 0; kt + 1 < kKTiles; ++kt) {
+      const unsigned current = slice.index();
+      issue();
+      prepare();
+      retire(current);
     }
-    if constexpr (N % 2 == 1)
-      retire(part0, slice.previous_index(), true);
-    else
-      retire(part1, slice.previous_index(), true);
+    const unsigned last = slice.index();
+    issue();
+    retire(last);
   }
-  // A run drains the tensor cores once: one split not hidden per kSplit3Run slices.
-  static constexpr int kSplit3Run = 8;
+  // x's fragments of one slice for one consumer warpgroup: per M atom and k-step (slab-major),
+  // wgmma's four A registers.
+  using XFrag = unsigned[kMAtoms][kKAtoms * kKSteps][4];
+  template <int F>
+  __device__ __forceinline__ static void fence_fragments(unsigned (&f)[F][4]) {
+#pragma unroll
+    for (int i = 0; i < F; ++i)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(f[i][r])::"memory");
+  }
 
-  // 3xTF32: splits a landed stage. x's elements (a) are rounded to their big parts in place
-  // (split_tf32, common/mma.cuh); W's (b) stay as TMA wrote them, the tensor core's truncation
-  // of them being their big parts (tf32_small_of_truncated); a_small and b_small get the small
-  // parts. Why one operand of each kind: a truncated split writes only its small part, but
+  // 3xTF32: W's part of a landed stage's split. W's elements (b) stay as TMA wrote them, the
+  // tensor core's truncation of them being their big parts (tf32_small_of_truncated), and
+  // b_small gets the small parts; x is split in registers (split3_mainloop) with split_tf32,
+  // rounded. Why one operand of each kind: a truncated split writes only its small part, but
   // that part always has its element's sign, so small * small, the product left out, is biased
-  // unless the other operand's split is rounded. Measured at 1024x8192x8192 and 4096^3 (H200):
-  // 1.45-1.53 ms against 1.59-1.66 with both rounded; both truncated 1.36-1.46, but with every
-  // weight positive (all products of one sign) eval's error went from 2.8x strict fp32's to
-  // 5.7x (this split: 3.7x; docs/performance.md "3xTF32"). W is the truncated one: the team
-  // splits all BN of its rows, a warpgroup only its own of x's. Each consumer warpgroup splits
-  // its own rows of x; the team that shares the tile splits W between its threads, fences its
-  // writes for the async proxy (wgmma reads shared memory through it) and meets at a named
-  // barrier before anyone's wgmma reads the stage.
-  __device__ __forceinline__ static void split_stage(Stage& st, int a_row0, int ctid, int group) {
+  // unless the other operand's split is rounded. Measured at 1024x8192x8192 and 4096^3 (H200,
+  // both split in shared memory then): 1.45-1.53 ms against 1.59-1.66 with both rounded; both
+  // truncated 1.36-1.46, but with every weight positive (all products of one sign) eval's error
+  // went from 2.8x strict fp32's to 5.7x (this split: 3.7x; docs/performance.md "3xTF32"). The
+  // team that shares the tile splits W between its threads, fences its writes for the async
+  // proxy (wgmma reads shared memory through it) and meets at a named barrier before anyone's
+  // wgmma reads the stage.
+  __device__ __forceinline__ static void split_w(Stage& st, int ctid, int group) {
     constexpr int kVecs = 128 / 16;  // uint4 per 128-byte row
-    const int gtid = ctid % 128;
-    const int team_tid = kPingpong ? gtid : ctid;
+    const int team_tid = kPingpong ? ctid % 128 : ctid;
 #pragma unroll
-    for (int ka = 0; ka < kKAtoms; ++ka) {
-      split_slab<kWgM * kVecs, 128, true>(reinterpret_cast<uint4*>(&st.a[ka][a_row0][0]),
-                                          reinterpret_cast<uint4*>(&st.a_small[ka][a_row0][0]),
-                                          gtid);
-      split_slab<BN * kVecs, 128 * kTeam, false>(reinterpret_cast<uint4*>(&st.b[ka][0][0]),
-                                                 reinterpret_cast<uint4*>(&st.b_small[ka][0][0]),
-                                                 team_tid);
-    }
+    for (int ka = 0; ka < kKAtoms; ++ka)
+      split_slab<BN * kVecs, 128 * kTeam>(reinterpret_cast<const uint4*>(&st.b[ka][0][0]),
+                                          reinterpret_cast<uint4*>(&st.b_small[ka][0][0]),
+                                          team_tid);
     fence_async_shared();
     // IDs past the epilogues' (1 .. 2 kTeam + 1): one per team.
     named_barrier_sync(kSplitBarrier + (kPingpong ? group : 0), 128 * kTeam);
@@ -689,10 +698,9 @@ struct WarpspecGemm {
   // One thread's share of a slab (units first, first + STRIDE, ... of COUNT uint4): loads in
   // batches ahead of their splits and stores, so a batch pays the load latency once and its
   // splits run side by side (the compiler may not hoist a load above a store it cannot tell
-  // apart from it), and with no bounds tests, which would become branches. ROUND: x becomes its
-  // rounded big part (split_tf32); otherwise x stays and is the truncated one.
-  template <int COUNT, int STRIDE, bool ROUND>
-  __device__ __forceinline__ static void split_slab(uint4* x, uint4* small, int first) {
+  // apart from it), and with no bounds tests, which would become branches.
+  template <int COUNT, int STRIDE>
+  __device__ __forceinline__ static void split_slab(const uint4* x, uint4* small, int first) {
     static_assert(COUNT % STRIDE == 0, "3xTF32 split: whole units per thread");
     constexpr int kPer = COUNT / STRIDE;
     constexpr int kBatch = kPer < 4 ? kPer : 4;
@@ -703,20 +711,10 @@ struct WarpspecGemm {
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) v[u] = x[first + (b0 + u) * STRIDE];
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        uint4 sm;
-        if constexpr (ROUND) {
-          split_tf32(v[u].x, v[u].x, sm.x);
-          split_tf32(v[u].y, v[u].y, sm.y);
-          split_tf32(v[u].z, v[u].z, sm.z);
-          split_tf32(v[u].w, v[u].w, sm.w);
-          x[first + (b0 + u) * STRIDE] = v[u];
-        } else {
-          sm = make_uint4(tf32_small_of_truncated(v[u].x), tf32_small_of_truncated(v[u].y),
-                          tf32_small_of_truncated(v[u].z), tf32_small_of_truncated(v[u].w));
-        }
-        small[first + (b0 + u) * STRIDE] = sm;
-      }
+      for (int u = 0; u < kBatch; ++u)
+        small[first + (b0 + u) * STRIDE] =
+            make_uint4(tf32_small_of_truncated(v[u].x), tf32_small_of_truncated(v[u].y),
+                       tf32_small_of_truncated(v[u].z), tf32_small_of_truncated(v[u].w));
     }
   }
 

@@ -70,16 +70,19 @@ TEST_CASE("tf32x3: a dtype of its own, stored as fp32, held to strict fp32's tol
   CHECK_THROWS_AS(parse_dtype("tf32x2"), InvalidArgument);
 }
 
-TEST_CASE("tf32x3: warpspec with twice the stage bytes on Hopper, tiled tensor cores elsewhere") {
+TEST_CASE(
+    "tf32x3: warpspec with W's small parts in every stage on Hopper, tiled tensor cores "
+    "elsewhere") {
   const Device h100 = Device::for_arch("sm_90a");
   const Device a100 = Device::for_arch("sm_80");
   const Problem big = problem(DType::tf32x3, Mode::eval, 1024, 8192, 8192);
   const KernelConfig ws = default_config(big, h100);
   CHECK(ws.variant == Variant::warpspec);
   CHECK(default_config(big, a100).variant == Variant::tiled);
-  // The stage ring holds the small parts too: twice tf32's bytes for the same config.
+  // The stage ring holds W's small parts too (x is split in registers): a second W tile per
+  // stage over tf32's bytes for the same config.
   const KernelConfig c = KernelConfig::parse("warpspec.128x128x32.c2.s3.g8.cl1.p1");
-  const int ring = 3 * (128 + 128) * 32 * 4;
+  const int ring = 3 * 128 * 32 * 4;
   CHECK(c.smem_bytes(big) - c.smem_bytes(problem(DType::tf32, Mode::eval, 1024, 8192, 8192)) ==
         ring);
   for (const auto& k : candidate_configs(big, h100)) {
@@ -118,8 +121,8 @@ TEST_CASE("tf32x3 kernels issue three tensor-core products where tf32 issues one
     const char* instruction;
     std::int64_t K;
   };
-  // Warpspec with K = 32, one slice: its 3xTF32 mainloop unrolls runs of slices (at K = 1024
-  // the PTX holds eight slices' products), tf32's does not.
+  // Warpspec with K = 32, one slice: its 3xTF32 mainloop peels the last slice off its loop (at
+  // K = 1024 the PTX holds two slices' products), tf32's does not.
   for (const Case k : {Case{"warpspec.128x128x32.c2.s3.g8.cl1.p1", "wgmma.mma_async", 32},
                        Case{"tiled.64x64x32.w2x2.s3.g8", "mma.sync.aligned.m16n8k8", 1024}}) {
     CAPTURE(std::string(k.key));
