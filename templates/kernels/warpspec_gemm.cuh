@@ -167,7 +167,7 @@ struct WarpspecGemm {
     alignas(1024) unsigned char a[kKAtoms][BM][128];
     alignas(1024) unsigned char b[kKAtoms][BN][128];
   };
-  // 3xTF32: TMA fills a and b with raw fp32; split_w writes W's small parts beside b in the
+  // 3xTF32: TMA fills a and b with raw fp32; split_ring writes W's small parts beside b in the
   // same swizzled layout (the split is per element, so the layout does not matter to it, and
   // the same descriptors read both). x is split in registers and needs no second slab.
   struct SplitStage {
@@ -180,13 +180,23 @@ struct WarpspecGemm {
   static constexpr int kStageTmaBytes = kKAtoms * (kASlab + kBSlab);
   static_assert(sizeof(Stage) == kStageTmaBytes + (kSplit3 ? kKAtoms * kBSlab : 0),
                 "warpspec: slabs pack the stage");
-  struct Barriers {
+  struct PlainBarriers {
     MbarrierSlot full[STAGES];   // the stage's TMA bytes have landed (the producer's arrival)
     MbarrierSlot empty[STAGES];  // every consumer warp of every CTA that got the stage read it
     MbarrierSlot coef_full[2];   // eval coefficient buffer b written (the coefficient warp)
     MbarrierSlot coef_empty[2];  // buffer b read (every thread of the team that used it)
     MbarrierSlot turn[2];        // pingpong: group g may start its next mainloop
   };
+  // 3xTF32: the same, and W's small parts of the stage written (every splitter thread).
+  struct SplitBarriers {
+    MbarrierSlot full[STAGES];
+    MbarrierSlot empty[STAGES];
+    MbarrierSlot coef_full[2];
+    MbarrierSlot coef_empty[2];
+    MbarrierSlot turn[2];
+    MbarrierSlot split[STAGES];
+  };
+  using Barriers = typename Select<kSplit3, SplitBarriers, PlainBarriers>::type;
   // Epilogue scratch, owned by the epilogue for the duration of its call (TMA_STORE: and by
   // the stores it leaves in flight).
   struct FragmentScratch {
@@ -272,6 +282,7 @@ struct WarpspecGemm {
         c.full[i].init(1);
         // Every consumer warp of every CTA whose W half lands in this stage releases it.
         c.empty[i].init(4 * kTeam * CLUSTER);
+        if constexpr (kSplit3) c.split[i].init(kSplitters);
       }
       for (int b = 0; b < 2; ++b) {
         c.coef_full[b].init(32);            // every lane of the coefficient warp
@@ -291,8 +302,10 @@ struct WarpspecGemm {
       if constexpr (CONSUMERS == 2) regs_release<kProducerRegs>();
       if (threadIdx.x == 0) {
         produce(tx, tw, c);
-      } else if constexpr (kCoefWarp) {
-        if (threadIdx.x / 32 == 1) coefficients(p, c, threadIdx.x % 32);
+      } else if (threadIdx.x / 32 == 1) {
+        if constexpr (kCoefWarp) coefficients(p, c, threadIdx.x % 32);
+      } else if (threadIdx.x >= 128 - kSplitters) {
+        if constexpr (kSplit3) split_ring(c, threadIdx.x - (128 - kSplitters));
       }
     } else {
       if constexpr (CONSUMERS == 2) regs_acquire<kConsumerRegs>();
@@ -330,7 +343,7 @@ struct WarpspecGemm {
     SharedStorage& s;
     unsigned base;
     unsigned rank;
-    MbarrierArray<STAGES> full, empty;
+    MbarrierArray<STAGES> full, empty, split;  // split: 3xTF32 only
     MbarrierArray<2> coef_full, coef_empty, turn;
     int m;              // the run's rows
     int cluster_tiles;  // the tiles every role walks, as cluster tiles
@@ -348,12 +361,20 @@ struct WarpspecGemm {
           empty{shared_base + FJ_OFFSETOF(SharedStorage, bar.empty)},
           coef_full{shared_base + FJ_OFFSETOF(SharedStorage, bar.coef_full)},
           coef_empty{shared_base + FJ_OFFSETOF(SharedStorage, bar.coef_empty)},
-          turn{shared_base + FJ_OFFSETOF(SharedStorage, bar.turn)} {}
+          turn{shared_base + FJ_OFFSETOF(SharedStorage, bar.turn)},
+          split{shared_base + split_barriers_offset()} {}
 
     __device__ __forceinline__ StageAddr stage(unsigned i) const {
       return {base + FJ_OFFSETOF(SharedStorage, ring) + i * static_cast<unsigned>(sizeof(Stage))};
     }
   };
+
+  __host__ __device__ static constexpr unsigned split_barriers_offset() {
+    if constexpr (kSplit3)
+      return FJ_OFFSETOF(SharedStorage, bar.split);
+    else
+      return FJ_OFFSETOF(SharedStorage, bar.full);  // unused
+  }
 
   struct TileCoord {
     int row, m0, n0;
@@ -481,7 +502,7 @@ struct WarpspecGemm {
 #pragma unroll
       for (int ma = 0; ma < kMAtoms; ++ma) wgmma_fence_operands(acc[ma]);
       if constexpr (kSplit3) {
-        split3_mainloop(c, slice, a_row0, ctid, group, acc);  // waits for every slice
+        split3_mainloop(c, slice, a_row0, ctid, acc);  // waits for every slice
       } else {
         for (int kt = 0; kt < kKTiles; ++kt, slice.advance()) {
           const unsigned i = slice.index();
@@ -572,7 +593,7 @@ struct WarpspecGemm {
   // 3xTF32's mainloop over one tile. x's fragments come from shared memory into registers
   // (ldmatrix) and are split there; the products take them as wgmma's register A operand, so
   // x is neither written back nor read by the tensor cores, and only W's small parts are
-  // stored (split_w). Against splitting both operands in shared memory and reading both
+  // stored (split_ring). Against splitting both operands in shared memory and reading both
   // through descriptors (docs/performance.md, "3xTF32"), a 128x128x32 slice's shared-memory
   // traffic falls from ~224 KiB to ~144 KiB, and a stage needs no slab for x's small parts.
   //
@@ -580,13 +601,14 @@ struct WarpspecGemm {
   // CUDA cores: wgmma's own accumulation keeps fewer bits than an fp32 add, and with the whole
   // K summed in it 3xTF32 measured 24-90x strict fp32's error and failed its 2e-5 tolerance at
   // 512x256x4096 (H100); summed per 32-deep slice, 0.8-1.3x. One partial sum: while a slice's
-  // products run, the warpgroup already waits for the next stage, splits its W and loads its
-  // x; only the add and x's split (register arithmetic) sit between two slices' products, and
-  // the other consumer warpgroup's products fill that gap. Nothing is in flight across the
-  // loop's back edge (ptxas serializes every wgmma when an accumulator is: warning C7514).
+  // products run, the warpgroup already waits for the next stage and loads its x; only the
+  // add and x's split (register arithmetic) sit between two slices' products, and the other
+  // consumer warpgroup's products fill that gap (nothing couples the two warpgroups' slices).
+  // Nothing is in flight across the loop's back edge (ptxas serializes every wgmma when an
+  // accumulator is: warning C7514).
   __device__ __forceinline__ static void split3_mainloop(const Ctx& c,
                                                          PipelineCounter<STAGES>& slice, int a_row0,
-                                                         int ctid, int group, Acc& acc) {
+                                                         int ctid, Acc& acc) {
     const int lane = ctid % 32;
     // ldmatrix_x4's four 8x4 matrices of 32-bit elements are the A fragment's registers: rows
     // 0-7 and 8-15 of the warp's 16 at k 0-3 of a k-step, then the same at k 4-7. Lane l
@@ -597,11 +619,11 @@ struct WarpspecGemm {
     const unsigned swizzle = static_cast<unsigned>(lane & 7);
     Acc part;
     XFrag raw, big, small;
-    // Waits for the next slice's stage, splits its W and loads this warpgroup's rows of x.
+    // Waits for the next slice's stage and its W split, and loads this warpgroup's rows of x.
     auto prepare = [&]() {
       const unsigned i = slice.index();
-      c.full[i].wait(slice.phase());
-      split_w(c.s.ring[i], ctid, group);
+      c.full[i].wait(slice.phase());   // x landed
+      c.split[i].wait(slice.phase());  // W's small parts written
       const StageAddr stage = c.stage(i);
 #pragma unroll
       for (int ma = 0; ma < kMAtoms; ++ma)
@@ -670,31 +692,40 @@ struct WarpspecGemm {
       for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(f[i][r])::"memory");
   }
 
-  // 3xTF32: W's part of a landed stage's split. W's elements (b) stay as TMA wrote them, the
-  // tensor core's truncation of them being their big parts (tf32_small_of_truncated), and
-  // b_small gets the small parts; x is split in registers (split3_mainloop) with split_tf32,
-  // rounded. Why one operand of each kind: a truncated split writes only its small part, but
-  // that part always has its element's sign, so small * small, the product left out, is biased
-  // unless the other operand's split is rounded. Measured at 1024x8192x8192 and 4096^3 (H200,
-  // both split in shared memory then): 1.45-1.53 ms against 1.59-1.66 with both rounded; both
-  // truncated 1.36-1.46, but with every weight positive (all products of one sign) eval's error
-  // went from 2.8x strict fp32's to 5.7x (this split: 3.7x; docs/performance.md "3xTF32"). The
-  // team that shares the tile splits W between its threads, fences its writes for the async
-  // proxy (wgmma reads shared memory through it) and meets at a named barrier before anyone's
-  // wgmma reads the stage.
-  __device__ __forceinline__ static void split_w(Stage& st, int ctid, int group) {
+  // 3xTF32: W's part of each stage's split, by the producer warpgroup's last kSplitters
+  // threads (otherwise idle), which walk the ring as the producer fills it. W's elements (b)
+  // stay as TMA wrote them, the tensor core's truncation of them being their big parts
+  // (tf32_small_of_truncated), and b_small gets the small parts; x is split in registers
+  // (split3_mainloop) with split_tf32, rounded. Why one operand of each kind: a truncated split
+  // writes only its small part, but that part always has its element's sign, so small * small,
+  // the product left out, is biased unless the other operand's split is rounded. Measured at
+  // 1024x8192x8192 and 4096^3 (H200, both split in shared memory then): 1.45-1.53 ms against
+  // 1.59-1.66 with both rounded; both truncated 1.36-1.46, but with every weight positive (all
+  // products of one sign) eval's error went from 2.8x strict fp32's to 5.7x (this split: 3.7x;
+  // docs/performance.md "3xTF32"). Each splitter fences its writes for the async proxy (wgmma
+  // reads shared memory through it) and arrives on the stage's split barrier, which the
+  // consumers wait on beside the full one. The consumers did this split themselves before,
+  // and met at a named barrier every slice.
+  __device__ __forceinline__ static void split_ring(const Ctx& c, int tid) {
     constexpr int kVecs = 128 / 16;  // uint4 per 128-byte row
-    const int team_tid = kPingpong ? ctid % 128 : ctid;
+    PipelineState<STAGES> pipe;
+    for (int ct = first_tile(); ct < c.cluster_tiles; ct += tile_stride(c)) {
+      for (int kt = 0; kt < kKTiles; ++kt) {
+        c.full[pipe.index].wait(pipe.phase);
+        Stage& st = c.s.ring[pipe.index];
 #pragma unroll
-    for (int ka = 0; ka < kKAtoms; ++ka)
-      split_slab<BN * kVecs, 128 * kTeam>(reinterpret_cast<const uint4*>(&st.b[ka][0][0]),
-                                          reinterpret_cast<uint4*>(&st.b_small[ka][0][0]),
-                                          team_tid);
-    fence_async_shared();
-    // IDs past the epilogues' (1 .. 2 kTeam + 1): one per team.
-    named_barrier_sync(kSplitBarrier + (kPingpong ? group : 0), 128 * kTeam);
+        for (int ka = 0; ka < kKAtoms; ++ka)
+          split_slab<BN * kVecs, kSplitters>(reinterpret_cast<const uint4*>(&st.b[ka][0][0]),
+                                             reinterpret_cast<uint4*>(&st.b_small[ka][0][0]), tid);
+        fence_async_shared();
+        c.split[pipe.index].arrive();
+        pipe.advance();
+      }
+    }
   }
-  static constexpr int kSplitBarrier = 8;
+  // Warps 2 and 3 of the producer warpgroup (warp 0 issues TMA, warp 1 is eval's coefficient
+  // warp).
+  static constexpr int kSplitters = 64;
   // One thread's share of a slab (units first, first + STRIDE, ... of COUNT uint4): loads in
   // batches ahead of their splits and stores, so a batch pays the load latency once and its
   // splits run side by side (the compiler may not hoist a load above a store it cannot tell

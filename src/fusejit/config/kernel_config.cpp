@@ -135,7 +135,8 @@ int KernelConfig::smem_bytes(const Problem& p) const {
     // carries this count (SMEM_BYTES; tests/cpu/smem_formula_test.cpp).
     // tf32x3: each stage also holds W's small parts (SplitStage; x is split in registers).
     const int ring = stages * (bm + bn + (p.dtype == DType::tf32x3 ? bn : 0)) * bk * eb;
-    const int bars = (2 * stages + 6) * 8;
+    // tf32x3: a third mbarrier per stage (W's split written: SplitBarriers).
+    const int bars = (2 * stages + 6 + (p.dtype == DType::tf32x3 ? stages : 0)) * 8;
     const int staging =
         tma_store ? 4 * warps_m * 2 * kTmaStoreBoxRows * kTmaStoreBoxRowBytes : bm * (128 + 8 * eb);
     // Pingpong: one such epilogue per consumer warpgroup, each for a whole BM-row tile.
