@@ -618,9 +618,10 @@ struct WarpspecGemm {
     const unsigned unit_hi = static_cast<unsigned>(lane >> 4);
     const unsigned swizzle = static_cast<unsigned>(lane & 7);
     Acc part;
-    XFrag raw, big, small;
-    // Waits for the next slice's stage and its W split, and loads this warpgroup's rows of x.
-    auto prepare = [&]() {
+    SliceFrag frag[2];
+    // Waits for the next slice's stage and its W split, and loads and splits this warpgroup's
+    // rows of x into `fr`.
+    auto prepare = [&](SliceFrag& fr) {
       const unsigned i = slice.index();
       c.full[i].wait(slice.phase());   // x landed
       c.split[i].wait(slice.phase());  // W's small parts written
@@ -630,66 +631,80 @@ struct WarpspecGemm {
 #pragma unroll
         for (int ka = 0; ka < kKAtoms; ++ka)
 #pragma unroll
-          for (int ks = 0; ks < kKSteps; ++ks)
-            ldmatrix_x4(raw[ma][ka * kKSteps + ks],
+          for (int ks = 0; ks < kKSteps; ++ks) {
+            const int f = ka * kKSteps + ks;
+            unsigned raw[4];
+            ldmatrix_x4(raw,
                         stage.a(ka, frag_row + 64 * ma) + (((2u * ks + unit_hi) ^ swizzle) << 4));
+#pragma unroll
+            for (int r = 0; r < 4; ++r) split_tf32(raw[r], fr.big[ma][f][r], fr.small[ma][f][r]);
+          }
+      slice.advance();
+      return i;
     };
-    // Splits the loaded x and issues the slice's products into `part`.
-    auto issue = [&]() {
-#pragma unroll
-      for (int ma = 0; ma < kMAtoms; ++ma)
-#pragma unroll
-        for (int f = 0; f < kKAtoms * kKSteps; ++f)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) split_tf32(raw[ma][f][r], big[ma][f][r], small[ma][f][r]);
-      const StageAddr stage = c.stage(slice.index());
+    // Issues the slice's products into `part`.
+    auto issue = [&](const SliceFrag& fr, unsigned stage_index) {
+      const StageAddr stage = c.stage(stage_index);
       const unsigned long long db = wgmma_desc_sw128(stage.b(0));
       const unsigned long long dbs = wgmma_desc_sw128(stage.b_small(0));
       wgmma_fence();
       for_each_kstep([&](int ma, unsigned, unsigned b_off, int step) {
         // small * big and big * small before big * big, as in the tiled mainloop.
-        WgmmaRegA<BN>::mma(part[ma], small[ma][step], db + b_off, step == 0 ? 0 : 1);
-        WgmmaRegA<BN>::mma(part[ma], big[ma][step], dbs + b_off, 1);
-        WgmmaRegA<BN>::mma(part[ma], big[ma][step], db + b_off, 1);
+        WgmmaRegA<BN>::mma(part[ma], fr.small[ma][step], db + b_off, step == 0 ? 0 : 1);
+        WgmmaRegA<BN>::mma(part[ma], fr.big[ma][step], dbs + b_off, 1);
+        WgmmaRegA<BN>::mma(part[ma], fr.big[ma][step], db + b_off, 1);
       });
       wgmma_commit();
-      slice.advance();
     };
     // Once the slice's products are done: adds them to the tile's sums and hands the stage back.
-    auto retire = [&](unsigned stage_index) {
+    auto retire = [&](SliceFrag& fr, unsigned stage_index) {
       wgmma_wait<0>();
+      // The products read fr until here: keep the compiler from reusing its registers.
+      fence_fragments(fr);
 #pragma unroll
       for (int ma = 0; ma < kMAtoms; ++ma) {
         wgmma_fence_operands(part[ma]);
-        // The products read big and small until here: keep the compiler from reusing them.
-        fence_fragments(big[ma]);
-        fence_fragments(small[ma]);
 #pragma unroll
         for (int j = 0; j < BN / 2; ++j) acc[ma][j] += part[ma][j];
       }
       release(c.empty[stage_index], lane);
     };
-    prepare();
+    // Slice by slice, the fragment sets alternating (named at compile time: two slices per
+    // iteration, the last one or two peeled).
+    unsigned cur = prepare(frag[0]), next;
 #pragma unroll 1
-    for (int kt = 0; kt + 1 < kKTiles; ++kt) {
-      const unsigned current = slice.index();
-      issue();
-      prepare();
-      retire(current);
+    for (int kt = 0; kt + 2 < kKTiles; kt += 2) {
+      issue(frag[0], cur);
+      next = prepare(frag[1]);
+      retire(frag[0], cur);
+      issue(frag[1], next);
+      cur = prepare(frag[0]);
+      retire(frag[1], next);
     }
-    const unsigned last = slice.index();
-    issue();
-    retire(last);
+    issue(frag[0], cur);
+    if constexpr (kKTiles % 2 == 0) {
+      next = prepare(frag[1]);
+      retire(frag[0], cur);
+      issue(frag[1], next);
+      retire(frag[1], next);
+    } else {
+      retire(frag[0], cur);
+    }
   }
-  // x's fragments of one slice for one consumer warpgroup: per M atom and k-step (slab-major),
-  // wgmma's four A registers.
+  // x's fragments of one slice for one consumer warpgroup, split: per M atom and k-step
+  // (slab-major), wgmma's four A registers.
   using XFrag = unsigned[kMAtoms][kKAtoms * kKSteps][4];
-  template <int F>
-  __device__ __forceinline__ static void fence_fragments(unsigned (&f)[F][4]) {
+  struct SliceFrag {
+    XFrag big, small;
+  };
+  __device__ __forceinline__ static void fence_fragments(SliceFrag& f) {
 #pragma unroll
-    for (int i = 0; i < F; ++i)
+    for (int ma = 0; ma < kMAtoms; ++ma)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(f[i][r])::"memory");
+      for (int i = 0; i < kKAtoms * kKSteps; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          asm volatile("" : "+r"(f.big[ma][i][r]), "+r"(f.small[ma][i][r])::"memory");
   }
 
   // 3xTF32: W's part of each stage's split, by the producer warpgroup's last kSplitters
