@@ -601,11 +601,14 @@ struct WarpspecGemm {
   // CUDA cores: wgmma's own accumulation keeps fewer bits than an fp32 add, and with the whole
   // K summed in it 3xTF32 measured 24-90x strict fp32's error and failed its 2e-5 tolerance at
   // 512x256x4096 (H100); summed per 32-deep slice, 0.8-1.3x. One partial sum: while a slice's
-  // products run, the warpgroup already waits for the next stage and loads its x; only the
-  // add and x's split (register arithmetic) sit between two slices' products, and the other
+  // products run, the warpgroup already waits for the next stage, loads its x and splits it
+  // into the other fragment set; only the add sits between two slices' products, and the other
   // consumer warpgroup's products fill that gap (nothing couples the two warpgroups' slices).
-  // Nothing is in flight across the loop's back edge (ptxas serializes every wgmma when an
-  // accumulator is: warning C7514).
+  // Measured on H100 against splitting x after the wait (one fragment set): 0.497x against
+  // 0.505x the cuBLASLt SGEMM's time, 12 pairs; two partial sums of half the columns each, so
+  // that the tensor cores always hold queued work, were slower (narrower wgmma, spills):
+  // docs/performance.md, "x split in registers". Nothing is in flight across the loop's back
+  // edge (ptxas serializes every wgmma when an accumulator is: warning C7514).
   __device__ __forceinline__ static void split3_mainloop(const Ctx& c,
                                                          PipelineCounter<STAGES>& slice, int a_row0,
                                                          int ctid, Acc& acc) {
