@@ -9,6 +9,10 @@
 //                    one k-slice of wgmma in flight; a stage is released (every consumer warp
 //                    arrives on `empty`) as soon as the wgmma that read it have completed. Then
 //                    they run the BN epilogue on their accumulators.
+//   3xTF32 (tf32x3)  warps 2-3 of warpgroup 0 write W's small parts beside each landed stage and
+//                    arrive on the stage's third mbarrier, `split`; the consumers take x from
+//                    the stage into registers, split it there and issue wgmma with A from
+//                    registers (split3_mainloop, split_ring).
 //
 // Operands are K-major on both sides (x [M][K], W [N][K]: the nn.Linear layout), which is what
 // wgmma wants without transposes, including tf32. TMA zero-fills boxes past M, N and K, so the
@@ -81,9 +85,10 @@ struct WarpspecGemm {
   static_assert(Spec::MATH != kMathSimtFp32, "warpspec runs on tensor cores (tf32, fp16, bf16)");
   static_assert((Spec::MATH == kMathTf32 || Spec::MATH == kMathTf32x3) == (sizeof(T) == 4),
                 "warpspec: tf32 and tf32x3 iff T is float");
-  // 3xTF32: the consumers split each landed stage into big and small parts (W's small parts in
-  // shared memory, x in registers: split3_mainloop), issue three wgmma per k-step where tf32
-  // issues one, and add each slice's products to the tile's sums in fp32 themselves.
+  // 3xTF32: each operand is split into big and small parts (W's small parts in shared memory by
+  // the splitter warps, split_ring; x in registers by the consumers, split3_mainloop); the
+  // consumers issue three wgmma per k-step where tf32 issues one, and add each slice's products
+  // to the tile's sums in fp32 themselves.
   static constexpr bool kSplit3 = Spec::MATH == kMathTf32x3;
   // x and W come through TMA (16-byte aligned rows: the host's tensor maps check, and
   // KernelConfig::pad_operands copies rows that are not); VEC_BYTES is y's and saved's store
@@ -118,6 +123,11 @@ struct WarpspecGemm {
   static constexpr int kMAtoms = kWgM / 64;
   static_assert(kWgM % 64 == 0 && (kMAtoms == 1 || kMAtoms == 2),
                 "warpspec: each consumer owns 64 or 128 rows of a tile");
+  // A consumer thread holds the tile's sums, a slice's partial sum and two slices' x fragments:
+  // 64 + 64 + 2 x 32 registers at 64 rows, BN = 128 and BK = 32; more rows, columns or depth would
+  // not fit the 232 a consumer gets (KernelConfig::why_invalid says the same to the host).
+  static_assert(!kSplit3 || (kMAtoms == 1 && BN <= 128 && BK == 32),
+                "warpspec tf32x3: each consumer owns 64 rows, BN <= 128 and BK = 32");
   static_assert(BN == 64 || BN == 128 || BN == 192 || BN == 256,
                 "warpspec: BN in {64,128,192,256}");
   static_assert(BM <= 256, "warpspec: a TMA box has at most 256 rows");
@@ -359,10 +369,10 @@ struct WarpspecGemm {
           raster{((rows + BM - 1) / BM + CLUSTER - 1) / CLUSTER},
           full{shared_base + FJ_OFFSETOF(SharedStorage, bar.full)},
           empty{shared_base + FJ_OFFSETOF(SharedStorage, bar.empty)},
+          split{shared_base + split_barriers_offset()},
           coef_full{shared_base + FJ_OFFSETOF(SharedStorage, bar.coef_full)},
           coef_empty{shared_base + FJ_OFFSETOF(SharedStorage, bar.coef_empty)},
-          turn{shared_base + FJ_OFFSETOF(SharedStorage, bar.turn)},
-          split{shared_base + split_barriers_offset()} {}
+          turn{shared_base + FJ_OFFSETOF(SharedStorage, bar.turn)} {}
 
     __device__ __forceinline__ StageAddr stage(unsigned i) const {
       return {base + FJ_OFFSETOF(SharedStorage, ring) + i * static_cast<unsigned>(sizeof(Stage))};
@@ -373,7 +383,7 @@ struct WarpspecGemm {
     if constexpr (kSplit3)
       return FJ_OFFSETOF(SharedStorage, bar.split);
     else
-      return FJ_OFFSETOF(SharedStorage, bar.full);  // unused
+      return ~0u;  // no such barriers: an address no shared-memory access can use
   }
 
   struct TileCoord {
@@ -605,7 +615,8 @@ struct WarpspecGemm {
   // into the other fragment set; only the add sits between two slices' products, and the other
   // consumer warpgroup's products fill that gap (nothing couples the two warpgroups' slices).
   // Measured on H100 against splitting x after the wait (one fragment set): 0.497x against
-  // 0.505x the cuBLASLt SGEMM's time, 12 pairs; two partial sums of half the columns each, so
+  // 0.505x the cuBLASLt SGEMM's time over 12 pairs, within their spread (no loss, perhaps 1-2%
+  // gained); two partial sums of half the columns each, so
   // that the tensor cores always hold queued work, were slower (narrower wgmma, spills):
   // docs/performance.md, "x split in registers". Nothing is in flight across the loop's back
   // edge (ptxas serializes every wgmma when an accumulator is: warning C7514).
@@ -719,7 +730,7 @@ struct WarpspecGemm {
   // the product left out, is biased unless the other operand's split is rounded. Measured at
   // 1024x8192x8192 and 4096^3 (H200, both split in shared memory then): 1.45-1.53 ms against
   // 1.59-1.66 with both rounded; both truncated 1.36-1.46, but with every weight positive (all
-  // products of one sign) eval's error went from 2.8x strict fp32's to 5.7x (this split: 3.7x;
+  // products of one sign) eval's error went from 2.8x strict fp32's to 5.7x (this split: 3.4-3.7x;
   // docs/performance.md "3xTF32"). Each splitter fences its writes for the async proxy (wgmma
   // reads shared memory through it) and arrives on the stage's split barrier, which the
   // consumers wait on beside the full one. The consumers did this split themselves before,
@@ -744,6 +755,7 @@ struct WarpspecGemm {
   // Warps 2 and 3 of the producer warpgroup (warp 0 issues TMA, warp 1 is eval's coefficient
   // warp).
   static constexpr int kSplitters = 64;
+  static_assert(kSplitters <= 64, "warpspec: the splitters are warps 2-3 of warpgroup 0");
   // One thread's share of a slab (units first, first + STRIDE, ... of COUNT uint4): loads in
   // batches ahead of their splits and stores, so a batch pays the load latency once and its
   // splits run side by side (the compiler may not hoist a load above a store it cannot tell

@@ -1,6 +1,7 @@
 // Shared-memory transaction barriers (sm_90 mbarrier) as inline PTX. The warpspec pipeline uses
 // two per stage: `full` completes when the producer's TMA bytes have landed, `empty` when every
-// consumer warp has finished reading the stage. Waits go by phase parity: a barrier's phase
+// consumer warp has finished reading the stage (3xTF32 adds a third, `split`: W's small parts
+// written). Waits go by phase parity: a barrier's phase
 // flips each time its pending count reaches zero, and waiting on parity P returns once the phase
 // with parity P has completed (so waiting on the parity before the first phase returns at once).
 #pragma once
@@ -119,10 +120,6 @@ struct PipelineCounter {
   __device__ __forceinline__ unsigned index() const { return count % STAGES; }
   __device__ __forceinline__ unsigned phase() const { return (count / STAGES) & 1u; }
   __device__ __forceinline__ unsigned previous_index() const { return (count - 1) % STAGES; }
-  // The stage of the slice n before the next one (n = 1: previous_index()).
-  __device__ __forceinline__ unsigned index_before(unsigned n) const {
-    return (count - n) % STAGES;
-  }
   __device__ __forceinline__ void advance() { ++count; }
   __device__ __forceinline__ void skip(unsigned n) { count += n; }
 };

@@ -1,5 +1,6 @@
 // wgmma.mma_async, one function per (N, input type): D[64 x N] (+)= A[64 x K] * B[N x K]^T with
-// A and B in shared memory behind matrix descriptors and D as N/2 fp32 registers per thread.
+// A and B in shared memory behind matrix descriptors and D as N/2 fp32 registers per thread
+// (WgmmaRegA, at the end: tf32 with A from registers).
 // A and B are K-major unless TRANS_A / TRANS_B is 1 (M-major A, N-major B: the instruction's
 // imm-trans operands), which only 16-bit inputs have; tf32 is K-major only. PTX takes the
 // accumulators as individual operands, so every N needs its own operand list; this file spells them

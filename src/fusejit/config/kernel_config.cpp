@@ -199,9 +199,12 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
     if (bk * static_cast<int>(storage_bytes(p.dtype)) % 128 != 0)
       return "warpspec: bk must span whole 128-byte swizzle rows";
     if (cluster_m != 1 && cluster_m != 2) return "warpspec: cluster_m must be 1 or 2";
-    if (p.dtype == DType::tf32x3 && bn > 128)
-      return "warpspec tf32x3: bn must be at most 128 (a slice's partial sum beside the tile's "
-             "sums doubles the accumulator registers, and x's split fragments come on top)";
+    // A consumer holds the tile's sums, a slice's partial sum and two slices' x fragments:
+    // more rows, columns or depth than this spill (WarpspecGemm's static_assert).
+    if (p.dtype == DType::tf32x3 && (bn > 128 || bk != 32 || (pingpong ? bm : bm / warps_m) != 64))
+      return "warpspec tf32x3: each consumer warpgroup must own 64 rows (bm = 64 per consumer; "
+             "pingpong: bm = 64), with bn <= 128 and bk = 32 (its sums, a slice's partial sum "
+             "and two slices' split x fragments fill its registers)";
     if (tma_store) {
       if (pingpong) return "warpspec: tma_store and pingpong do not combine";
       if (storage_bytes(p.dtype) != 2) return "warpspec: tma_store needs 16-bit y (bf16, fp16)";
@@ -456,7 +459,8 @@ std::vector<KernelConfig> warpspec_tiles(const Problem& p) {
   if (p.dtype == DType::tf32x3) {
     // 3xTF32: every stage also holds W's small parts, so fewer stages fit; three wgmma per
     // k-step keep each stage busy three times as long. 128x128 with 4 stages measured the same
-    // as with 3 (H100, 1024x8192x8192 and 4096^3, both modes, within the 3% spread).
+    // as with 3 (H100, 1024x8192x8192 and 4096^3, both modes, within the spread between rounds,
+    // up to 8%).
     return {warpspec(128, 128, bk, 2, 3, true), warpspec(64, 128, bk, 1, 4, true),
             warpspec(128, 64, bk, 2, 4, true)};
   }
@@ -576,9 +580,10 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c, Ge
     case DType::tf32:
       per_sm = ws ? 2.9e12 : 1.6e12;
       break;
-    // Three tf32 products per step. Measured on H100 it is slower than that: 2.74 ms (warpspec)
-    // and 3.23 ms (tiled) at 1024x8192x8192 eval, 7.5x and 9x tf32's warpspec 0.36 ms. Only
-    // the variants' order matters here, and it holds (docs/performance.md, "3xTF32").
+    // Three tf32 products per step. Measured on H100 it is slower than that: 1.22-1.35 ms
+    // (warpspec) and 3.07 ms (tiled, H200) at 1024x8192x8192 eval, 3.4-3.7x and 8.5x tf32's
+    // warpspec 0.36 ms. Only the variants' order matters here, and it holds
+    // (docs/performance.md, "3xTF32").
     case DType::tf32x3:
       per_sm = (ws ? 2.9e12 : 1.6e12) / 3.0;
       break;
