@@ -616,10 +616,10 @@ struct WarpspecGemm {
   // consumer warpgroup's products fill that gap (nothing couples the two warpgroups' slices).
   // Measured on H100 against splitting x after the wait (one fragment set): 0.497x against
   // 0.505x the cuBLASLt SGEMM's time over 12 pairs, within their spread (no loss, perhaps 1-2%
-  // gained); two partial sums of half the columns each, so
-  // that the tensor cores always hold queued work, were slower (narrower wgmma, spills):
-  // docs/performance.md, "x split in registers". Nothing is in flight across the loop's back
-  // edge (ptxas serializes every wgmma when an accumulator is: warning C7514).
+  // gained). Two partial sums of half the columns each, so that the tensor cores always hold
+  // queued work, were slower (narrower wgmma, spills): docs/performance.md, "x split in
+  // registers". Nothing is in flight across the loop's back edge (ptxas serializes every wgmma
+  // when an accumulator is: warning C7514).
   __device__ __forceinline__ static void split3_mainloop(const Ctx& c,
                                                          PipelineCounter<STAGES>& slice, int a_row0,
                                                          int ctid, Acc& acc) {
