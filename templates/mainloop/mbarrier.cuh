@@ -1,9 +1,9 @@
 // Shared-memory transaction barriers (sm_90 mbarrier) as inline PTX. The warpspec pipeline uses
 // two per stage: `full` completes when the producer's TMA bytes have landed, `empty` when every
 // consumer warp has finished reading the stage (3xTF32 adds a third, `split`: W's small parts
-// written). Waits go by phase parity: a barrier's phase
-// flips each time its pending count reaches zero, and waiting on parity P returns once the phase
-// with parity P has completed (so waiting on the parity before the first phase returns at once).
+// written). Waits go by phase parity: a barrier's phase flips each time its pending count
+// reaches zero, and waiting on parity P returns once the phase with parity P has completed (so
+// waiting on the parity before the first phase returns at once).
 #pragma once
 
 namespace fj {
