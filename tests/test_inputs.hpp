@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <random>
+#include <string>
 
 #include "fusejit/plan.hpp"
 #include "fusejit/verify/verification.hpp"
@@ -30,6 +31,17 @@ inline void make_x_large_mean(CaseInputs& in) {
     for (std::int64_t k = 0; k < p.K; ++k)
       in.x.set(static_cast<std::size_t>(m * p.lda_x() + k),
                static_cast<float>(1000.0 + normal(rng)));
+}
+
+// The first `rows` rows of `in` (a case of at least that many) as the op computed them, `got`,
+// against the float64 reference of those rows by the sweep's rule; `why` says what failed.
+inline bool rows_pass_float64(const CaseInputs& in, const CaseOutputs& got, std::int64_t rows,
+                              std::string* why) {
+  CaseInputs sub = in;
+  sub.c.problem.M = rows;
+  const ReferenceOutputs ref = reference_forward(
+      reference_inputs(sub), reference_settings(sub.c.problem, in.num_batches_tracked));
+  return passes(compare(sub, got, ref), sweep_threshold(sub.c.problem.dtype), why);
 }
 
 }  // namespace fusejit::test

@@ -67,6 +67,14 @@ struct KernelConfig {
   // second mainloop; the results are recompute's bit for bit. Runs whose tiles do not fit take
   // recompute's three kernels (key suffix ".gs" after ".rc").
   bool grid_sync = false;
+  // warpspec, persistent, train with more rows than one tile (the two-pass class), cluster_m 1,
+  // not pingpong, not recompute, 16-byte aligned rows of y: BatchNorm's second pass inside the
+  // GEMM. The tiles are walked column panel by column panel (group_m then counts the column
+  // tiles of a group, walked across each row tile in turn), the CTA that finishes a panel merges
+  // its statistics, and the producer warpgroup's idle warps rewrite finished panels of y while
+  // later panels are still multiplied; a cooperative launch, no fj_finalize or fj_apply. y,
+  // saved and the statistics are the two-pass schedule's bit for bit (key suffix ".oa").
+  bool overlap_apply = false;
 
   int threads() const;
   // Dynamic shared memory bytes the GEMM kernel needs (stages and the epilogue's tile).
@@ -82,7 +90,7 @@ struct KernelConfig {
   // for split_k = 8 (nothing for 1, so keys from before split-K are unchanged); warpspec keys
   // put ".k8" after ".p<0|1>" and end in ".pp" for pingpong and ".ts" for tma_store; then
   // pad_operands appends ".pad",
-  // recompute ".rc", grid_sync ".gs", exact_m ".xm".
+  // recompute ".rc", grid_sync ".gs", overlap_apply ".oa", exact_m ".xm".
   std::string key() const;
   // Inverse of key(); throws InvalidArgument("config", ...).
   static KernelConfig parse(std::string_view key);

@@ -40,6 +40,9 @@ struct Params {
   // Workspace (warpspec, KernelConfig::pad_operands): W's N rows, then x's m rows, each of
   // Spec::KP elements, 128-byte aligned; written by fj_pad_operands, loaded by the GEMM's TMA.
   void* ws_padded;
+  // Workspace (train, KernelConfig::overlap_apply): the in-kernel apply's counters
+  // (kernels/overlap_apply.cuh, OverlapCounters), zeroed by the GEMM itself.
+  unsigned* ws_overlap;
   // Rows of this run: x is [m][ldx], y [m][ldy]. Kernels compiled for an exact M ignore it
   // (common/rows.cuh).
   int m;
@@ -50,6 +53,11 @@ struct Params {
   // (nothing runs after it); 0 when the run's tiles do not fit on the GPU at once and fj_gemm
   // only writes the partials, as recompute's first pass.
   int grid_sync;
+  // Train, KernelConfig::overlap_apply (Spec::OVERLAP_APPLY): 1 when the host launched fj_gemm
+  // cooperatively, so that it merges and applies each column panel itself (nothing runs after
+  // it); 0 when the driver refused that launch and fj_gemm runs as the two-pass GEMM, followed
+  // by fj_finalize and fj_apply.
+  int overlap;
 };
 
 }  // namespace fj

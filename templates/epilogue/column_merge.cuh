@@ -3,7 +3,8 @@
 // 32 columns, and a resident GEMM (Spec::GRID_SYNC) merges them in its own epilogue, one thread
 // per column, in the same order. Chan's merge is not associative in floating point, so the order
 // is part of the result; keeping it in one place is what makes the resident schedule's
-// statistics the recompute schedule's bit for bit.
+// statistics the recompute schedule's bit for bit. (kernels/overlap_apply.cuh's merge_strip runs
+// the same order with a lane per group; its test compares it with fj_finalize's bits.)
 #pragma once
 #include "common/column_stats.h"
 #include "common/params.h"

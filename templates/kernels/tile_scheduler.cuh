@@ -6,6 +6,21 @@
 
 namespace fj {
 
+// The walk both rasters share: consecutive indices take `group` steps along one dimension (of
+// `extent` tiles) before one step along the other (of `across` tiles), group after group; the
+// last group holds what is left. Returns {along, across}.
+struct GroupedWalk {
+  int along, across;
+};
+__device__ __forceinline__ GroupedWalk grouped_walk(int linear, int group, int extent, int across) {
+  const int per_group = group * across;
+  const int g = linear / per_group;
+  const int first = g * group;
+  const int in_group = min(extent - first, group);
+  const int i = linear - g * per_group;
+  return {first + i % in_group, i / in_group};
+}
+
 // The row tile count is the run's (M is a run-time value, common/rows.cuh); the host checks
 // that row tiles x COL_TILES fits int for the largest M a plan accepts (KernelConfig::why_invalid).
 template <int COL_TILES, int GROUP_M>
@@ -18,12 +33,28 @@ struct GroupedRaster {
   };
   __device__ __forceinline__ int tiles() const { return row_tiles * COL_TILES; }
   __device__ __forceinline__ Tile tile(int linear) const {
-    constexpr int kPerGroup = GROUP_M * COL_TILES;
-    const int group = linear / kPerGroup;
-    const int first_row = group * GROUP_M;
-    const int rows_in_group = min(row_tiles - first_row, GROUP_M);
-    const int in_group = linear % kPerGroup;
-    return {first_row + in_group % rows_in_group, in_group / rows_in_group};
+    const GroupedWalk w = grouped_walk(linear, GROUP_M, row_tiles, COL_TILES);
+    return {w.along, w.across};
+  }
+};
+
+// The transpose, for KernelConfig::overlap_apply (kernels/overlap_apply.cuh): consecutive indices
+// walk GROUP_N column tiles across one row tile, then the next row tile, so the column panels
+// (every row tile of one column tile) finish group by group, in order, and their BatchNorm apply
+// can start while later groups are still in the mainloop. A wave holds a few row tiles of x and
+// GROUP_N column tiles of W.
+template <int COL_TILES, int GROUP_N>
+struct PanelRaster {
+  static_assert(GROUP_N >= 1, "PanelRaster: GROUP_N must be positive");
+  int row_tiles;
+  struct Tile {
+    int row, col;
+  };
+  __device__ __forceinline__ int tiles() const { return row_tiles * COL_TILES; }
+  // GROUP_N x row tiles is at most the run's tiles, which fit int (KernelConfig::why_invalid).
+  __device__ __forceinline__ Tile tile(int linear) const {
+    const GroupedWalk w = grouped_walk(linear, GROUP_N, COL_TILES, row_tiles);
+    return {w.across, w.along};
   }
 };
 

@@ -56,6 +56,7 @@
 #include "common/types.cuh"
 #include "epilogue/bn_epilogue.cuh"
 #include "epilogue/fragment_bn_epilogue.cuh"
+#include "kernels/overlap_apply.cuh"
 #include "kernels/tile_scheduler.cuh"
 #include "mainloop/mbarrier.cuh"
 #include "mainloop/tma.cuh"
@@ -142,6 +143,17 @@ struct WarpspecGemm {
                 "warpspec: GRID_SYNC needs STATS_ONLY, CLUSTER_M = 1, no PINGPONG and the "
                 "fragment epilogue");
 
+  // Train, two-pass: the BatchNorm apply inside this kernel (kernels/overlap_apply.cuh): the
+  // producer warpgroup's warps 1-3 apply finished column panels, which the consumers merge.
+  static constexpr bool kOverlap = OverlapApply<Spec>::value;
+  static_assert(!kOverlap || (Spec::PERSISTENT && Spec::TRAIN && !Spec::SINGLE_PASS &&
+                              CLUSTER == 1 && !kPingpong && kFragment && !kSplit3 &&
+                              !StatsOnly<Spec>::value && !GridSync<Spec>::value),
+                "warpspec: OVERLAP_APPLY needs PERSISTENT two-pass train, CLUSTER_M = 1, no "
+                "PINGPONG, the fragment epilogue, no tf32x3 (its splitters are warps 2-3), no "
+                "STATS_ONLY or GRID_SYNC");
+  using Overlap = OverlapApplyOps<Spec>;
+
   static constexpr int kASlab = BM * 128;  // bytes of one K slab of the x tile
   static constexpr int kBSlab = BN * 128;
   static constexpr int kKTiles = (Spec::K + BK - 1) / BK;
@@ -152,7 +164,9 @@ struct WarpspecGemm {
   // Over cluster rows (ceil(row_tiles / CLUSTER)): the run's M sets their count. The host
   // checks that twice the cluster tiles fit int for the largest M (KernelConfig::why_invalid),
   // so the grid and the tile loops' last `ct += tile_stride` stay in range.
-  using Raster = GroupedRaster<kColTiles, kGroupM>;
+  // overlap_apply: GROUP_M counts column tiles per group of the transposed raster.
+  using Raster = typename Select<kOverlap, PanelRaster<kColTiles, Spec::GROUP_M>,
+                                 GroupedRaster<kColTiles, kGroupM>>::type;
 
   // Team g's fragment epilogue (pingpong: one per consumer warpgroup, on their own barriers).
   template <int G>
@@ -242,9 +256,17 @@ struct WarpspecGemm {
     alignas(kScratchAlign) Scratch scratch;
     alignas(16) float coef[2][2][BN];
   };
-  using SharedStorage =
-      typename Select<kAliasRing, AliasedStorage,
-                      typename Select<kCoefWarp, OwnStorageCoef, OwnStorage>::type>::type;
+  // overlap_apply (train: no coefficient buffers): the in-kernel apply's barrier and claims.
+  struct OwnStorageOverlap {
+    Stage ring[STAGES];
+    Barriers bar;
+    alignas(kScratchAlign) Scratch scratch;
+    typename Overlap::Shared overlap;
+  };
+  using SharedStorage = typename Select<
+      kAliasRing, AliasedStorage,
+      typename Select<kCoefWarp, OwnStorageCoef,
+                      typename Select<kOverlap, OwnStorageOverlap, OwnStorage>::type>::type>::type;
   static constexpr unsigned kAlign = alignof(SharedStorage);
   static_assert(kAlign == 1024, "warpspec: the ring sets the storage's alignment");
   // The dynamic shared memory base is only 16-byte aligned for sure: run() rounds it up to
@@ -260,8 +282,11 @@ struct WarpspecGemm {
 
   // Registers per thread after the split (setmaxnreg, with two consumer warpgroups only: with
   // one, the launch cap of 255 already leaves the consumers all they need).
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  // overlap_apply: the apply warps hold a 16-byte column unit's coefficients and a row, and the
+  // queue's bookkeeping, which do not fit 40 registers (ptxas spilled 140 bytes); the consumers
+  // fit 224 without spills at 128x256, and 128 x 56 + 256 x 224 is the same 64512 registers.
+  static constexpr int kProducerRegs = kOverlap ? 56 : 40;
+  static constexpr int kConsumerRegs = kOverlap ? 224 : 232;
 
   // Cluster tiles of a run of m rows.
   __host__ __device__ static constexpr int cluster_tiles(int m) {
@@ -294,6 +319,10 @@ struct WarpspecGemm {
         c.empty[i].init(4 * kTeam * CLUSTER);
         if constexpr (kSplit3) c.split[i].init(kSplitters);
       }
+      if constexpr (kOverlap) {
+        c.overlap_ready.init(1);
+        c.s.overlap.stored = 0u;
+      }
       for (int b = 0; b < 2; ++b) {
         c.coef_full[b].init(32);            // every lane of the coefficient warp
         c.coef_empty[b].init(128 * kTeam);  // every thread of the team that used it
@@ -317,9 +346,26 @@ struct WarpspecGemm {
       } else if (threadIdx.x >= 128 - kSplitters) {
         if constexpr (kSplit3) split_ring(c, threadIdx.x - (128 - kSplitters));
       }
+      if constexpr (kOverlap) {
+        if (p.overlap && threadIdx.x >= 32) {
+          if (threadIdx.x == 32) Overlap::begin(p, c.overlap_ready);
+          const int first = first_tile(), stride = tile_stride(c);
+          const int own =
+              first < c.cluster_tiles ? (c.cluster_tiles - first + stride - 1) / stride : 0;
+          Overlap::template apply_warps<96, kApplyWarpsBar, 1, NT / 32>(
+              p, c.s.overlap, [&](int k) { return coord(c, first + k * stride).n0 / BN; }, own,
+              threadIdx.x - 32);
+        }
+      }
     } else {
       if constexpr (CONSUMERS == 2) regs_acquire<kConsumerRegs>();
       consume(p, c, threadIdx.x - 128, ty);
+      // With no tile left, the consumers help with the last panels' apply.
+      if constexpr (kOverlap) {
+        if (p.overlap)
+          Overlap::template apply_tail<NT, kApplyTailBar, 8>(p, c.s.overlap, c.overlap_ready,
+                                                             threadIdx.x - 128);
+      }
     }
     // No CTA of a cluster may leave while its peer can still arrive on its barriers.
     if constexpr (CLUSTER > 1) cluster_sync();
@@ -355,8 +401,9 @@ struct WarpspecGemm {
     unsigned rank;
     MbarrierArray<STAGES> full, empty, split;  // split: 3xTF32 only
     MbarrierArray<2> coef_full, coef_empty, turn;
-    int m;              // the run's rows
-    int cluster_tiles;  // the tiles every role walks, as cluster tiles
+    Mbarrier overlap_ready;  // overlap_apply only
+    int m;                   // the run's rows
+    int cluster_tiles;       // the tiles every role walks, as cluster tiles
     Raster raster;
 
     __device__ __forceinline__ Ctx(SharedStorage& storage, unsigned shared_base, unsigned cta_rank,
@@ -372,7 +419,8 @@ struct WarpspecGemm {
           split{shared_base + split_barriers_offset()},
           coef_full{shared_base + FJ_OFFSETOF(SharedStorage, bar.coef_full)},
           coef_empty{shared_base + FJ_OFFSETOF(SharedStorage, bar.coef_empty)},
-          turn{shared_base + FJ_OFFSETOF(SharedStorage, bar.turn)} {}
+          turn{shared_base + FJ_OFFSETOF(SharedStorage, bar.turn)},
+          overlap_ready{shared_base + overlap_ready_offset()} {}
 
     __device__ __forceinline__ StageAddr stage(unsigned i) const {
       return {base + FJ_OFFSETOF(SharedStorage, ring) + i * static_cast<unsigned>(sizeof(Stage))};
@@ -385,6 +433,15 @@ struct WarpspecGemm {
     else
       return ~0u;  // no such barriers: an address no shared-memory access can use
   }
+
+  __host__ __device__ static constexpr unsigned overlap_ready_offset() {
+    if constexpr (kOverlap)
+      return FJ_OFFSETOF(SharedStorage, overlap.ready);
+    else
+      return ~0u;  // no such barrier
+  }
+  // Named barriers of the in-kernel apply (the fragment epilogue uses 1 to 3).
+  static constexpr int kApplyWarpsBar = 9, kApplyTailBar = 10;
 
   struct TileCoord {
     int row, m0, n0;
@@ -554,11 +611,18 @@ struct WarpspecGemm {
           c.coef_full[slot.buf].wait(slot.use & 1);
           coef = &c.s.coef[slot.buf][0][0];
         }
+        // overlap_apply with TMA stores: the previous tile is counted now, its stores long done.
+        if constexpr (kOverlap && kTmaStore) {
+          if (p.overlap && runs > 0) Overlap::template tile_stored<true>(c.s.overlap, etid);
+        }
         if (kPingpong && group == 1) {
           FragEpiOf<kPingpong ? 1 : 0>::run(p, acc, c.s.scratch.team[kPingpong ? 1 : 0], t.m0, t.n0,
                                             t.row, etid, coef);
         } else {
           FragEpi::run(p, acc, c.s.scratch.team[0], t.m0, t.n0, t.row, etid, coef, ty);
+        }
+        if constexpr (kOverlap && !kTmaStore) {
+          if (p.overlap) Overlap::template tile_stored<false>(c.s.overlap, etid);
         }
         if constexpr (kCoefWarp) {
           // Every reader arrives itself (rather than one lane per warp after __syncwarp): each
@@ -572,6 +636,9 @@ struct WarpspecGemm {
       }
     }
     if constexpr (kFragment) FragEpi::drain(etid);
+    if constexpr (kOverlap && kTmaStore) {
+      if (p.overlap && runs > 0) Overlap::template tile_stored<true>(c.s.overlap, etid);
+    }
     // Single-pass train with a fixed momentum: nobody reads num_batches_tracked, so one thread
     // bumps it here (cumulative mode launches bump_batches after the GEMM instead).
     // Recompute's affine pass likewise: it runs after fj_finalize, the counter's last reader. A

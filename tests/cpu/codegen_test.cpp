@@ -311,3 +311,36 @@ TEST_CASE("grid_sync: recompute's kernel set, its fj_gemm alone names GRID_SYNC,
   CHECK(generate(p, rc).text.find("GRID_SYNC") == std::string::npos);
   CHECK(compile(src, "sm_90a").binary.size() > 0);
 }
+
+TEST_CASE("overlap_apply: fj_gemm alone, the two-pass passes kept for a refused launch, compiles") {
+  Problem p = problem();
+  p.mode = Mode::train;
+  p.M = 4096;
+  for (const char* key :
+       {"warpspec.128x256x64.c2.s4.g4.cl1.p1.ts.oa", "warpspec.128x128x64.c2.s5.g2.cl1.p1.oa.xm"}) {
+    CAPTURE(key);
+    const KernelConfig oa = KernelConfig::parse(key);
+    KernelConfig two = oa;
+    two.overlap_apply = false;
+    // Every run: the GEMM alone, which merges, applies and bumps (no fj_bump with momentum=None).
+    for (const std::int64_t rows : {std::int64_t{100}, std::int64_t{1000}, p.M}) {
+      CAPTURE(rows);
+      CHECK(schedule(p, oa, rows).kernels == std::vector<std::string>{"fj_gemm"});
+      CHECK(schedule_flags(p, oa, rows).overlap);
+      CHECK(!schedule_flags(p, two, rows).overlap);
+    }
+    Problem cumulative = p;
+    cumulative.momentum.reset();
+    CHECK(schedule(cumulative, oa, p.M).kernels == std::vector<std::string>{"fj_gemm"});
+    // The set keeps what the fallback launches (launch.cpp): fj_finalize and fj_apply.
+    const std::vector<std::string> set = kernel_set(p, oa);
+    for (const char* k : {"fj_gemm", "fj_finalize", "fj_apply"})
+      CHECK(std::find(set.begin(), set.end(), k) != set.end());
+    // Only overlap_apply sets name OVERLAP_APPLY; the kernel static_asserts that the host's
+    // shared-memory count (its 32 bytes included) is its layout's, so compiling checks both.
+    const KernelSource src = generate(p, oa);
+    CHECK(src.text.find("static constexpr bool OVERLAP_APPLY = true;") != std::string::npos);
+    CHECK(generate(p, two).text.find("OVERLAP_APPLY") == std::string::npos);
+    CHECK(compile(src, "sm_90a").binary.size() > 0);
+  }
+}

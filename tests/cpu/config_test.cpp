@@ -459,3 +459,34 @@ TEST_CASE("pad_operands: warpspec on rows TMA cannot load, after a copy into ali
   CHECK(padded_row_elements(problem(DType::tf32, Mode::eval, 1, 1, 131)) == 160);
   CHECK(padded_row_elements(problem(DType::fp16, Mode::eval, 1, 1, 64)) == 64);
 }
+
+TEST_CASE(
+    "overlap_apply: persistent warpspec two-pass train only, key suffix .oa, not a candidate") {
+  const Device h100 = Device::for_arch("sm_90a");
+  const Problem train = problem(DType::bf16, Mode::train, 4096, 4096, 4096);
+  const KernelConfig oa = KernelConfig::parse("warpspec.128x256x64.c2.s4.g4.cl1.p1.ts.oa.xm");
+  CHECK((oa.overlap_apply && oa.exact_m && oa.tma_store && !oa.recompute));
+  CHECK(oa.key() == "warpspec.128x256x64.c2.s4.g4.cl1.p1.ts.oa.xm");
+  CHECK(oa.valid_for(train, h100));
+  CHECK_THROWS_AS(KernelConfig::parse("warpspec.128x256x64.c2.s4.g4.cl1.p1.oa.gs"),
+                  InvalidArgument);
+  auto refused = [&](const Problem& p, const char* key, const char* why) {
+    CAPTURE(key);
+    const std::string got = KernelConfig::parse(key).why_invalid(p, h100);
+    CHECK_MESSAGE(got.find(why) != std::string::npos, got);
+  };
+  refused(train, "warpspec.128x256x64.c2.s4.g4.cl1.p0.oa", "persistent");
+  refused(train, "tiled.128x128x32.w2x4.s3.g8.oa", "warpspec");
+  refused(train, "warpspec.128x256x64.c2.s4.g4.cl2.p1.oa", "cluster");
+  refused(train, "warpspec.128x128x64.c2.s5.g8.cl1.p1.pp.oa", "pingpong");
+  refused(train, "warpspec.128x256x64.c2.s4.g4.cl1.p1.rc.oa", "recompute");
+  refused(problem(DType::bf16, Mode::eval, 4096, 4096, 4096),
+          "warpspec.128x256x64.c2.s4.g4.cl1.p1.oa", "train mode");
+  refused(problem(DType::bf16, Mode::train, 128, 4096, 4096),
+          "warpspec.128x256x64.c2.s4.g4.cl1.p1.oa", "more rows than one tile");
+  refused(problem(DType::tf32x3, Mode::train, 4096, 4096, 4096),
+          "warpspec.128x128x32.c2.s3.g4.cl1.p1.oa", "tf32x3");
+  // Measured slower than the two-pass schedule on H100 (docs/performance.md): not a candidate.
+  for (const Problem& p : {train, problem(DType::bf16, Mode::train, 16384, 4096, 4096)})
+    for (const KernelConfig& c : candidate_configs(p, h100)) CHECK(!c.overlap_apply);
+}

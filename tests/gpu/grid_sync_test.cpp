@@ -79,15 +79,8 @@ Outcome run_rows(const Plan& plan, const CaseInputs& in, std::int64_t rows, bool
 
 // y (and saved) against float64 by the sweep's rule, for `rows` rows of the case.
 void check_against_float64(const CaseInputs& in, const CaseOutputs& got, std::int64_t rows) {
-  SweepCase c = in.c;
-  c.problem.M = rows;
-  CaseInputs sub = in;
-  sub.c = c;
-  const ReferenceOutputs ref = reference_forward(
-      reference_inputs(sub), reference_settings(c.problem, in.num_batches_tracked));
-  const CaseErrors e = compare(sub, got, ref);
   std::string why;
-  CHECK_MESSAGE(passes(e, sweep_threshold(c.problem.dtype), &why), why);
+  CHECK_MESSAGE(fusejit::test::rows_pass_float64(in, got, rows, &why), why);
 }
 
 // All of `in` through `gs` and through its recompute twin: the resident run leaves the

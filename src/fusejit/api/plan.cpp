@@ -95,12 +95,12 @@ std::string recipe_key(const Problem& p, const PlanOptions& o, CUcontext ctx) {
     // static_assert makes a new field fail to compile until it is listed (a bool that fits the
     // padding does not change the size: grid_sync did not; check the list by hand too).
     const KernelConfig& c = *o.config;
-    static_assert(sizeof(KernelConfig) == 48,
+    static_assert(sizeof(KernelConfig) == 52,
                   "KernelConfig changed: list every field in recipe_key, then update the size");
-    for (const int v :
-         {static_cast<int>(c.variant), c.bm, c.bn, c.bk, c.warps_m, c.warps_n, c.stages, c.group_m,
-          c.cluster_m, int(c.persistent), int(c.pingpong), int(c.tma_store), c.split_k,
-          int(c.exact_m), int(c.recompute), int(c.pad_operands), int(c.grid_sync)})
+    for (const int v : {static_cast<int>(c.variant), c.bm, c.bn, c.bk, c.warps_m, c.warps_n,
+                        c.stages, c.group_m, c.cluster_m, int(c.persistent), int(c.pingpong),
+                        int(c.tma_store), c.split_k, int(c.exact_m), int(c.recompute),
+                        int(c.pad_operands), int(c.grid_sync), int(c.overlap_apply)})
       append_bytes(key, v);
   }
   key += o.cache_dir;

@@ -65,6 +65,11 @@ KernelSchedule schedule_flags(const Problem& p, const KernelConfig& c, std::int6
   // momentum=None: every reader of num_batches_tracked must finish before it is bumped, which
   // the GEMM's (single-pass) or fj_apply_fold's own increment cannot promise.
   s.bump = (s.single_pass || s.fold_finalize) && !p.momentum;
+  if (c.overlap_apply && !s.single_pass) {
+    // The GEMM merges, applies and bumps (its last panel's merge is the counter's last reader).
+    s.overlap = true;
+    s.fold_finalize = s.finalize = s.apply = s.bump = false;
+  }
   return s;
 }
 
@@ -86,7 +91,10 @@ KernelSchedule schedule(const Problem& p, const KernelConfig& c, std::int64_t ro
 std::vector<std::string> kernel_set(const Problem& p, const KernelConfig& c) {
   const bool synced = p.stat_ranks > 0;
   // A recompute set runs the same kernels whatever the rows (it never folds the finalize).
-  if (!synced && (c.exact_m || c.recompute || p.mode != Mode::train || single_pass_class(p, c)))
+  // overlap_apply keeps the two-pass passes: a run whose cooperative launch the driver refuses
+  // falls back to them (launch.cpp).
+  if (!synced && ((c.exact_m && !c.overlap_apply) || c.recompute || p.mode != Mode::train ||
+                  single_pass_class(p, c)))
     return schedule(p, c).kernels;
   // Two-pass over any rows: the GEMM (and split-K's reduce) as schedule_flags decides, then every
   // pass a run may pick. Unsynchronized: both apply paths, the finalize and (cumulative) the
@@ -167,6 +175,8 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   if (c.recompute) t += "  static constexpr bool STATS_ONLY = true;\n";
   // And only grid_sync sets name GRID_SYNC: their fj_gemm may finish a run alone.
   if (c.grid_sync) t += "  static constexpr bool GRID_SYNC = true;\n";
+  // And only overlap_apply sets name OVERLAP_APPLY: their fj_gemm applies y itself.
+  if (c.overlap_apply) t += "  static constexpr bool OVERLAP_APPLY = true;\n";
   // Only padded sets name KP, the padded rows' length in elements (LDX and LDW stay the
   // caller's: the copy kernel reads them; the GEMM's tensor maps carry KP).
   if (c.pad_operands) t += fmt::format("  static constexpr int KP = {};\n", padded_row_elements(p));

@@ -40,6 +40,10 @@ struct KernelSchedule {
   // config/candidates.hpp): fj_gemm goes out alone as a cooperative launch and finishes the
   // run; no fj_finalize, no fj_gemm_affine.
   bool grid_sync = false;
+  // KernelConfig::overlap_apply, two-pass class: fj_gemm goes out alone as a cooperative launch,
+  // merges and applies each column panel itself and bumps num_batches_tracked; no fj_finalize,
+  // fj_apply or fj_bump (the set keeps fj_finalize and fj_apply for a refused launch).
+  bool overlap = false;
   // Synchronized statistics (Problem::stat_ranks > 0): fj_rank_stats, the all-gather and
   // fj_rank_finalize stand where fj_finalize stands; a run of no rows (an empty rank) launches
   // no GEMM (`gemm` false) and no apply, only the exchange and fj_bump.

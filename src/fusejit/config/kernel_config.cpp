@@ -143,9 +143,11 @@ int KernelConfig::smem_bytes(const Problem& p) const {
     const int epilogue = pingpong ? 2 * ((4 * bn + 2 * bn) * 4 + staging)
                                   : (4 * warps_m * bn + 2 * bn) * 4 + staging;
     const int coef = p.mode == Mode::eval ? 16 * bn : 0;
+    // overlap_apply: OverlapApplyOps::Shared (its barrier and claims) after the epilogue's.
+    const int overlap = overlap_apply ? 32 : 0;
     const int align = tma_store ? 1024 : 16;
     const int epi_offset = (ring + bars + align - 1) / align * align;
-    const int storage = epi_offset + up16(epilogue) + coef;
+    const int storage = epi_offset + up16(epilogue) + coef + overlap;
     return (storage + 1023) / 1024 * 1024 + 1024;
   }
   // Tiled: the larger of the cp.async ring and the epilogue's fp32 tile + scratch (they alias).
@@ -263,6 +265,22 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
     if (cluster_m != 1) return "grid_sync: not with clusters (cluster_m must be 1)";
     if (pingpong) return "grid_sync: not with pingpong (one tile per CTA)";
   }
+  if (overlap_apply) {
+    if (variant != Variant::warpspec || !persistent)
+      return "overlap_apply: warpspec with persistent CTAs only";
+    if (p.mode != Mode::train || single_pass_class(p, *this) || p.stat_ranks > 0)
+      return fmt::format(
+          "overlap_apply: train mode with more rows than one tile (M = {}, bm = {}) and no "
+          "synchronized statistics: it runs the two-pass schedule's second pass in the GEMM",
+          p.M, bm);
+    if (recompute || grid_sync) return "overlap_apply: not with recompute or grid_sync";
+    if (cluster_m != 1) return "overlap_apply: not with clusters (cluster_m must be 1)";
+    if (pingpong) return "overlap_apply: not with pingpong";
+    if (p.dtype == DType::tf32x3)
+      return "overlap_apply: not with tf32x3 (its W splitters are the warps that apply)";
+    if (p.effective_alignment() < 16)
+      return "overlap_apply: y's rows must be 16-byte aligned (the apply moves 16-byte units)";
+  }
   if (const std::int64_t kt = k_tiles(p, bk); split_k > kt)
     return fmt::format(
         "split_k {} exceeds the {} k tiles of K = {} (BK = {}): a split would be empty", split_k,
@@ -286,8 +304,8 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
 
 std::string KernelConfig::key() const {
   const std::string tail =
-      fmt::format("{}{}{}{}", pad_operands ? ".pad" : "", recompute ? ".rc" : "",
-                  grid_sync ? ".gs" : "", exact_m ? ".xm" : "");
+      fmt::format("{}{}{}{}{}", pad_operands ? ".pad" : "", recompute ? ".rc" : "",
+                  grid_sync ? ".gs" : "", overlap_apply ? ".oa" : "", exact_m ? ".xm" : "");
   if (variant == Variant::tiled)
     return fmt::format("tiled.{}x{}x{}.w{}x{}.s{}.g{}{}{}", bm, bn, bk, warps_m, warps_n, stages,
                        group_m, split_k != 1 ? fmt::format(".k{}", split_k) : "", tail);
@@ -331,6 +349,8 @@ KernelConfig KernelConfig::parse(std::string_view whole) {
   std::string_view key = whole;
   c.exact_m = key.ends_with(".xm");
   if (c.exact_m) key.remove_suffix(3);
+  c.overlap_apply = key.ends_with(".oa");
+  if (c.overlap_apply) key.remove_suffix(3);
   c.grid_sync = key.ends_with(".gs");
   if (c.grid_sync) key.remove_suffix(3);
   c.recompute = key.ends_with(".rc");
@@ -705,6 +725,7 @@ std::vector<KernelConfig> candidate_configs(const Problem& p, const Device& d) {
 KernelConfig synchronized_stats_config(KernelConfig c) {
   c.recompute = false;
   c.grid_sync = false;
+  c.overlap_apply = false;
   c.exact_m = false;
   return c;
 }

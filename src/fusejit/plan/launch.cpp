@@ -13,6 +13,16 @@
 
 namespace fusejit {
 
+namespace {
+
+// fj_apply's grid for a run of `rows` rows: the module's blocks per slab of kApplyBlockRows rows.
+unsigned apply_grid(const PlanCore& c, std::int64_t rows) {
+  return c.apply_shape.grid_x *
+         static_cast<unsigned>((rows + fj::kApplyBlockRows - 1) / fj::kApplyBlockRows);
+}
+
+}  // namespace
+
 RunShape run_shape(const PlanCore& c, std::int64_t rows, const WorkspaceLayout& workspace) {
   RunShape r;
   r.rows = static_cast<int>(rows);
@@ -41,6 +51,7 @@ RunShape run_shape(const PlanCore& c, std::int64_t rows, const WorkspaceLayout& 
   r.bump = s.bump;
   r.affine = s.affine;
   r.grid_sync = s.grid_sync;
+  r.overlap = s.overlap;
   if (s.pad) {
     // One thread per 16-byte unit of W's and x's padded rows, in at most 8 blocks per SM (the
     // kernel's grid-stride loop takes the rest).
@@ -52,9 +63,7 @@ RunShape run_shape(const PlanCore& c, std::int64_t rows, const WorkspaceLayout& 
   }
   if (s.apply) {
     r.apply = s.fold_finalize ? c.apply_fold : c.apply;
-    const auto slabs =
-        static_cast<unsigned>((rows + fj::kApplyBlockRows - 1) / fj::kApplyBlockRows);
-    r.apply_grid = c.apply_shape.grid_x * slabs;
+    r.apply_grid = apply_grid(c, rows);
   }
   return r;
 }
@@ -179,6 +188,9 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   prm.eps = static_cast<float>(c.problem.eps);
   prm.momentum = static_cast<float>(c.problem.momentum.value_or(0.0));
   prm.grid_sync = shape.grid_sync ? 1 : 0;
+  prm.ws_overlap =
+      shape.overlap ? reinterpret_cast<unsigned*>(ws + shape.workspace.overlap_offset) : nullptr;
+  prm.overlap = shape.overlap ? 1 : 0;
   void* args[] = {&prm};
   const auto threads = static_cast<unsigned>(c.config.threads());
   // Test-only (util/fault.hpp): the first launch failing, so nothing of this run is enqueued.
@@ -204,7 +216,20 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
     if (r != CUDA_SUCCESS) check(r, fmt::format("cuLaunchKernel({})", name).c_str());
   };
   bool finalize = shape.finalize, affine = shape.affine;
-  if (shape.grid_sync) {
+  CUfunction apply = shape.apply;
+  unsigned apply_blocks = shape.apply_grid;
+  if (shape.overlap) {
+    if (!launch_warpspec(c, shape, stream, prm, gemm_tensors, cache, c.gemm, c.smem_bytes,
+                         "fj_gemm", true)) {
+      // Refused as too large for the device as it is now (a persistent grid of one CTA per SM
+      // fits an idle H100): the two-pass schedule's passes, which give the same bits.
+      prm.overlap = 0;
+      gemm(c.gemm, c.smem_bytes, "fj_gemm");
+      finalize = true;
+      apply = c.apply;
+      apply_blocks = apply_grid(c, shape.rows);
+    }
+  } else if (shape.grid_sync) {
     if (!launch_warpspec(c, shape, stream, prm, gemm_tensors, cache, c.gemm, c.smem_bytes,
                          "fj_gemm", true)) {
       // The driver says the device cannot hold the grid at once, though the plan's occupancy
@@ -256,8 +281,7 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   // An ordinary launch: the GEMM's CTAs must not take SMs while waiting for the finalize, and
   // in stream order it is the counter's last reader's successor (it bumps it).
   if (affine) gemm(c.gemm_affine, c.gemm_affine_smem_bytes, "fj_gemm_affine");
-  if (shape.apply)
-    dependent(shape.apply, shape.apply_grid, c.apply_shape.threads, "cuLaunchKernelEx(fj_apply)");
+  if (apply) dependent(apply, apply_blocks, c.apply_shape.threads, "cuLaunchKernelEx(fj_apply)");
   if (shape.bump) dependent(c.bump, 1, 1, "cuLaunchKernelEx(fj_bump)");
 }
 

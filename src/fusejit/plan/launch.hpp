@@ -48,6 +48,8 @@ struct RunShape {
   // KernelSchedule::grid_sync (the run's tiles within PlanCore::resident_tiles): fj_gemm goes out
   // alone as a cooperative launch (no finalize, no affine pass).
   bool grid_sync = false;
+  // KernelSchedule::overlap: fj_gemm goes out alone as a cooperative launch and applies y itself.
+  bool overlap = false;
   WorkspaceLayout workspace;  // the plan's: sized for its M, of which a run uses a prefix
 };
 // `rows` must lie within what `workspace` was laid out for (Plan::run checks).

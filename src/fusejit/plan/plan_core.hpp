@@ -34,6 +34,8 @@ struct WorkspaceLayout {
   // KernelConfig::pad_operands: W's N rows then x's M rows of padded_row_elements() elements
   // (Params::ws_padded; x's copy starts at padded_x_offset, the GEMM's tensor map of x).
   std::size_t padded_offset = 0, padded_bytes = 0, padded_x_offset = 0;
+  // KernelConfig::overlap_apply: the in-kernel apply's counters (Params::ws_overlap).
+  std::size_t overlap_offset = 0, overlap_bytes = 0;
   std::size_t total = 0;
 };
 // For runs of up to p.M rows (a run of fewer rows uses a prefix of each region's layout).
