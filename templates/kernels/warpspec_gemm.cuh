@@ -13,6 +13,9 @@
 //                    arrive on the stage's third mbarrier, `split`; the consumers take x from
 //                    the stage into registers, split it there and issue wgmma with A from
 //                    registers (split3_mainloop, split_ring).
+//   overlap_apply    warps 1-3 of warpgroup 0 count the CTA's stored tiles and run the grid-wide
+//   (OVERLAP_APPLY)  queue of BatchNorm merge strips and apply units; the consumers join it
+//                    after their last tile (kernels/overlap_apply.cuh).
 //
 // Operands are K-major on both sides (x [M][K], W [N][K]: the nn.Linear layout), which is what
 // wgmma wants without transposes, including tf32. TMA zero-fills boxes past M, N and K, so the
