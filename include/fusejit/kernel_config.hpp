@@ -68,12 +68,14 @@ struct KernelConfig {
   // recompute's three kernels (key suffix ".gs" after ".rc").
   bool grid_sync = false;
   // warpspec, persistent, train with more rows than one tile (the two-pass class), cluster_m 1,
-  // not pingpong, not recompute, 16-byte aligned rows of y: BatchNorm's second pass inside the
-  // GEMM. The tiles are walked column panel by column panel (group_m then counts the column
-  // tiles of a group, walked across each row tile in turn), the CTA that finishes a panel merges
-  // its statistics, and the producer warpgroup's idle warps rewrite finished panels of y while
-  // later panels are still multiplied; a cooperative launch, no fj_finalize or fj_apply. y,
-  // saved and the statistics are the two-pass schedule's bit for bit (key suffix ".oa").
+  // not pingpong, not recompute, not tf32x3, no synchronized statistics, 16-byte aligned rows of
+  // y: BatchNorm's second pass inside the GEMM. The tiles are walked column panel by column
+  // panel (group_m then counts the column tiles of a group, walked across each row tile in turn),
+  // and the producer warpgroup's idle warps merge finished panels' statistics and rewrite their
+  // y while later panels are still multiplied (the consumers join after their last tile); a
+  // cooperative launch, no fj_finalize or fj_apply unless the driver refuses it (then the
+  // two-pass passes run). y, saved and the statistics are the two-pass schedule's bit for bit
+  // (key suffix ".oa"). Opt-in: measured slower than two-pass (docs/performance.md).
   bool overlap_apply = false;
 
   int threads() const;

@@ -51,9 +51,11 @@ struct PanelRaster {
     int row, col;
   };
   __device__ __forceinline__ int tiles() const { return row_tiles * COL_TILES; }
-  // GROUP_N x row tiles is at most the run's tiles, which fit int (KernelConfig::why_invalid).
+  // Groups wider than the layer are the layer: the group times row tiles is then at most the
+  // run's tiles, which fit int (KernelConfig::why_invalid), whatever group_m a key forces.
+  static constexpr int kGroup = GROUP_N < COL_TILES ? GROUP_N : COL_TILES;
   __device__ __forceinline__ Tile tile(int linear) const {
-    const GroupedWalk w = grouped_walk(linear, GROUP_N, COL_TILES, row_tiles);
+    const GroupedWalk w = grouped_walk(linear, kGroup, COL_TILES, row_tiles);
     return {w.across, w.along};
   }
 };

@@ -147,7 +147,8 @@ struct WarpspecGemm {
                 "fragment epilogue");
 
   // Train, two-pass: the BatchNorm apply inside this kernel (kernels/overlap_apply.cuh): the
-  // producer warpgroup's warps 1-3 apply finished column panels, which the consumers merge.
+  // producer warpgroup's warps 1-3 merge and apply finished column panels; the consumers count
+  // their stored tiles and join the queue after their last tile.
   static constexpr bool kOverlap = OverlapApply<Spec>::value;
   static_assert(!kOverlap || (Spec::PERSISTENT && Spec::TRAIN && !Spec::SINGLE_PASS &&
                               CLUSTER == 1 && !kPingpong && kFragment && !kSplit3 &&

@@ -208,15 +208,25 @@ TEST_CASE("overlap_apply: a captured run replays, counting every batch once") {
   const CaseInputs in = make_case_inputs(c);
   constexpr int kReplays = 3;
   std::vector<CaseOutputs> outs;
+  bool replayed_in_kernel = false;  // the last replay's counters, poisoned before the capture
   for (const KernelConfig& config : {oa, two_pass_twin(oa)}) {
     const Plan plan = forced_plan(c.problem, config);
     DeviceCase dc(in, true);
     DeviceBuffer ws(plan.workspace_size());
+    ws.fill_bytes(0xFF);
     const Stream st;
     replay_captured(
         st, [&] { plan.run(st, dc.tensors(), ws.get(), plan.workspace_size()); }, kReplays);
     outs.push_back(dc.download());
+    if (config.overlap_apply) {
+      Outcome o;
+      const WorkspaceLayout layout = workspace_layout(plan.problem(), plan.config());
+      o.counters.resize(layout.overlap_bytes / 4);
+      ws.download(o.counters.data(), layout.overlap_bytes, layout.overlap_offset);
+      replayed_in_kernel = applied_in_kernel(o, oa, c.problem.M, static_cast<int>(c.problem.N));
+    }
   }
   CHECK(outs[0].num_batches_tracked == in.num_batches_tracked + kReplays);
+  CHECK(replayed_in_kernel);
   CHECK(first_different_output(outs[0], outs[1]) == "");
 }

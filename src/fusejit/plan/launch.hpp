@@ -113,9 +113,9 @@ void launch(const PlanCore&, const RunShape& shape, CUstream stream, const Tenso
 // The warpspec GEMM's launch: its TMA descriptors name the run's x, W and y and its rows, so
 // they are encoded on the host (a pure host call: no sync, no allocation) when those change.
 // `gemm`/`smem_bytes`/`name`: fj_gemm's, or (recompute) fj_gemm_affine's, on the same tensor
-// maps. `cooperative` (grid_sync): a cooperative launch; false when the driver refuses it as too
-// large for the device as it is now (nothing enqueued: the caller falls back), true when
-// launched. Every other failure throws.
+// maps. `cooperative` (grid_sync, overlap_apply): a cooperative launch; false when the driver
+// refuses it as too large for the device as it is now (nothing enqueued: the caller falls back),
+// true when launched. Every other failure throws.
 bool launch_warpspec(const PlanCore&, const RunShape& shape, CUstream stream,
                      const fj::Params& params, const Tensors&, RunCache* cache, CUfunction gemm,
                      int smem_bytes, const char* name, bool cooperative = false);

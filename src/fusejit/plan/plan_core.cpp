@@ -140,8 +140,8 @@ WorkspaceLayout workspace_layout(const Problem& p, const KernelConfig& c) {
                      : 0;
   region(static_cast<std::size_t>(p.N + p.M) * padded_row_bytes, w.padded_offset, w.padded_bytes);
   w.padded_x_offset = w.padded_offset + static_cast<std::size_t>(p.N) * padded_row_bytes;
-  // OverlapCounters (kernels/overlap_apply.cuh): per column tile a count and a flag, and two
-  // words.
+  // OverlapCounters (kernels/overlap_apply.cuh): per column tile its counted row tiles and its
+  // merged strips, and two words.
   region(c.overlap_apply && two_pass ? (2 * col_tiles + 2) * 4 : 0, w.overlap_offset,
          w.overlap_bytes);
   return w;
