@@ -91,11 +91,13 @@ KernelSchedule schedule(const Problem& p, const KernelConfig& c, std::int64_t ro
 std::vector<std::string> kernel_set(const Problem& p, const KernelConfig& c) {
   const bool synced = p.stat_ranks > 0;
   // A recompute set runs the same kernels whatever the rows (it never folds the finalize).
-  // overlap_apply keeps the two-pass passes: a run whose cooperative launch the driver refuses
-  // falls back to them (launch.cpp).
-  if (!synced && ((c.exact_m && !c.overlap_apply) || c.recompute || p.mode != Mode::train ||
-                  single_pass_class(p, c)))
-    return schedule(p, c).kernels;
+  if (!synced && (c.exact_m || c.recompute || p.mode != Mode::train || single_pass_class(p, c))) {
+    std::vector<std::string> k = schedule(p, c).kernels;
+    // overlap_apply keeps what a run whose cooperative launch the driver refuses falls back to
+    // (launch.cpp): fj_finalize and the unfolded fj_apply, which bumps the counter itself.
+    if (schedule_flags(p, c, p.M).overlap) k.insert(k.end(), {"fj_finalize", "fj_apply"});
+    return k;
+  }
   // Two-pass over any rows: the GEMM (and split-K's reduce) as schedule_flags decides, then every
   // pass a run may pick. Unsynchronized: both apply paths, the finalize and (cumulative) the
   // bump; synchronized: the exchange's two kernels, the apply and the bump of an empty rank.
@@ -107,7 +109,9 @@ std::vector<std::string> kernel_set(const Problem& p, const KernelConfig& c) {
     k.insert(k.end(), {"fj_rank_stats", "fj_rank_finalize", "fj_apply", "fj_bump"});
     return k;
   }
-  k.insert(k.end(), {"fj_finalize", "fj_apply", "fj_apply_fold"});
+  k.insert(k.end(), {"fj_finalize", "fj_apply"});
+  if (c.overlap_apply) return k;  // its fallback never folds nor bumps apart
+  k.push_back("fj_apply_fold");
   if (!p.momentum) k.push_back("fj_bump");
   return k;
 }
