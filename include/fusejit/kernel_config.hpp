@@ -34,9 +34,9 @@ struct KernelConfig {
   // warpspec, persistent, two consumers: each consumer warpgroup takes whole BM x BN tiles in
   // turn, so one's epilogue overlaps the other's mainloop (key suffix ".pp").
   bool pingpong = false;
-  // warpspec, 16-bit y, not pingpong: each consumer warp rounds its rows of y into two small
-  // swizzled shared-memory boxes in turn (stmatrix) and TMA stores them, so the copy engine
-  // drains y while the warp goes on (key suffix ".ts").
+  // warpspec, not pingpong, rows of y of whole 16-byte units: each consumer warp rounds its rows
+  // of y into two small swizzled shared-memory boxes in turn and TMA stores them, so the copy
+  // engine drains y while the warp goes on (key suffix ".ts").
   bool tma_store = false;
   // tiled: split-K. S > 1 CTAs per output tile each multiply a contiguous share of the k tiles
   // into an fp32 workspace slice; a second kernel adds the S slices in a fixed order and runs the

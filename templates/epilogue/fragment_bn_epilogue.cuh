@@ -7,10 +7,11 @@
 // That keeps the epilogue's shared memory small enough to sit beside the full stage ring, so a
 // persistent CTA's producer can load the next tile while the consumers run this.
 //
-// TMA_STORE (16-bit y): instead of 128-byte chunks through a warpgroup's staging buffer and
-// 16-byte stores that the consumers issue themselves, each warp writes 16 rows x 32 columns
-// at a time into one of its two 1 KiB boxes (stmatrix, TMA's 64-byte swizzle) and one lane
-// hands the box to a TMA store. The warp synchronizes with itself only (no named barriers),
+// TMA_STORE: instead of 128-byte chunks through a warpgroup's staging buffer and 16-byte
+// stores that the consumers issue themselves, each warp writes 16 rows x 64 bytes (32 16-bit
+// or 16 fp32 columns) at a time into one of its two 1 KiB boxes (TMA's 64-byte swizzle;
+// stmatrix for 16-bit y, 8-byte shared stores for fp32) and one lane hands the box to a TMA
+// store. The warp synchronizes with itself only (no named barriers),
 // and goes back to the mainloop while the copy engine drains y. On H100 that made train 1.6-1.8%
 // faster at 4096^3 and left eval unchanged: eval's remaining epilogue cost is its arithmetic
 // with idle tensor cores, not the stores (docs/performance.md, sixth session).
@@ -57,7 +58,7 @@ struct FragmentBnEpilogue {
   static_assert(BN % kChunkCols == 0, "fragment epilogue: BN must hold whole 128-byte chunks");
   static constexpr int kStageLd = 128 + 8 * static_cast<int>(sizeof(T));
   // TMA_STORE: per warp two boxes of [16 rows][64 bytes].
-  static_assert(!TMA_STORE || sizeof(T) == 2, "fragment epilogue: TMA_STORE needs 16-bit y");
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4, "fragment epilogue: y is 16- or 32-bit");
   // (kernel_config.hpp's kTmaStoreBoxRows / kTmaStoreBoxRowBytes: the host encodes y's map
   // with the same box.)
   static constexpr int kBoxRows = 16, kBoxRowBytes = 64;
@@ -73,6 +74,9 @@ struct FragmentBnEpilogue {
   static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte store
 
   using Acc = float[M_ATOMS][kRegs];
+  // One fragment pair (columns 8 j + 2 q, + 1 of a row) as store() hands it on: two 16-bit
+  // values packed in an unsigned, or two floats.
+  using Pair = typename Select<sizeof(T) == 4, float2, unsigned>::type;
 
   // saved = a + offs[c] in eval: offs = eval_saved_offset (the bias, or WS_AFFINE's -mean_a),
   // zero past N; `count` threads from `tid`.
@@ -383,7 +387,7 @@ struct FragmentBnEpilogue {
     for (int ma = 0; ma < M_ATOMS; ++ma)
 #pragma unroll
       for (int cc = 0; cc < BN / kBoxCols; ++cc, parity ^= 1) {
-        unsigned v[kBoxCols / 8][2];
+        Pair v[kBoxCols / 8][2];
 #pragma unroll
         for (int jj = 0; jj < kBoxCols / 8; ++jj)
 #pragma unroll
@@ -404,16 +408,34 @@ struct FragmentBnEpilogue {
   // One box of 16 rows x kBoxCols columns from this warp's fragment values v (8-column block jj,
   // row half h), in the swizzled layout store_tma describes.
   __device__ __forceinline__ static void fill_box(unsigned box, int lane,
-                                                  const unsigned (&v)[kBoxCols / 8][2]) {
-    // This lane's stmatrix row: row `lane % 8` of matrix `lane / 8`, which is (8-column block
-    // 2 s + mi / 2, row half mi % 2) of the box in call s.
-    const int mi = lane / 8;
-    const int r = lane % 8 + 8 * (mi % 2);
+                                                  const Pair (&v)[kBoxCols / 8][2]) {
+    if constexpr (sizeof(T) == 2) {
+      // This lane's stmatrix row: row `lane % 8` of matrix `lane / 8`, which is (8-column
+      // block 2 s + mi / 2, row half mi % 2) of the box in call s.
+      const int mi = lane / 8;
+      const int r = lane % 8 + 8 * (mi % 2);
 #pragma unroll
-    for (int s = 0; s < kBoxCols / 16; ++s) {
-      const int u = 2 * s + mi / 2;
-      stmatrix_x4(box + r * kBoxRowBytes + 16 * (u ^ ((r / 2) % 4)), v[2 * s][0], v[2 * s][1],
-                  v[2 * s + 1][0], v[2 * s + 1][1]);
+      for (int s = 0; s < kBoxCols / 16; ++s) {
+        const int u = 2 * s + mi / 2;
+        stmatrix_x4(box + r * kBoxRowBytes + 16 * (u ^ ((r / 2) % 4)), v[2 * s][0], v[2 * s][1],
+                    v[2 * s + 1][0], v[2 * s + 1][1]);
+      }
+    } else {
+      // fp32 (no stmatrix for 32-bit values): the lane's own pair, row g + 8 h, bytes
+      // [32 jj + 8 q, + 8) of the row, in 16-byte unit 2 jj + q / 2. Per instruction the warp
+      // writes 256 bytes in two wavefronts: rows 2 apart land on different units through the
+      // swizzle, so no more than two lanes' pairs share a bank.
+      const int g = lane / 4, q = lane % 4;
+#pragma unroll
+      for (int jj = 0; jj < kBoxCols / 8; ++jj)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = g + 8 * h, u = 2 * jj + q / 2;
+          const unsigned addr = box + r * kBoxRowBytes + 16 * (u ^ ((r / 2) % 4)) + 8 * (q % 2);
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(v[jj][h].x),
+                       "f"(v[jj][h].y)
+                       : "memory");
+        }
     }
   }
 
@@ -437,7 +459,7 @@ struct FragmentBnEpilogue {
     for (int ma = 0; ma < M_ATOMS; ++ma)
 #pragma unroll
       for (int cc = 0; cc < BN / kBoxCols; ++cc) {
-        unsigned v[kBoxCols / 8][2];
+        Pair v[kBoxCols / 8][2];
 #pragma unroll
         for (int jj = 0; jj < kBoxCols / 8; ++jj)
 #pragma unroll

@@ -29,8 +29,8 @@
 // persistent, two consumers, fragment epilogue): instead of splitting each tile's rows, the
 // two consumer warpgroups take alternate tiles of BM x BN whole, so one group's epilogue runs
 // while the other keeps the tensor cores busy with the next tile, and TMA_STORE (default
-// false; fragment epilogue, not pingpong, 16-bit y): y leaves through per-warp 1 KiB boxes and
-// TMA stores (the kernel's third tensor map, `ty`: y in boxes of 16 rows x 32 columns, 64-byte
+// false; fragment epilogue, not pingpong): y leaves through per-warp 1 KiB boxes and TMA
+// stores (the kernel's third tensor map, `ty`: y in boxes of 16 rows x 64 bytes, 64-byte
 // swizzle; unused otherwise), and SMEM_BYTES (the host's shared-memory count, checked against
 // the layout below when given).
 //

@@ -55,8 +55,8 @@ TEST_CASE("config keys round-trip and are distinct") {
 }
 
 TEST_CASE(
-    "tf32 on Hopper: train takes 128x256 tiles where they fit, eval 128x128 with 6 stages, in "
-    "clusters of two where K is long") {
+    "tf32 on Hopper: 128x256 tiles with TMA stores in train and long eval; otherwise eval takes "
+    "128x128 with 6 stages, in clusters of two where K is long") {
   const Device h100 = Device::for_arch("sm_90a");
   const std::int64_t shapes[][3] = {{1024, 8192, 8192}, {4096, 4096, 4096}, {65536, 256, 64}};
   for (const auto& s : shapes) {
@@ -65,12 +65,12 @@ TEST_CASE(
     // K = 64: the recompute twin (the GEMM twice instead of y's round trip), grid_sync as every
     // warpspec twin without cluster or pingpong is.
     CHECK(default_config(problem(DType::tf32, Mode::train, M, s[1], s[2]), h100).key() ==
-          (s[2] == 64 ? "warpspec.128x256x32.c2.s3.g16.cl1.p1.rc.gs"
-                      : "warpspec.128x256x32.c2.s3.g16.cl1.p1"));
+          (s[2] == 64 ? "warpspec.128x256x32.c2.s4.g16.cl1.p1.ts.rc.gs"
+                      : "warpspec.128x256x32.c2.s4.g16.cl1.p1.ts"));
     CHECK(default_config(problem(DType::tf32, Mode::eval, M, s[1], s[2]), h100).key() ==
-          (s[2] >= 2048 ? "warpspec.128x128x32.c2.s6.g8.cl2.p1"
+          (s[2] >= 2048 ? "warpspec.128x256x32.c2.s4.g16.cl1.p1.ts"
                         : "warpspec.128x128x32.c2.s6.g8.cl1.p1"));
-    // The other cluster setting stays a candidate for the tuner either way.
+    // Both cluster settings of 128x128 stay candidates for the tuner either way.
     bool cl1 = false, cl2 = false;
     for (const auto& c : candidate_configs(problem(DType::tf32, Mode::eval, M, s[1], s[2]), h100))
       if (c.variant == Variant::warpspec && c.bm == 128 && c.bn == 128 && c.stages == 6)
@@ -78,12 +78,23 @@ TEST_CASE(
     CHECK(cl1);
     CHECK(cl2);
   }
-  // Not first where unmeasured: few rows (a cluster over a lone row tile) or padded rows.
+  // Where TMA stores cannot run (N % 4 != 0: y's rows end inside a 16-byte unit) train falls
+  // to the thread-store 128x256 (3 stages) and long eval to 128x128 in clusters of two.
+  Problem odd_n = problem(DType::tf32, Mode::train, 4096, 4094, 4096);
+  odd_n.ldy = 4096;
+  CHECK(default_config(odd_n, h100).key() == "warpspec.128x256x32.c2.s3.g16.cl1.p1");
+  odd_n.mode = Mode::eval;
+  CHECK(default_config(odd_n, h100).key() == "warpspec.128x128x32.c2.s6.g8.cl2.p1");
+  // A grid of under 256 wide tiles (ranked at M = 1024: 8 x 16) keeps 128x128 in pairs.
+  CHECK(default_config(problem(DType::tf32, Mode::eval, 512, 4096, 4096), h100).key() ==
+        "warpspec.128x128x32.c2.s6.g8.cl2.p1");
+  // Clusters not first where unmeasured: few rows (a cluster over a lone row tile) or padded
+  // rows.
   CHECK(default_config(problem(DType::tf32, Mode::eval, 128, 4096, 4096), h100).cluster_m == 1);
   CHECK(default_config(problem(DType::tf32, Mode::eval, 1024, 4096, 4095), h100).cluster_m == 1);
-  // Eval never offers the wide tile (measured slower on memory-bound shapes), not even to the
-  // tuner.
-  for (const auto& c : candidate_configs(problem(DType::tf32, Mode::eval, 4096, 4096, 4096), h100))
+  // Short-K eval never offers the wide tile (measured slower on memory-bound shapes), not even
+  // to the tuner.
+  for (const auto& c : candidate_configs(problem(DType::tf32, Mode::eval, 2048, 2048, 512), h100))
     CHECK(!(c.variant == Variant::warpspec && c.bn == 256));
 }
 
@@ -174,7 +185,8 @@ TEST_CASE("grid_sync: recompute's warpspec twins without cluster or pingpong, ke
 }
 
 TEST_CASE(
-    "TMA stores: warpspec, 16-bit y, N a multiple of 8, not pingpong; the ring keeps 4 stages") {
+    "TMA stores: warpspec, whole 16-byte units of y per row, not pingpong; the ring keeps 4 "
+    "stages") {
   const Device h100 = Device::for_arch("sm_90a");
   const KernelConfig ts = KernelConfig::parse("warpspec.128x256x64.c2.s4.g8.cl1.p1.ts");
   for (DType d : {DType::bf16, DType::fp16})
@@ -188,7 +200,23 @@ TEST_CASE(
       tail.ldy = 1024;
       CHECK(ts.why_invalid(tail, h100).find("multiple of 8") != std::string::npos);
     }
-  CHECK(ts.why_invalid(problem(DType::tf32, Mode::eval), h100).find("16-bit") != std::string::npos);
+  // fp32 y (tf32, tf32x3): boxes of 16 columns; rows of N % 4 != 0 end inside a unit. In eval
+  // (with its coefficient buffers) the 128x256 tf32 tile fits 4 stages only with TMA stores'
+  // small boxes.
+  const KernelConfig ts32 = KernelConfig::parse("warpspec.128x256x32.c2.s4.g16.cl1.p1.ts");
+  for (Mode m : {Mode::eval, Mode::train}) {
+    CAPTURE(name(m));
+    CHECK(ts32.why_invalid(problem(DType::tf32, m), h100) == "");
+    Problem tail = problem(DType::tf32, m, 1024, 1022);
+    tail.ldy = 1024;
+    CHECK(ts32.why_invalid(tail, h100).find("multiple of 4") != std::string::npos);
+  }
+  KernelConfig threads = ts32;
+  threads.tma_store = false;
+  CHECK(threads.why_invalid(problem(DType::tf32, Mode::eval), h100).find("shared memory") !=
+        std::string::npos);
+  CHECK(KernelConfig::parse("warpspec.128x128x32.c2.s3.g8.cl1.p1.ts")
+            .why_invalid(problem(DType::tf32x3, Mode::eval), h100) == "");
   KernelConfig pp_ts = KernelConfig::parse("warpspec.128x128x64.c2.s5.g8.cl1.p1.pp");
   pp_ts.tma_store = true;
   CHECK(pp_ts.why_invalid(problem(DType::bf16, Mode::eval), h100).find("pingpong") !=
@@ -212,7 +240,8 @@ TEST_CASE(
   Problem tail = problem(DType::bf16, Mode::eval, 1024, 1020);
   tail.ldy = 1024;
   CHECK(!has_ts(tail));
-  CHECK(!has_ts(problem(DType::tf32, Mode::eval)));
+  CHECK(!has_ts(problem(DType::tf32, Mode::eval)));  // K = 1024: no 128x256 tile in eval
+  CHECK(has_ts(problem(DType::tf32, Mode::train)));
 }
 
 TEST_CASE("every candidate is valid for its device, and pruning says why") {

@@ -219,7 +219,8 @@ TEST_CASE("saved, warpspec variant: thread stores, TMA stores, pingpong, cluster
   if (!on_hopper()) return;
   // Thread stores through the staging buffer: two consumers of 64 rows, one of 128 (two atoms);
   // pingpong (eval: per-team coefficient path); TMA stores of y (saved by the warps' own stores
-  // from the same boxes) with two consumers, one consumer of two atoms, and a cluster of two.
+  // from the same boxes, 16-bit and fp32) with two consumers, one consumer of two atoms, and a
+  // cluster of two.
   // Keys without their BK (tf32 rows of 32 fp32 and 16-bit rows of 64 are both 128 bytes).
   struct Keyed {
     const char* key;
@@ -230,9 +231,9 @@ TEST_CASE("saved, warpspec variant: thread stores, TMA stores, pingpong, cluster
       {"warpspec.128x128x{}.c2.s5.g8.cl1.p1", 128, false},
       {"warpspec.128x128x{}.c1.s6.g8.cl1.p1", 128, false},
       {"warpspec.128x128x{}.c2.s5.g8.cl1.p1.pp", 128, true},
-      {"warpspec.128x256x{}.c2.s4.g8.cl1.p1.ts", 128, true},
-      {"warpspec.64x128x{}.c1.s6.g8.cl1.p1.ts", 64, true},
-      {"warpspec.128x128x{}.c2.s5.g8.cl2.p0.ts", 128, true},
+      {"warpspec.128x256x{}.c2.s4.g8.cl1.p1.ts", 128, false},
+      {"warpspec.64x128x{}.c1.s6.g8.cl1.p1.ts", 64, false},
+      {"warpspec.128x128x{}.c2.s5.g8.cl2.p0.ts", 128, false},
   };
   for (const Keyed& k : kKeys)
     for (const char* d : {"tf32", "fp16", "bf16"}) {

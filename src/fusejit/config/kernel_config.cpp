@@ -209,9 +209,10 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
              "and two slices' split x fragments fill its registers)";
     if (tma_store) {
       if (pingpong) return "warpspec: tma_store and pingpong do not combine";
-      if (storage_bytes(p.dtype) != 2) return "warpspec: tma_store needs 16-bit y (bf16, fp16)";
       // TMA stores 16-byte units: a row end inside one would write into y's padding.
-      if (p.N % 8 != 0) return "warpspec: tma_store needs N to be a multiple of 8";
+      if (p.N * static_cast<std::int64_t>(storage_bytes(p.dtype)) % 16 != 0)
+        return fmt::format("warpspec: tma_store needs N to be a multiple of {}",
+                           16 / storage_bytes(p.dtype));
       if (p.effective_alignment() < 16)
         return "warpspec: tma_store needs 16-byte aligned rows of y";
     }
@@ -486,40 +487,55 @@ std::vector<KernelConfig> warpspec_tiles(const Problem& p) {
   }
   if (p.dtype == DType::tf32) {
     // tf32 on H100, each config forced (docs/performance.md, "tf32 tiles"): 6 stages beat 5 on
-    // 128x128 tiles everywhere measured. Train also takes 128x256 tiles (3 stages; 4 need
-    // 228 KiB): 0.365 / 0.408 ms against 0.391 / 0.432 at 1024x8192x8192 / 4096^3, equal at
-    // 2048x2048x512 and 65536x256x64. Eval does not: +3% at 4096^3, +20% at 2048x2048x512,
-    // +63% at 65536x256x64, -2% at 1024x8192x8192 only.
+    // 128x128 tiles everywhere measured.
     //
-    // Eval also takes 128x128 in clusters of two along M (TMA multicasts each W tile to both
-    // CTAs), first where K is long. H200, eval, two rounds in one call, ms: 1024x8192x8192
-    // 0.371 -> 0.360, 4096^3 0.381 -> 0.374, 16384x4096x4096 1.80 -> 1.70-1.73; but
-    // 2048x2048x512 0.0217 -> 0.0221 and 65536x256x64 0.0319 -> 0.0331 (K between 512 and
-    // 4096 not measured). Train's wide tile gained nothing from it (1024x8192x8192 0.361 ->
-    // 0.364, 4096^3 0.393 -> 0.394).
+    // 128x256 tiles with TMA stores (per-warp boxes instead of the 20 KiB staging buffer) fit
+    // 4 stages in both modes (with thread stores eval's coefficient buffers leave room for 3),
+    // and those come first in train, and in eval where K and M are long. H200, two
+    // rounds in one call, fused op / cuBLASLt TF32 GEMM ("tf32 at the GEMM's speed"): eval
+    // 0.99-1.00 at 1024x8192x8192, 4096^3 and 16384x4096x4096 (128x128 s6 in clusters of two,
+    // the choice before: 1.08-1.13); train 1.04 / 1.11 / 1.06-1.14 (128x256 s3: 1.09 / 1.16 /
+    // 1.10-1.15). Eval elsewhere is not offered 128x256 tiles, since the time model, which
+    // ranks the list, would put them first: with short K they took +20% at 2048x2048x512 and
+    // +63% at 65536x256x64 (thread stores, H100), and on a grid of under two waves of them
+    // +70% (512x4096x4096, ranked as M = 1024: 128 tiles; H200). Train lists 128x256 s3 last,
+    // so that the first three (recompute_twins) stay the tiles whose twins were measured.
+    //
+    // Where TMA stores cannot run (N % 4 != 0, unaligned y) they are pruned: train falls to
+    // 128x256 s3 (measured before; s4 fits but was not timed with thread stores), eval to 128x128
+    // in clusters of two along M (TMA multicasts each W tile to both CTAs) where K is long. H200,
+    // eval, two rounds in one call, ms: 1024x8192x8192 0.371
+    // -> 0.360, 4096^3 0.381 -> 0.374, 16384x4096x4096 1.80 -> 1.70-1.73; but 2048x2048x512
+    // 0.0217 -> 0.0221 and 65536x256x64 0.0319 -> 0.0331 (K between 512 and 4096 not measured).
     std::vector<KernelConfig> out;
-    if (p.mode == Mode::train) {
-      KernelConfig wide = warpspec(128, 256, bk, 2, 3, true);
-      wide.group_m = 16;
-      out.push_back(wide);
-    }
+    KernelConfig wide_ts = with_tma_store(warpspec(128, 256, bk, 2, 4, true));
+    wide_ts.group_m = 16;
+    KernelConfig wide = warpspec(128, 256, bk, 2, 3, true);
+    wide.group_m = 16;
     // Only where measured: M >= 1024 (a cluster of a lone row tile leaves half its CTAs idle)
     // and rows TMA loads directly (not behind pad_operands' copy).
     KernelConfig pair = warpspec(128, 128, bk, 2, 6, true);
     pair.cluster_m = 2;
     const bool eval = p.mode == Mode::eval;
-    const bool pair_first = eval && p.K >= 2048 && p.M >= 1024 && p.effective_alignment() >= 16;
-    if (pair_first) out.push_back(pair);
+    const bool long_eval = eval && p.K >= 2048 && p.M >= 1024 && p.effective_alignment() >= 16;
+    // 256 tiles: the smallest grid measured faster (1024x8192x8192). The class's low end (e.g.
+    // 257x8192x8192: 96 tiles, one wave, against two waves of half-size 128x128 tiles) is not
+    // measured.
+    const bool wide_eval = long_eval && output_tiles(p, wide_ts) >= 256;
+    if (!eval) out = {wide_ts};
+    if (long_eval)
+      out = wide_eval ? std::vector<KernelConfig>{wide_ts, pair} : std::vector<KernelConfig>{pair};
     for (const auto& c : {warpspec(128, 128, bk, 2, 6, true), warpspec(64, 128, bk, 1, 6, true),
                           warpspec(128, 64, bk, 2, 6, true)})
       out.push_back(c);
-    if (eval && !pair_first) out.push_back(pair);
+    if (!eval) out.push_back(wide);
+    if (eval && !long_eval) out.push_back(pair);
     return out;
   }
   // Pingpong (whole 128x128 or 64x256 tiles per warpgroup) for the tuner to weigh: it hides
   // the epilogue, which matters most for train's column statistics.
-  // The two cooperative favourites come first with TMA stores (16-bit y with N % 8 == 0 only;
-  // elsewhere they are pruned and the thread-store twins follow): same time in eval, 0.6-1.8%
+  // The two cooperative favourites come first with TMA stores (N % 8 == 0 only; elsewhere
+  // they are pruned and the thread-store twins follow): same time in eval, 0.6-1.8%
   // less in train on H100 (docs/performance.md, sixth session). 128x256 tiles raster in groups
   // of 16 row tiles: a wave of 132 tiles then spans ~16 x 8 tiles, 16 MiB of x panels and
   // 16 MiB of W panels at 4096^3 bf16, rather than 8 MiB + 33 MiB with 8 (0.3-0.6% faster at
