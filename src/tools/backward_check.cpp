@@ -162,7 +162,7 @@ BackwardCheckResult check_backward_case(const SweepCase& layer, const BackwardCh
 std::vector<std::string> builtin_backward_sweep(bool full) {
   std::vector<std::string> v;
   for (const char* mode : {"train", "eval"}) {
-    for (const char* dt : {"bf16", "fp16", "tf32", "fp32"}) {
+    for (const char* dt : {"bf16", "fp16", "tf32", "tf32x3", "fp32"}) {
       v.push_back(fmt::format("256x64x128 {} {}", dt, mode));
       v.push_back(fmt::format("300x72x40 {} {}", dt, mode));
     }

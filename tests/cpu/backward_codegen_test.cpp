@@ -132,7 +132,7 @@ TEST_CASE("every backward kernel set compiles for every supported architecture")
     // Every case on the two archs whose code paths differ most; the two modes on the others
     // (the CI machine compiles them all on two cores).
     const bool all = arch == "sm_80" || arch == "sm_90a";
-    for (const char* dt : {"fp32", "tf32", "fp16", "bf16"})
+    for (const char* dt : {"fp32", "tf32", "fp16", "bf16", "tf32x3"})
       for (const char* l : lines) {
         if (!all && l != lines[0] && l != lines[1]) continue;
         const Problem p = parse_sweep_line(fmt::format(fmt::runtime(l), dt)).problem;
@@ -142,6 +142,26 @@ TEST_CASE("every backward kernel set compiles for every supported architecture")
   MESSAGE(jobs.size() << " backward kernel sets over " << archs.size() << " architectures");
   const std::string failures = fusejit::test::compile_jobs(jobs, fusejit::test::Coverage::sampled);
   CHECK_MESSAGE(failures.empty(), failures);
+}
+
+TEST_CASE("tf32x3: BackwardPlan takes it; its gradient GEMMs are strict fp32's") {
+  const Problem p = parse_sweep_line("300x72x40 tf32x3 train").problem;
+  CHECK(backward_refusal(p).empty());
+  Problem strict = p;
+  strict.dtype = DType::fp32;
+  for (const char* arch : {"sm_80", "sm_90a"}) {
+    CAPTURE(arch);
+    const Device dev = Device::for_arch(arch);
+    // fp32's candidates and ranking (the FFMA kernels), fp32's math in the Specs, tf32x3's
+    // storage type and key.
+    CHECK(default_backward_config(p, dev).key() == default_backward_config(strict, dev).key());
+    const KernelSource src = generate_backward(p, default_backward_config(p, dev));
+    CHECK(src.text.find("MATH = fj::kMathSimtFp32") != std::string::npos);
+    CHECK(src.text.find("kMathTf32x3") == std::string::npos);
+    CHECK(src.name.find("tf32x3") != std::string::npos);
+  }
+  CHECK(dx_gemm_problem(p).dtype == DType::fp32);
+  CHECK(dw_gemm_problem(p).dtype == DType::fp32);
 }
 
 TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compiles for sm_90a") {

@@ -32,8 +32,10 @@ struct BackwardConfig {
 int grad_wgmma_smem_bytes(const KernelConfig&);
 
 // The GEMMs as forward-shaped problems (C = A B^T is M x N with reduction K): what the config
-// rules (KernelConfig::why_invalid, default_config) are asked about. dW's reduction is the
-// problem's M, its largest batch.
+// rules (KernelConfig::why_invalid, default_config) are asked about, and whose dtype is the
+// GEMMs' math (tf32x3's is strict fp32: grad_gemm_dtype). dW's reduction is the problem's M,
+// its largest batch.
+DType grad_gemm_dtype(DType);
 Problem dx_gemm_problem(const Problem&);
 Problem dw_gemm_problem(const Problem&);
 

@@ -151,10 +151,6 @@ void validate_backward_problem(const Problem& problem) {
                           "(its column sums would need an all-reduce); expected 0");
   if (problem.mode == Mode::train && problem.M < 2)
     throw InvalidArgument("M", "train mode needs at least two rows for a variance");
-  if (problem.dtype == DType::tf32x3)
-    throw InvalidArgument("dtype",
-                          "the backward pass of tf32x3 (3xTF32) is not implemented; expected "
-                          "fp32, tf32, fp16 or bf16 (fp32 gives strict-fp32 gradients)");
 }
 
 std::string backward_refusal(const Problem& problem) {

@@ -204,7 +204,7 @@ TuningEntry entry_from_json(const std::string& key, const json& j, TunedPass pas
           fmt::format("{}: backward entries are filed under backward_entry_problem's key "
                       "(the default momentum)",
                       where));
-    // A problem BackwardPlan refuses (tf32x3, synchronized statistics) was never tuned.
+    // A problem BackwardPlan refuses was never tuned.
     if (const std::string why = backward_refusal(e.problem); !why.empty())
       damaged(fmt::format("{}: a problem the backward pass refuses ({})", where, why));
   }
