@@ -161,7 +161,7 @@ TEST_CASE("a synchronized problem is always two-pass, exchanges, and sizes its r
 // before the dispatch handled stat_ranks.)
 TEST_CASE("a synchronized problem's kernel choice is a two-pass config that can run it") {
   const Device dev = Device::for_arch("sm_90a");
-  int recompute_choices = 0;
+  int recompute_choices = 0, overlap_winners = 0;
   for (const DType dtype : {DType::bf16, DType::fp16, DType::tf32, DType::fp32})
     for (const std::int64_t m : {2, 100, 600, 2000, 5000, 70000}) {
       Problem p;
@@ -212,6 +212,26 @@ TEST_CASE("a synchronized problem's kernel choice is a two-pass config that can 
         CHECK_FALSE(tuned.config.recompute);
         CHECK(tuned.config.valid_for(p, dev));
       }
+      // An overlap_apply winner (the apply inside the GEMM, whose in-kernel merge knows no
+      // other rank): its two-pass twin.
+      for (const KernelConfig& c : candidates) {
+        KernelConfig oa = c;
+        oa.overlap_apply = true;
+        if (!oa.valid_for(unsynced, dev)) continue;
+        TuningTable t;
+        TuningEntry e;
+        e.problem = unsynced;
+        e.winner = oa.key();
+        t.entries[unsynced.key()] = e;
+        CHECK(choose_from_table(t, unsynced, dev).config.overlap_apply);
+        const KernelChoice tuned = choose_from_table(t, p, dev);
+        CAPTURE(oa.key());
+        CHECK(tuned.source == KernelChoice::Source::exact);
+        CHECK(tuned.config.key() == c.key());
+        CHECK(tuned.config.valid_for(p, dev));
+        ++overlap_winners;
+        break;
+      }
       // A reference winner: never the reference op, which has no exchange.
       TuningTable t;
       TuningEntry e;
@@ -225,6 +245,7 @@ TEST_CASE("a synchronized problem's kernel choice is a two-pass config that can 
     }
   // The case that failed: the unsynchronized heuristic does pick recompute configs here.
   CHECK(recompute_choices > 0);
+  CHECK(overlap_winners > 0);
   // Where the heuristic takes the cuBLASLt reference op unsynchronized, a synchronized plan
   // (which has no exchange there) does not, with or without the tuning database.
   Problem big;

@@ -109,12 +109,15 @@ struct Keyed {
   const char* dtype;
   const char* key;
 };
-// TMA stores, thread stores, one consumer, tf32; groups of 1 to 4 column tiles.
+// TMA stores (16-bit and fp32 y), thread stores, one consumer, tf32; 64- to 256-column tiles
+// (2 to 8 merge strips per panel); groups of 1 to 4 column tiles.
 constexpr Keyed kConfigs[] = {
     {"bf16", "warpspec.128x256x64.c2.s4.g4.cl1.p1.ts.oa"},
     {"fp16", "warpspec.128x128x64.c2.s5.g2.cl1.p1.oa"},
     {"bf16", "warpspec.64x128x64.c1.s6.g3.cl1.p1.oa"},
     {"tf32", "warpspec.128x128x32.c2.s6.g1.cl1.p1.oa"},
+    {"tf32", "warpspec.128x256x32.c2.s4.g2.cl1.p1.ts.oa"},
+    {"bf16", "warpspec.128x64x64.c2.s6.g4.cl1.p1.oa"},
 };
 
 }  // namespace
