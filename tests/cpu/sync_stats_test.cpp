@@ -169,6 +169,15 @@ TEST_CASE("a synchronized problem's kernel choice is a two-pass config that can 
       Problem unsynced = p;
       unsynced.stat_ranks = 0;
       CAPTURE(p.key());
+      // A tuning table whose entry for the unsynchronized problem names `winner`.
+      auto won_by = [&](const std::string& winner) {
+        TuningTable t;
+        TuningEntry e;
+        e.problem = unsynced;
+        e.winner = winner;
+        t.entries[unsynced.key()] = e;
+        return t;
+      };
       const KernelChoice plain = choose_from_table(TuningTable{}, unsynced, dev);
       recompute_choices += plain.config.recompute;
       const KernelChoice heuristic = choose_from_table(TuningTable{}, p, dev);
@@ -180,11 +189,7 @@ TEST_CASE("a synchronized problem's kernel choice is a two-pass config that can 
       const std::vector<KernelConfig> candidates = candidate_configs(unsynced, dev);
       for (const KernelConfig& c : candidates) {
         if (!c.recompute) continue;
-        TuningTable t;
-        TuningEntry e;
-        e.problem = unsynced;
-        e.winner = c.key();
-        t.entries[unsynced.key()] = e;
+        const TuningTable t = won_by(c.key());
         const KernelChoice tuned = choose_from_table(t, p, dev);
         CAPTURE(c.key());
         CHECK(tuned.source == KernelChoice::Source::exact);
@@ -199,11 +204,7 @@ TEST_CASE("a synchronized problem's kernel choice is a two-pass config that can 
       {
         KernelConfig xm = candidates.front();
         xm.exact_m = true;
-        TuningTable t;
-        TuningEntry e;
-        e.problem = unsynced;
-        e.winner = xm.key();
-        t.entries[unsynced.key()] = e;
+        const TuningTable t = won_by(xm.key());
         CHECK(choose_from_table(t, unsynced, dev).config.exact_m);
         const KernelChoice tuned = choose_from_table(t, p, dev);
         CAPTURE(xm.key());
@@ -218,11 +219,7 @@ TEST_CASE("a synchronized problem's kernel choice is a two-pass config that can 
         KernelConfig oa = c;
         oa.overlap_apply = true;
         if (!oa.valid_for(unsynced, dev)) continue;
-        TuningTable t;
-        TuningEntry e;
-        e.problem = unsynced;
-        e.winner = oa.key();
-        t.entries[unsynced.key()] = e;
+        const TuningTable t = won_by(oa.key());
         CHECK(choose_from_table(t, unsynced, dev).config.overlap_apply);
         const KernelChoice tuned = choose_from_table(t, p, dev);
         CAPTURE(oa.key());
@@ -233,11 +230,7 @@ TEST_CASE("a synchronized problem's kernel choice is a two-pass config that can 
         break;
       }
       // A reference winner: never the reference op, which has no exchange.
-      TuningTable t;
-      TuningEntry e;
-      e.problem = unsynced;
-      e.winner = std::string(kReferenceCandidate);
-      t.entries[unsynced.key()] = e;
+      const TuningTable t = won_by(std::string(kReferenceCandidate));
       CHECK(choose_from_table(t, unsynced, dev).reference);
       const KernelChoice ref = choose_from_table(t, p, dev);
       CHECK_FALSE(ref.reference);
