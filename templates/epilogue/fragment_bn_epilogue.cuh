@@ -11,10 +11,11 @@
 // stores that the consumers issue themselves, each warp writes 16 rows x 64 bytes (32 16-bit
 // or 16 fp32 columns) at a time into one of its two 1 KiB boxes (TMA's 64-byte swizzle;
 // stmatrix for 16-bit y, 8-byte shared stores for fp32) and one lane hands the box to a TMA
-// store. The warp synchronizes with itself only (no named barriers),
-// and goes back to the mainloop while the copy engine drains y. On H100 that made train 1.6-1.8%
-// faster at 4096^3 and left eval unchanged: eval's remaining epilogue cost is its arithmetic
-// with idle tensor cores, not the stores (docs/performance.md, sixth session).
+// store. The warp synchronizes with itself only (no named barriers), and goes back to the
+// mainloop while the copy engine drains y. On H100 that made bf16 train 1.6-1.8% faster at
+// 4096^3 and left eval unchanged (docs/performance.md, sixth session); for fp32 y the boxes,
+// smaller than the staging buffer, also let tf32's 128x256 tile keep a 4th stage (same file,
+// "TMA stores of fp32 y").
 //
 // p.saved (optional, laid out like y): eval u = a + b and single-pass train c = a - mean_a leave
 // by the same path as y without TMA_STORE; with TMA_STORE through the same boxes, copied out by

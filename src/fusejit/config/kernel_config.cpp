@@ -491,22 +491,22 @@ std::vector<KernelConfig> warpspec_tiles(const Problem& p) {
     //
     // 128x256 tiles with TMA stores (per-warp boxes instead of the 20 KiB staging buffer) fit
     // 4 stages in both modes (with thread stores eval's coefficient buffers leave room for 3),
-    // and those come first in train, and in eval where K and M are long. H200, two
-    // rounds in one call, fused op / cuBLASLt TF32 GEMM ("tf32 at the GEMM's speed"): eval
-    // 0.99-1.00 at 1024x8192x8192, 4096^3 and 16384x4096x4096 (128x128 s6 in clusters of two,
-    // the choice before: 1.08-1.13); train 1.04 / 1.11 / 1.06-1.14 (128x256 s3: 1.09 / 1.16 /
-    // 1.10-1.15). Eval elsewhere is not offered 128x256 tiles, since the time model, which
+    // and those come first in train, and in eval where K and M are long. H200, two rounds in
+    // one call, fused op / cuBLASLt TF32 GEMM (docs/performance.md, "TMA stores of fp32 y"):
+    // eval 0.99-1.00 at 1024x8192x8192, 4096^3 and 16384x4096x4096 (128x128 s6 in clusters of
+    // two, the choice before: 1.08-1.13); train 1.04 / 1.11 / 1.06-1.14 (128x256 s3: 1.09 /
+    // 1.16 / 1.10-1.15). Eval elsewhere is not offered 128x256 tiles, since the time model, which
     // ranks the list, would put them first: with short K they took +20% at 2048x2048x512 and
     // +63% at 65536x256x64 (thread stores, H100), and on a grid of under two waves of them
     // +70% (512x4096x4096, ranked as M = 1024: 128 tiles; H200). Train lists 128x256 s3 last,
     // so that the first three (recompute_twins) stay the tiles whose twins were measured.
     //
     // Where TMA stores cannot run (N % 4 != 0, unaligned y) they are pruned: train falls to
-    // 128x256 s3 (measured before; s4 fits but was not timed with thread stores), eval to 128x128
-    // in clusters of two along M (TMA multicasts each W tile to both CTAs) where K is long. H200,
-    // eval, two rounds in one call, ms: 1024x8192x8192 0.371
-    // -> 0.360, 4096^3 0.381 -> 0.374, 16384x4096x4096 1.80 -> 1.70-1.73; but 2048x2048x512
-    // 0.0217 -> 0.0221 and 65536x256x64 0.0319 -> 0.0331 (K between 512 and 4096 not measured).
+    // 128x256 s3 (measured before; s4 fits but was not timed with thread stores), eval to
+    // 128x128 in clusters of two along M (TMA multicasts each W tile to both CTAs) where K is
+    // long. H200, eval, two rounds in one call, ms: 1024x8192x8192 0.371 -> 0.360, 4096^3
+    // 0.381 -> 0.374, 16384x4096x4096 1.80 -> 1.70-1.73; but 2048x2048x512 0.0217 -> 0.0221
+    // and 65536x256x64 0.0319 -> 0.0331 (K between 512 and 4096 not measured).
     std::vector<KernelConfig> out;
     KernelConfig wide_ts = with_tma_store(warpspec(128, 256, bk, 2, 4, true));
     wide_ts.group_m = 16;
