@@ -85,6 +85,13 @@ TEST_CASE(
   CHECK(default_config(odd_n, h100).key() == "warpspec.128x256x32.c2.s3.g16.cl1.p1");
   odd_n.mode = Mode::eval;
   CHECK(default_config(odd_n, h100).key() == "warpspec.128x128x32.c2.s6.g8.cl2.p1");
+  // ...and its recompute twin stays a candidate where K is short (the first three configs of
+  // the list get one; 128x256 s3 is first there).
+  const KernelConfig short_k =
+      default_config(problem(DType::tf32, Mode::train, 65536, 1022, 64), h100);
+  CHECK(short_k.bn == 256);
+  CHECK(short_k.stages == 3);
+  CHECK(short_k.recompute);
   // A grid of under 256 wide tiles (ranked at M = 1024: 8 x 16) keeps 128x128 in pairs.
   CHECK(default_config(problem(DType::tf32, Mode::eval, 512, 4096, 4096), h100).key() ==
         "warpspec.128x128x32.c2.s6.g8.cl2.p1");

@@ -135,48 +135,55 @@ TEST_CASE("quick sweep, warpspec pingpong configs (sm_90 only)") {
       }
 }
 
-TEST_CASE("quick sweep, warpspec TMA-store configs (sm_90 only)") {
-  if (!on_hopper()) return;
-  // y leaves through per-warp boxes and TMA stores, clipped at M and N by the copy engine:
-  // two consumer warpgroups of 64 rows and one of 64 or 128 rows (two atoms per warp),
-  // 128- and 256-column tiles, persistent and one CTA per tile, a cluster of two (whose CTAs
-  // past M store nothing), every epilogue; 16-bit y (stmatrix into the boxes) and fp32 y
-  // (tf32, tf32x3: 8-byte shared stores). Rows that end inside a 16-byte unit of y (N % 8 != 0
-  // in 16-bit, N % 4 != 0 in fp32) are refused (the config is invalid there) and must be the
-  // only ones skipped.
-  struct Keyed {
-    DType dtype;
-    const char* key;
-  };
-  std::vector<Keyed> keys;
-  for (DType d : {DType::fp16, DType::bf16})
-    for (const char* key :
-         {"warpspec.128x256x64.c2.s4.g8.cl1.p1.ts", "warpspec.64x128x64.c1.s6.g8.cl1.p1.ts",
-          "warpspec.128x128x64.c1.s6.g8.cl1.p1.ts", "warpspec.128x256x64.c2.s4.g8.cl1.p0.ts",
-          "warpspec.128x128x64.c2.s5.g8.cl2.p1.ts"})
-      keys.push_back({d, key});
-  for (const char* key :
-       {"warpspec.128x256x32.c2.s4.g16.cl1.p1.ts", "warpspec.64x128x32.c1.s6.g8.cl1.p1.ts",
-        "warpspec.128x128x32.c2.s6.g8.cl2.p1.ts", "warpspec.128x128x32.c1.s6.g8.cl1.p0.ts"})
-    keys.push_back({DType::tf32, key});
-  keys.push_back({DType::tf32x3, "warpspec.128x128x32.c2.s3.g8.cl1.p1.ts"});
-  keys.push_back({DType::tf32x3, "warpspec.64x128x32.c1.s4.g8.cl1.p1.ts"});
-  for (const Keyed& k : keys)
+namespace {
+
+// y leaves through per-warp boxes and TMA stores, clipped at M and N by the copy engine: the
+// quick sweep with each key forced, every epilogue. Rows that end inside a 16-byte unit of y
+// (N % 8 != 0 in 16-bit, N % 4 != 0 in fp32) are refused (the config is invalid there) and
+// must be the only ones skipped.
+void check_tma_store_keys(DType d, std::initializer_list<const char*> keys) {
+  for (const char* key : keys)
     for (Mode m : kModes) {
-      CAPTURE(k.key);
-      CAPTURE(name(k.dtype));
+      CAPTURE(key);
+      CAPTURE(name(d));
       CAPTURE(name(m));
-      const std::vector<SweepCase> cases = tma_aligned(builtin_sweep(false, k.dtype, m));
+      const std::vector<SweepCase> cases = tma_aligned(builtin_sweep(false, d, m));
       const auto tails = static_cast<std::size_t>(
           std::count_if(cases.begin(), cases.end(), [&](const SweepCase& c) {
-            return c.problem.N * static_cast<std::int64_t>(storage_bytes(k.dtype)) % 16 != 0;
+            return c.problem.N * static_cast<std::int64_t>(storage_bytes(d)) % 16 != 0;
           }));
-      const SweepSummary s = run_cases(cases, k.dtype, m, Implementation::plan, std::nullopt,
-                                       KernelConfig::parse(k.key));
+      const SweepSummary s =
+          run_cases(cases, d, m, Implementation::plan, std::nullopt, KernelConfig::parse(key));
       CHECK(s.skipped == tails);
       CHECK(s.passed == s.cases - tails);
       CHECK(s.passed > 0);
     }
+}
+
+}  // namespace
+
+TEST_CASE("quick sweep, warpspec TMA-store configs, 16-bit y (sm_90 only)") {
+  if (!on_hopper()) return;
+  // stmatrix into the boxes: two consumer warpgroups of 64 rows and one of 64 or 128 rows (two
+  // atoms per warp), 128- and 256-column tiles, persistent and one CTA per tile, a cluster of
+  // two (whose CTAs past M store nothing).
+  for (DType d : {DType::fp16, DType::bf16})
+    check_tma_store_keys(
+        d, {"warpspec.128x256x64.c2.s4.g8.cl1.p1.ts", "warpspec.64x128x64.c1.s6.g8.cl1.p1.ts",
+            "warpspec.128x128x64.c1.s6.g8.cl1.p1.ts", "warpspec.128x256x64.c2.s4.g8.cl1.p0.ts",
+            "warpspec.128x128x64.c2.s5.g8.cl2.p1.ts"});
+}
+
+TEST_CASE("quick sweep, warpspec TMA-store configs, fp32 y (sm_90 only)") {
+  if (!on_hopper()) return;
+  // 8-byte shared stores into the boxes: tf32's 128x256 4-stage default, one consumer, a
+  // cluster of two, one CTA per tile; tf32x3's two consumer shapes.
+  check_tma_store_keys(
+      DType::tf32,
+      {"warpspec.128x256x32.c2.s4.g16.cl1.p1.ts", "warpspec.64x128x32.c1.s6.g8.cl1.p1.ts",
+       "warpspec.128x128x32.c2.s6.g8.cl2.p1.ts", "warpspec.128x128x32.c1.s6.g8.cl1.p0.ts"});
+  check_tma_store_keys(DType::tf32x3, {"warpspec.128x128x32.c2.s3.g8.cl1.p1.ts",
+                                       "warpspec.64x128x32.c1.s4.g8.cl1.p1.ts"});
 }
 
 TEST_CASE("quick sweep, recompute configs: statistics pass, finalize, affine pass (train)") {

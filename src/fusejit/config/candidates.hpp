@@ -17,6 +17,10 @@ namespace fusejit {
 inline constexpr int kTmaStoreBoxRows = 16;
 inline constexpr int kTmaStoreBoxRowBytes = 64;
 
+// Whether y's rows can take TMA stores (KernelConfig::tma_store): whole 16-byte units per row
+// (N % 8 == 0 in 16-bit types, N % 4 == 0 in fp32) and 16-byte aligned rows.
+bool y_rows_take_tma_stores(const Problem&);
+
 // Train mode's schedule class (codegen.hpp): single-pass when one row tile holds the plan's M
 // rows and no ranks synchronize; two-pass otherwise.
 bool single_pass_class(const Problem&, const KernelConfig&);

@@ -99,6 +99,12 @@ std::string int32_counts_why_invalid(const Problem& p, const KernelConfig& c, co
 
 }  // namespace
 
+bool y_rows_take_tma_stores(const Problem& p) {
+  // TMA stores whole 16-byte units: a row end inside one would write into y's padding.
+  return p.N * static_cast<std::int64_t>(storage_bytes(p.dtype)) % 16 == 0 &&
+         p.effective_alignment() >= 16;
+}
+
 bool single_pass_class(const Problem& p, const KernelConfig& c) {
   return p.mode == Mode::train && p.M <= c.bm && p.stat_ranks == 0;
 }
@@ -209,12 +215,11 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
              "and two slices' split x fragments fill its registers)";
     if (tma_store) {
       if (pingpong) return "warpspec: tma_store and pingpong do not combine";
-      // TMA stores 16-byte units: a row end inside one would write into y's padding.
-      if (p.N * static_cast<std::int64_t>(storage_bytes(p.dtype)) % 16 != 0)
-        return fmt::format("warpspec: tma_store needs N to be a multiple of {}",
-                           16 / storage_bytes(p.dtype));
-      if (p.effective_alignment() < 16)
-        return "warpspec: tma_store needs 16-byte aligned rows of y";
+      if (!y_rows_take_tma_stores(p))
+        return p.N * static_cast<std::int64_t>(storage_bytes(p.dtype)) % 16 != 0
+                   ? fmt::format("warpspec: tma_store needs N to be a multiple of {}",
+                                 16 / storage_bytes(p.dtype))
+                   : "warpspec: tma_store needs 16-byte aligned rows of y";
     }
   } else {
     if (cluster_m != 1 || persistent || pingpong || tma_store)
@@ -498,12 +503,13 @@ std::vector<KernelConfig> warpspec_tiles(const Problem& p) {
     // 1.16 / 1.10-1.15). Eval elsewhere is not offered 128x256 tiles, since the time model, which
     // ranks the list, would put them first: with short K they took +20% at 2048x2048x512 and
     // +63% at 65536x256x64 (thread stores, H100), and on a grid of under two waves of them
-    // +70% (512x4096x4096, ranked as M = 1024: 128 tiles; H200). Train lists 128x256 s3 last,
-    // so that the first three (recompute_twins) stay the tiles whose twins were measured.
+    // +70% (512x4096x4096, ranked as M = 1024: 128 tiles; H200).
     //
-    // Where TMA stores cannot run (N % 4 != 0, unaligned y) they are pruned: train falls to
-    // 128x256 s3 (measured before; s4 fits but was not timed with thread stores), eval to
-    // 128x128 in clusters of two along M (TMA multicasts each W tile to both CTAs) where K is
+    // Where TMA stores cannot run (N % 4 != 0, unaligned y) train takes the list as it was
+    // before them, 128x256 s3 first (s4 fits but was not timed with thread stores), so that
+    // the first three, which get recompute twins (recompute_twins), are the tiles whose twins
+    // were measured; with them, 128x256 s3 comes last (no twin) for the same reason. Eval falls
+    // to 128x128 in clusters of two along M (TMA multicasts each W tile to both CTAs) where K is
     // long. H200, eval, two rounds in one call, ms: 1024x8192x8192 0.371 -> 0.360, 4096^3
     // 0.381 -> 0.374, 16384x4096x4096 1.80 -> 1.70-1.73; but 2048x2048x512 0.0217 -> 0.0221
     // and 65536x256x64 0.0319 -> 0.0331 (K between 512 and 4096 not measured).
@@ -512,23 +518,24 @@ std::vector<KernelConfig> warpspec_tiles(const Problem& p) {
     wide_ts.group_m = 16;
     KernelConfig wide = warpspec(128, 256, bk, 2, 3, true);
     wide.group_m = 16;
-    // Only where measured: M >= 1024 (a cluster of a lone row tile leaves half its CTAs idle)
-    // and rows TMA loads directly (not behind pad_operands' copy).
     KernelConfig pair = warpspec(128, 128, bk, 2, 6, true);
     pair.cluster_m = 2;
     const bool eval = p.mode == Mode::eval;
+    // Either first only where measured: M >= 1024 (for the pair: a cluster of a lone row tile
+    // leaves half its CTAs idle) and rows TMA loads directly (not behind pad_operands' copy).
     const bool long_eval = eval && p.K >= 2048 && p.M >= 1024 && p.effective_alignment() >= 16;
     // 256 tiles: the smallest grid measured faster (1024x8192x8192). The class's low end (e.g.
     // 257x8192x8192: 96 tiles, one wave, against two waves of half-size 128x128 tiles) is not
     // measured.
     const bool wide_eval = long_eval && output_tiles(p, wide_ts) >= 256;
-    if (!eval) out = {wide_ts};
+    const bool ts = y_rows_take_tma_stores(p);
+    if (!eval) out = ts ? std::vector<KernelConfig>{wide_ts} : std::vector<KernelConfig>{wide};
     if (long_eval)
       out = wide_eval ? std::vector<KernelConfig>{wide_ts, pair} : std::vector<KernelConfig>{pair};
     for (const auto& c : {warpspec(128, 128, bk, 2, 6, true), warpspec(64, 128, bk, 1, 6, true),
                           warpspec(128, 64, bk, 2, 6, true)})
       out.push_back(c);
-    if (!eval) out.push_back(wide);
+    if (!eval && ts) out.push_back(wide);
     if (eval && !long_eval) out.push_back(pair);
     return out;
   }

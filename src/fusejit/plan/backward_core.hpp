@@ -36,7 +36,7 @@ struct BackwardCore {
 };
 
 // What a backward pass can be built for: a valid problem, no synchronized statistics, train
-// with M >= 2, not tf32x3. Throws InvalidArgument naming the argument.
+// with M >= 2. Throws InvalidArgument naming the argument.
 void validate_backward_problem(const Problem&);
 // validate_backward_problem's refusal as text ("" when the backward pass takes the problem), for
 // callers that skip a problem instead of failing (compile --backward, the tuning database).

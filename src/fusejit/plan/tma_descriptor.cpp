@@ -80,7 +80,9 @@ WarpspecTensorMaps warpspec_tensor_maps(const Problem& problem, const KernelConf
   std::memset(&maps.y, 0, sizeof(maps.y));
   if (config.tma_store) {
     const int box_cols = kTmaStoreBoxRowBytes / static_cast<int>(storage_bytes(problem.dtype));
-    maps.y = encode_tma_tile_map(problem.dtype, y, rows, problem.N, problem.lda_y(),
+    // y in its storage type: tf32's TFLOAT32 (the type of its loads, which round) would name a
+    // conversion that y's fp32 values must not get.
+    maps.y = encode_tma_tile_map(storage_type(problem.dtype), y, rows, problem.N, problem.lda_y(),
                                  kTmaStoreBoxRows, box_cols, "y");
   }
   return maps;

@@ -204,7 +204,8 @@ TuningEntry entry_from_json(const std::string& key, const json& j, TunedPass pas
           fmt::format("{}: backward entries are filed under backward_entry_problem's key "
                       "(the default momentum)",
                       where));
-    // A problem BackwardPlan refuses was never tuned.
+    // A problem BackwardPlan refuses was never tuned. (A guard: the one refusal left,
+    // synchronized statistics, has no field in a file, so its key already fails above.)
     if (const std::string why = backward_refusal(e.problem); !why.empty())
       damaged(fmt::format("{}: a problem the backward pass refuses ({})", where, why));
   }
