@@ -2,7 +2,8 @@
 // codegen's output (a Spec prelude, templates/kernels/warpspec_gemm.cuh, the extern "C" entry
 // point) to sm_90a PTX, and the PTX must hold the instructions the design rests on: wgmma, TMA
 // bulk tensor copies completing on mbarriers, setmaxnreg, for a cluster Spec the multicast
-// form, and for a TMA_STORE Spec stmatrix and bulk tensor stores out of shared memory. Needs
+// form, and for a TMA_STORE Spec stmatrix (16-bit y) or 8-byte shared stores (fp32 y) and
+// bulk tensor stores out of shared memory. Needs
 // nvcc, not a GPU; without nvcc the test says so and passes vacuously.
 #include <doctest/doctest.h>
 
@@ -67,6 +68,14 @@ size_t count(const std::string& text, const std::string& what) {
   return n;
 }
 
+// One entry's PTX: from its ".entry NAME(" to the next ".entry" (the device functions are
+// inlined into it).
+std::string entry_text(const std::string& text, const std::string& name) {
+  const size_t begin = text.find(".entry " + name + "(");
+  if (begin == std::string::npos) return {};
+  return text.substr(begin, text.find(".entry ", begin + 1) - begin);
+}
+
 }  // namespace
 
 TEST_CASE("the warpspec kernel compiles to wgmma, TMA, mbarrier and setmaxnreg PTX on sm_90a") {
@@ -92,10 +101,12 @@ TEST_CASE("the warpspec kernel compiles to wgmma, TMA, mbarrier and setmaxnreg P
       << spec("SpecTf32Tile", "float", 1, true, false, 128, 1, 1, false, false)
       << spec("SpecCluster", "fj::bf16_t", 3, true, false, 256, 2, 2, true, true)
       << spec("SpecTmaStore", "fj::bf16_t", 3, false, false, 256, 2, 1, true, true, true)
+      << spec("SpecTf32TmaStore", "float", 1, false, false, 128, 2, 1, true, true, true)
       << "#include \"kernels/warpspec_gemm.cuh\"\n"
       << entry("fj_gemm_bf16", "SpecBf16") << entry("fj_gemm_fp16", "SpecFp16Train")
       << entry("fj_gemm_tf32", "SpecTf32Tile") << entry("fj_gemm_cluster", "SpecCluster")
-      << entry("fj_gemm_tma_store", "SpecTmaStore");
+      << entry("fj_gemm_tma_store", "SpecTmaStore")
+      << entry("fj_gemm_tf32_tma_store", "SpecTf32TmaStore");
   }
   const std::string cmd = "'" + nvcc + "' -std=c++17 -ptx -Werror all-warnings" +
                           " -gencode arch=compute_90a,code=compute_90a -I'" +
@@ -111,7 +122,7 @@ TEST_CASE("the warpspec kernel compiles to wgmma, TMA, mbarrier and setmaxnreg P
   const std::string text = buf.str();
 
   // Every kernel: tensor-core MMAs of each input type, fed by TMA into an mbarrier ring.
-  CHECK(count(text, ".entry fj_gemm_") == 5);
+  CHECK(count(text, ".entry fj_gemm_") == 6);
   CHECK(count(text, "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") > 0);
   CHECK(count(text, "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16") > 0);
   CHECK(count(text, "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32") > 0);
@@ -137,6 +148,15 @@ TEST_CASE("the warpspec kernel compiles to wgmma, TMA, mbarrier and setmaxnreg P
   CHECK(count(text, "fence.proxy.async.shared::cta") >= 1);
   CHECK(count(text, "cp.async.bulk.wait_group.read 1") >= 1);
   CHECK(count(text, "cp.async.bulk.wait_group 0") >= 1);
+  // fp32 y (tf32) fills the same boxes with each lane's 8-byte pair (stmatrix moves 16-bit
+  // values only): 2 x 2 stores per lane per box, 8 boxes of 16 columns per 64-row atom at
+  // BN = 128, unrolled (64 in all: y's stores and the saved path's copy of them).
+  const std::string tf32_ts = entry_text(text, "fj_gemm_tf32_tma_store");
+  REQUIRE(!tf32_ts.empty());
+  CHECK(count(tf32_ts, "stmatrix") == 0);
+  CHECK(count(tf32_ts, "st.shared.v2.f32") >= 4 * 128 / 16);
+  CHECK(count(tf32_ts, "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group") >= 1);
+  CHECK(count(tf32_ts, "fence.proxy.async.shared::cta") >= 1);
 
   std::error_code ec;
   fs::remove_all(dir, ec);
