@@ -53,6 +53,11 @@ __device__ __forceinline__ void st_shared_v4(unsigned dst, unsigned a, unsigned 
                : "memory");
 }
 
+// 8-byte shared store of two 32-bit words by shared-window address (a swizzled destination).
+__device__ __forceinline__ void st_shared_v2(unsigned dst, unsigned a, unsigned b) {
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(dst), "r"(a), "r"(b) : "memory");
+}
+
 // 4-byte shared store by shared-window address (where the address is computed, e.g. swizzled,
 // rather than taken from a C++ object).
 __device__ __forceinline__ void st_shared_b32(unsigned dst, unsigned v) {

@@ -27,6 +27,7 @@
 // of the group owns 16 rows and lane (g = lane / 4, q = lane % 4) holds, for every 8-column
 // block j, d[4j + 2h + e] at row 64 ma + 16 w + g + 8 h, column 8 j + 2 q + e.
 #pragma once
+#include "common/cp_async.cuh"
 #include "common/grid_barrier.cuh"
 #include "common/params.h"
 #include "common/rows.cuh"
@@ -432,10 +433,8 @@ struct FragmentBnEpilogue {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = g + 8 * h, u = 2 * jj + q / 2;
-          const unsigned addr = box + r * kBoxRowBytes + 16 * (u ^ ((r / 2) % 4)) + 8 * (q % 2);
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(v[jj][h].x),
-                       "f"(v[jj][h].y)
-                       : "memory");
+          st_shared_v2(box + r * kBoxRowBytes + 16 * (u ^ ((r / 2) % 4)) + 8 * (q % 2),
+                       __float_as_uint(v[jj][h].x), __float_as_uint(v[jj][h].y));
         }
     }
   }

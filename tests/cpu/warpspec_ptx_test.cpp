@@ -154,7 +154,7 @@ TEST_CASE("the warpspec kernel compiles to wgmma, TMA, mbarrier and setmaxnreg P
   const std::string tf32_ts = entry_text(text, "fj_gemm_tf32_tma_store");
   REQUIRE(!tf32_ts.empty());
   CHECK(count(tf32_ts, "stmatrix") == 0);
-  CHECK(count(tf32_ts, "st.shared.v2.f32") >= 4 * 128 / 16);
+  CHECK(count(tf32_ts, "st.shared.v2.b32") >= 4 * 128 / 16);
   CHECK(count(tf32_ts, "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group") >= 1);
   CHECK(count(tf32_ts, "fence.proxy.async.shared::cta") >= 1);
 
