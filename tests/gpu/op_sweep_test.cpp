@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "fusejit/config/candidates.hpp"
 #include "fusejit/device.hpp"
 #include "fusejit/device/context.hpp"
 #include "fusejit/device/device_memory.hpp"
@@ -149,8 +150,8 @@ void check_tma_store_keys(DType d, std::initializer_list<const char*> keys) {
       CAPTURE(name(m));
       const std::vector<SweepCase> cases = tma_aligned(builtin_sweep(false, d, m));
       const auto tails = static_cast<std::size_t>(
-          std::count_if(cases.begin(), cases.end(), [&](const SweepCase& c) {
-            return c.problem.N * static_cast<std::int64_t>(storage_bytes(d)) % 16 != 0;
+          std::count_if(cases.begin(), cases.end(), [](const SweepCase& c) {
+            return !y_rows_take_tma_stores(c.problem);  // rows are aligned: N's tails only
           }));
       const SweepSummary s =
           run_cases(cases, d, m, Implementation::plan, std::nullopt, KernelConfig::parse(key));
