@@ -8,14 +8,11 @@
 // persistent CTA's producer can load the next tile while the consumers run this.
 //
 // TMA_STORE: instead of 128-byte chunks through a warpgroup's staging buffer and 16-byte
-// stores that the consumers issue themselves, each warp writes 16 rows x 64 bytes (32 16-bit
-// or 16 fp32 columns) at a time into one of its two 1 KiB boxes (TMA's 64-byte swizzle;
-// stmatrix for 16-bit y, 8-byte shared stores for fp32) and one lane hands the box to a TMA
-// store. The warp synchronizes with itself only (no named barriers), and goes back to the
-// mainloop while the copy engine drains y. On H100 that made bf16 train 1.6-1.8% faster at
-// 4096^3 and left eval unchanged (docs/performance.md, sixth session); for fp32 y the boxes,
-// smaller than the staging buffer, also let tf32's 128x256 tile keep a 4th stage (same file,
-// "TMA stores of fp32 y").
+// stores that the consumers issue themselves, y leaves through per-warp boxes and TMA stores
+// (epilogue/warp_box_store.cuh). On H100 that made bf16 train 1.6-1.8% faster at 4096^3 and
+// left eval unchanged (docs/performance.md, sixth session); for fp32 y the boxes, smaller than
+// the staging buffer, also let tf32's 128x256 tile keep a 4th stage (same file, "TMA stores of
+// fp32 y").
 //
 // p.saved (optional, laid out like y): eval u = a + b and single-pass train c = a - mean_a leave
 // by the same path as y without TMA_STORE; with TMA_STORE through the same boxes, copied out by
@@ -35,6 +32,7 @@
 #include "common/types.cuh"
 #include "epilogue/bn_math.cuh"
 #include "epilogue/column_merge.cuh"
+#include "epilogue/warp_box_store.cuh"
 #include "mainloop/mbarrier.cuh"
 #include "mainloop/tma.cuh"
 
@@ -61,24 +59,22 @@ struct FragmentBnEpilogue {
   static constexpr int kStageLd = 128 + 8 * static_cast<int>(sizeof(T));
   // TMA_STORE: per warp two boxes of [16 rows][64 bytes].
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "fragment epilogue: y is 16- or 32-bit");
-  // (kernel_config.hpp's kTmaStoreBoxRows / kTmaStoreBoxRowBytes: the host encodes y's map
-  // with the same box.)
-  static constexpr int kBoxRows = 16, kBoxRowBytes = 64;
-  static constexpr int kBoxCols = kBoxRowBytes / static_cast<int>(sizeof(T));
-  static constexpr int kBoxBytes = kBoxRows * kBoxRowBytes;
+  using Boxes = WarpBoxStore<T, BN, M_ATOMS>;
+  static constexpr int kBoxRows = Boxes::kBoxRows, kBoxRowBytes = Boxes::kBoxRowBytes;
+  static constexpr int kBoxCols = Boxes::kBoxCols;
   static constexpr int kStagingBytes =
-      TMA_STORE ? kWarps * 2 * kBoxBytes : CONSUMERS * WG_M * kStageLd;
+      TMA_STORE ? kWarps * Boxes::kWarpBytes : CONSUMERS * WG_M * kStageLd;
   static constexpr int kRedFloats = kWarps * BN;
   // Staging first: TMA_STORE boxes need the alignment of the swizzle pattern, which the caller
   // gives the scratch base (kScratchAlign).
   static constexpr int kScratchBytes = kStagingBytes + (kRedFloats + 2 * BN) * 4;
-  static constexpr int kScratchAlign = TMA_STORE ? 1024 : 16;
+  static constexpr int kScratchAlign = TMA_STORE ? Boxes::kAlign : 16;
   static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte store
 
   using Acc = float[M_ATOMS][kRegs];
   // One fragment pair (columns 8 j + 2 q, + 1 of a row) as store() hands it on: two 16-bit
   // values packed in an unsigned, or two floats.
-  using Pair = typename Select<sizeof(T) == 4, float2, unsigned>::type;
+  using Pair = typename Boxes::Pair;
 
   // saved = a + offs[c] in eval: offs = eval_saved_offset (the bias, or WS_AFFINE's -mean_a),
   // zero past N; `count` threads from `tid`.
@@ -194,9 +190,7 @@ struct FragmentBnEpilogue {
   // TMA_STORE: before the CTA exits, its last stores must have read the staging boxes (which die
   // with the CTA) and written y (which the next kernel may read).
   __device__ __forceinline__ static void drain(int tid) {
-    if constexpr (TMA_STORE) {
-      if (tid % 32 == 0) bulk_wait<0>();
-    }
+    if constexpr (TMA_STORE) Boxes::drain(tid % 32);
   }
 
  private:
@@ -350,7 +344,9 @@ struct FragmentBnEpilogue {
     if constexpr (TMA_STORE && SAVED) {
       store_boxes_by_threads(p, static_cast<T*>(p.saved), staging, m0, n0, tid, value);
     } else if constexpr (TMA_STORE) {
-      store_tma(staging, m0, n0, tid, ty, value);
+      const int wg = tid / 128, wq = (tid % 128) / 32;
+      Boxes::store(shared_addr(staging + (tid / 32) * Boxes::kWarpBytes), tid % 32,
+                   m0 + wg * WG_M + 16 * wq, n0, ty, value);
     } else {
       T* out = static_cast<T*>(SAVED ? p.saved : p.y);
 #pragma unroll
@@ -361,86 +357,8 @@ struct FragmentBnEpilogue {
     }
   }
 
-  // Four 8x8 matrices of 16-bit pairs from the mma fragment layout (register i holds matrix i's
-  // row lane / 4, pair lane % 4) into shared memory; lanes 8i..8i+7 give matrix i's row
-  // addresses. A quarter of the instructions of 32-bit shared stores.
-  __device__ __forceinline__ static void stmatrix_x4(unsigned addr, unsigned r0, unsigned r1,
-                                                     unsigned r2, unsigned r3) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
-                 : "memory");
-  }
-
-  // Each warp's 16 rows of an atom go out in boxes of 16 rows x kBoxCols columns, alternating
-  // between the warp's two boxes: before overwriting one, the lane that issued the stores waits
-  // until at most one group (the other box's) still reads shared memory. In a box, row r's
-  // 16-byte unit u sits at unit u ^ ((r / 2) % 4) (TMA's 64-byte swizzle on a 1 KiB aligned
-  // box), which also puts each stmatrix phase's 8 rows on distinct banks. TMA skips the rows
-  // past M and the columns past N.
-  template <class Value>
-  __device__ __forceinline__ static void store_tma(char* staging, int m0, int n0, int tid,
-                                                   const TmaDescriptor* ty, Value value) {
-    const int warp = tid / 32, lane = tid % 32;
-    const int wg = tid / 128, wq = (tid % 128) / 32;
-    const unsigned boxes = shared_addr(staging + warp * 2 * kBoxBytes);
-    const int row0 = m0 + wg * WG_M + 16 * wq;
-    int parity = 0;
-#pragma unroll
-    for (int ma = 0; ma < M_ATOMS; ++ma)
-#pragma unroll
-      for (int cc = 0; cc < BN / kBoxCols; ++cc, parity ^= 1) {
-        Pair v[kBoxCols / 8][2];
-#pragma unroll
-        for (int jj = 0; jj < kBoxCols / 8; ++jj)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) v[jj][h] = value(ma, cc * (kBoxCols / 8) + jj, h);
-        const unsigned box = boxes + parity * kBoxBytes;
-        if (lane == 0) bulk_wait_read<1>();
-        __syncwarp();
-        fill_box(box, lane, v);
-        fence_async_shared();
-        __syncwarp();
-        if (lane == 0) {
-          tma_store_2d(ty, box, n0 + cc * kBoxCols, row0 + 64 * ma);
-          bulk_commit();
-        }
-      }
-  }
-
-  // One box of 16 rows x kBoxCols columns from this warp's fragment values v (8-column block jj,
-  // row half h), in the swizzled layout store_tma describes.
-  __device__ __forceinline__ static void fill_box(unsigned box, int lane,
-                                                  const Pair (&v)[kBoxCols / 8][2]) {
-    if constexpr (sizeof(T) == 2) {
-      // This lane's stmatrix row: row `lane % 8` of matrix `lane / 8`, which is (8-column
-      // block 2 s + mi / 2, row half mi % 2) of the box in call s.
-      const int mi = lane / 8;
-      const int r = lane % 8 + 8 * (mi % 2);
-#pragma unroll
-      for (int s = 0; s < kBoxCols / 16; ++s) {
-        const int u = 2 * s + mi / 2;
-        stmatrix_x4(box + r * kBoxRowBytes + 16 * (u ^ ((r / 2) % 4)), v[2 * s][0], v[2 * s][1],
-                    v[2 * s + 1][0], v[2 * s + 1][1]);
-      }
-    } else {
-      // fp32 (no stmatrix for 32-bit values): the lane's own pair, row g + 8 h, bytes
-      // [32 jj + 8 q, + 8) of the row, in 16-byte unit 2 jj + q / 2. Per instruction the warp
-      // writes 256 bytes in two wavefronts: rows 2 apart land on different units through the
-      // swizzle, so no more than two lanes' pairs share a bank.
-      const int g = lane / 4, q = lane % 4;
-#pragma unroll
-      for (int jj = 0; jj < kBoxCols / 8; ++jj)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = g + 8 * h, u = 2 * jj + q / 2;
-          st_shared_v2(box + r * kBoxRowBytes + 16 * (u ^ ((r / 2) % 4)) + 8 * (q % 2),
-                       __float_as_uint(v[jj][h].x), __float_as_uint(v[jj][h].y));
-        }
-    }
-  }
-
   // TMA_STORE's layout without TMA (for `saved`, which has no tensor map): each box is filled as
-  // store_tma fills it, then the warp copies it to `out` in 16-byte stores, 4 lanes per
+  // Boxes::store fills it, then the warp copies it to `out` in 16-byte stores, 4 lanes per
   // 64-byte row. Synchronous, so one box serves; both may still be read by y's TMA stores.
   template <class Value>
   __device__ __forceinline__ static void store_boxes_by_threads(const Params& p, T* out,
@@ -448,7 +366,7 @@ struct FragmentBnEpilogue {
                                                                 int tid, Value value) {
     const int warp = tid / 32, lane = tid % 32;
     const int wg = tid / 128, wq = (tid % 128) / 32;
-    char* box_ptr = staging + warp * 2 * kBoxBytes;
+    char* box_ptr = staging + warp * Boxes::kWarpBytes;
     const unsigned box = shared_addr(box_ptr);
     const int row0 = m0 + wg * WG_M + 16 * wq;
     const int m = rows_of<Spec>(p);
@@ -464,7 +382,7 @@ struct FragmentBnEpilogue {
         for (int jj = 0; jj < kBoxCols / 8; ++jj)
 #pragma unroll
           for (int h = 0; h < 2; ++h) v[jj][h] = value(ma, cc * (kBoxCols / 8) + jj, h);
-        fill_box(box, lane, v);
+        Boxes::fill_box(box, lane, v);
         __syncwarp();
 #pragma unroll
         for (int i = lane; i < kBoxRows * kUnits; i += 32) {
@@ -472,7 +390,7 @@ struct FragmentBnEpilogue {
           const int grow = row0 + 64 * ma + r;
           const int gcol = n0 + cc * kBoxCols + u * kVec;
           if (grow < m && gcol < Spec::N) {
-            const char* src = box_ptr + r * kBoxRowBytes + 16 * (u ^ ((r / 2) % 4));
+            const char* src = box_ptr + Boxes::unit_offset(r, u);
             T* dst = out + static_cast<long long>(grow) * Spec::LDY + gcol;
             if (gcol + kVec <= Spec::N) {
               *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);

@@ -14,23 +14,24 @@
 // GEMMs stay on the tiled kernel.
 //
 // The epilogue, two ways. Thread stores: each thread's accumulator pairs straight from
-// registers (the wgmma fragment: 2 adjacent columns per row). TMA_STORE: each consumer
-// warpgroup writes its rows of the tile, rounded, into its own staging buffer in shared memory
-// (boxes of 64 rows x 128 bytes, 128-byte swizzle: the fragment's 8 rows per store land in 8
-// different banks), one thread hands the boxes to TMA, and the group goes straight on to its
-// next tile's mainloop while the copy engine writes them out: with a short reduction (dW's is
-// the batch) the stores are a large part of a tile's time. Accumulating runs (C += A B) take
-// the thread stores either way, since they read C first. With PERSISTENT the producer keeps
-// loading the next tile meanwhile in both cases. SPLIT_K > 1 (no TMA_STORE): blockIdx.y is the
-// split, each multiplies its share of the reduction (common/split_k.h) and stores fp32 pairs
-// into its slice of GemmParams::partials; kernels/grad_split_sum.cuh adds the slices into C.
+// registers (the wgmma fragment: 2 adjacent columns per row). TMA_STORE: each warp writes its
+// rows of the tile, rounded, through its two boxes in shared memory to TMA stores
+// (epilogue/warp_box_store.cuh, the forward's y stores) and goes straight on to its next tile's
+// mainloop while the copy engine writes them out: with a short reduction (dW's is the batch)
+// the stores are a large part of a tile's time. The boxes take 2 KiB a warp where a whole
+// staged tile took bm x bn x 2 bytes, which cost 128x256 tiles their 4th ring stage.
+// Accumulating runs (C += A B) take the thread stores either way, since they read C first. With
+// PERSISTENT the producer keeps loading the next tile meanwhile in both cases. SPLIT_K > 1 (no
+// TMA_STORE): blockIdx.y is the split, each multiplies its share of the reduction
+// (common/split_k.h) and stores fp32 pairs into its slice of GemmParams::partials;
+// kernels/grad_split_sum.cuh adds the slices into C.
 //
 // Host launch contract: grid.x = PERSISTENT ? min(tiles, max(1, SMs / SPLIT_K)) : tiles with
 // tiles = ceil(rows / BM) * ceil(COLS / BN), grid.y = SPLIT_K; block.x = THREADS = 128 * (CONSUMERS
 // + 1); dynamic shared memory kSmemBytes; tensor maps `ta`, `tb` (plan/backward_core.cpp): a
 // K-major operand [rows][red] in boxes of (its tile rows) x 64, an MN-major one [red][rows] in
 // boxes of BK x 64, elements past the matrix read as zero; with TMA_STORE `tc`, C [rows][COLS] in
-// boxes of 64 rows x 64 columns, 128-byte swizzle (unused otherwise).
+// WarpBoxStore's boxes (16 rows x 64 bytes, 64-byte swizzle; unused otherwise).
 #pragma once
 #include "common/cp_async.cuh"
 #include "common/gemm_params.h"
@@ -40,6 +41,7 @@
 #include "common/tile.cuh"
 #include "common/tma_descriptor.cuh"
 #include "common/types.cuh"
+#include "epilogue/warp_box_store.cuh"
 #include "kernels/tile_scheduler.cuh"
 #include "mainloop/mbarrier.cuh"
 #include "mainloop/tma.cuh"
@@ -107,8 +109,7 @@ struct GradWgmma {
   static constexpr int kColTiles = (COLS + BN - 1) / BN;
   using Raster = GroupedRaster<kColTiles, G::GROUP_M>;
   static constexpr bool kTmaStore = G::TMA_STORE;
-  static constexpr int kOutBox = 64;  // rows and columns of a TMA store box (128-byte rows)
-  static constexpr int kOutBoxBytes = kOutBox * 128;
+  using Boxes = WarpBoxStore<T, BN, kMAtoms>;
   static constexpr int kSplits = G::SPLIT_K;
   static_assert(kSplits >= 1 && !(kSplits > 1 && kTmaStore),
                 "grad wgmma: SPLIT_K >= 1; split slices are fp32 thread stores, no TMA_STORE");
@@ -118,9 +119,9 @@ struct GradWgmma {
     alignas(1024) unsigned char a[TileA::kBytes];
     alignas(1024) unsigned char b[TileB::kBytes];
   };
-  // TMA_STORE: each consumer group's rows of the tile as BN / 64 boxes of [64 rows][128 bytes].
+  // TMA_STORE: each consumer warp's two boxes.
   struct OutStaging {
-    alignas(1024) unsigned char group[CONSUMERS][kMAtoms][BN / kOutBox][kOutBoxBytes];
+    alignas(Boxes::kAlign) unsigned char warp[4 * CONSUMERS][Boxes::kWarpBytes];
   };
   struct NoStaging {};
   struct SharedStorage {
@@ -188,10 +189,9 @@ struct GradWgmma {
       return base + FJ_OFFSETOF(SharedStorage, ring) + i * unsigned(sizeof(Stage)) +
              FJ_OFFSETOF(Stage, a);
     }
-    // TMA_STORE: box `box` of 64-row block `ma` of consumer group g's staging.
-    __device__ __forceinline__ unsigned out(int g, int ma, int box) const {
-      return base + FJ_OFFSETOF(SharedStorage, out) +
-             static_cast<unsigned>(((g * kMAtoms + ma) * (BN / kOutBox) + box) * kOutBoxBytes);
+    // TMA_STORE: consumer warp w's boxes.
+    __device__ __forceinline__ unsigned out(int w) const {
+      return base + FJ_OFFSETOF(SharedStorage, out) + static_cast<unsigned>(w * Boxes::kWarpBytes);
     }
     __device__ __forceinline__ unsigned b(unsigned i) const {
       return base + FJ_OFFSETOF(SharedStorage, ring) + i * unsigned(sizeof(Stage)) +
@@ -270,45 +270,18 @@ struct GradWgmma {
       else
         store(p, acc, m0, n0, c.rows(), ctid % 128);
     }
-    // The staging must stay valid until the copy engine has read it; the global writes then
-    // complete on their own before the grid is considered done.
-    if (kTmaStore && ctid % 128 == 0) bulk_wait_read<0>();
+    if constexpr (kTmaStore) Boxes::drain(lane);
   }
 
-  // TMA_STORE: the group's rows of the tile into its staging, then one thread stores the boxes
-  // (rows past the run's and columns past COLS are clipped by the tensor map's bounds).
+  // TMA_STORE: the warp's rows of the tile, rounded, through its boxes (rows past the run's and
+  // columns past COLS are clipped by the tensor map's bounds).
   __device__ __forceinline__ static void store_tma(const Acc& acc, const Ctx& c,
                                                    const TmaDescriptor* tc, int m0, int n0,
                                                    int ctid) {
-    const int g = ctid / 128, wtid = ctid % 128;
-    // The group's previous boxes must have been read out before they are overwritten.
-    if (wtid == 0) bulk_wait_read<0>();
-    named_barrier_sync(1 + g, 128);
-    const int r = 16 * (wtid / 32) + (wtid % 32) / 4;  // row within the 64-row block (h = 0)
-    const int cb = 4 * (wtid % 4);                     // byte within a 16-byte chunk
-#pragma unroll
-    for (int ma = 0; ma < kMAtoms; ++ma)
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = r + 8 * h;
-          // Column 8 j + 2 (lane % 4): box j / 8, 16-byte chunk j % 8 swizzled by the row.
-          const unsigned addr = c.out(g, ma, j / 8) + static_cast<unsigned>(row * 128) +
-                                static_cast<unsigned>((((j % 8) ^ (row % 8)) * 16) + cb);
-          const unsigned v = pack2<T>(acc[ma][4 * j + 2 * h], acc[ma][4 * j + 2 * h + 1]);
-          st_shared_b32(addr, v);
-        }
-    fence_async_shared();
-    named_barrier_sync(1 + g, 128);
-    if (wtid == 0) {
-#pragma unroll
-      for (int ma = 0; ma < kMAtoms; ++ma)
-#pragma unroll
-        for (int box = 0; box < BN / kOutBox; ++box)
-          tma_store_2d(tc, c.out(g, ma, box), n0 + box * kOutBox, m0 + 64 * ma);
-      bulk_commit();
-    }
+    const int warp = ctid / 32;
+    Boxes::store(c.out(warp), ctid % 32, m0 + 16 * (warp % 4), n0, tc, [&](int ma, int j, int h) {
+      return pack2<T>(acc[ma][4 * j + 2 * h], acc[ma][4 * j + 2 * h + 1]);
+    });
   }
 
   // The wgmma fragment (PTX's m64nNk16 D layout): warp w of the group holds rows 16 w + lane / 4

@@ -141,7 +141,8 @@ TEST_CASE("backward: warpspec gradient GEMMs (sm_90a): tile shapes, tails, persi
         Tiles{"warpspec.64x128x64.c1.s6.g8.cl1.p0", "warpspec.64x128x64.c1.s6.g8.cl1.p1"},
         Tiles{"warpspec.128x64x64.c2.s6.g8.cl1.p1", "warpspec.128x128x64.c1.s4.g8.cl1.p1"},
         Tiles{"warpspec.256x128x64.c2.s3.g8.cl1.p1", "warpspec.64x64x64.c1.s8.g8.cl1.p1"},
-        {"warpspec.128x256x64.c2.s3.g16.cl1.p1.ts", "warpspec.64x128x64.c1.s6.g8.cl1.p0.ts"}})
+        {"warpspec.128x256x64.c2.s4.g16.cl1.p1.ts", "warpspec.64x128x64.c1.s6.g8.cl1.p0.ts"},
+        {"warpspec.128x128x64.c1.s4.g8.cl1.p1.ts", "warpspec.128x64x64.c2.s6.g8.cl1.p0.ts"}})
     check_forced(t.dx, t.dw,
                  {"1000x200x136 bf16 train", "300x72x40 fp16 eval", "2x24x16 bf16 train",
                   "777x328x520 bf16 eval", "1000x64x256 fp16 train non_centred"},

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "fusejit/codegen/codegen.hpp"
+#include "fusejit/config/candidates.hpp"
 #include "fusejit/error.hpp"
 
 namespace fusejit {
@@ -76,12 +77,13 @@ std::string gemm_kernel(const char* name, const char* spec, const KernelConfig& 
 
 int grad_wgmma_smem_bytes(const KernelConfig& c) {
   // kernels/grad_wgmma.cuh's SharedStorage: the ring of A and B tiles (1024-byte aligned), a
-  // full and an empty barrier per stage, the TMA store's staging (1024-byte aligned), and the
-  // 1024 bytes run() may skip to align the base.
+  // full and an empty barrier per stage, the TMA store's two boxes per consumer warp
+  // (1024-byte aligned), and the 1024 bytes run() may skip to align the base.
   auto up = [](int v, int a) { return (v + a - 1) / a * a; };
   const int ring = c.stages * (c.bm + c.bn) * c.bk * 2;
   int bytes = ring + 16 * c.stages;
-  if (c.tma_store) bytes = up(bytes, 1024) + c.bm * c.bn * 2;
+  if (c.tma_store)
+    bytes = up(bytes, 1024) + 4 * c.warps_m * 2 * kTmaStoreBoxRows * kTmaStoreBoxRowBytes;
   return up(bytes, 1024) + 1024;
 }
 

@@ -11,9 +11,9 @@
 
 namespace fusejit {
 
-// The warpspec TMA-store epilogue's box (FragmentBnEpilogue's kBoxRows x kBoxRowBytes in
-// templates/epilogue/fragment_bn_epilogue.cuh): each consumer warp owns two, and y's tensor map
-// is encoded with this box.
+// The warpspec TMA-store box (WarpBoxStore's kBoxRows x kBoxRowBytes in
+// templates/epilogue/warp_box_store.cuh): each consumer warp owns two, and the tensor maps of y
+// and of the gradient GEMMs' dX and dW are encoded with this box.
 inline constexpr int kTmaStoreBoxRows = 16;
 inline constexpr int kTmaStoreBoxRowBytes = 64;
 

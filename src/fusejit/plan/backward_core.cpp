@@ -98,12 +98,9 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
 // splits took 0.076 ms against 0.052.
 std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& g,
                                                const Device& d) {
+  // The forward's candidates for the GEMM's shape: a gradient GEMM's shared memory is the
+  // forward's ring and TMA-store boxes without its epilogue's scratch, so each fits as it is.
   std::vector<KernelConfig> candidates = candidate_configs(g, d);
-  // A TMA-store candidate's staging (a whole bm x bn tile) takes what the forward's per-warp
-  // boxes do not: it gives up ring stages for it, down to two.
-  for (KernelConfig& c : candidates)
-    if (c.variant == Variant::warpspec && c.tma_store)
-      while (c.stages > 2 && grad_wgmma_smem_bytes(c) > d.smem_per_block_optin) --c.stages;
   // The forward's own split twins (add_split_k) follow the forward's rules, not these: dropped.
   std::erase_if(candidates, [](const KernelConfig& c) { return c.split_k != 1; });
   const std::int64_t sms = std::max(1, d.sm_count);
@@ -317,8 +314,8 @@ namespace {
 // The warpspec gradient GEMMs' operand maps (kernels/grad_wgmma.cuh): a K-major operand in
 // boxes of its tile rows x 64 elements, an MN-major one in boxes of bk reduction rows x 64.
 // dX = dA W: dA K-major [rows][N], W MN-major [N][K]; dW = dA^T x: dA MN-major, x MN-major
-// [rows][K]; with tma_store, C (dX [rows][K], dW [N][K]) in boxes of 64 x 64. Zeros for a
-// tiled GEMM or one the run skips.
+// [rows][K]; with tma_store, C (dX [rows][K], dW [N][K]) in the per-warp boxes of the forward's
+// y (kTmaStoreBoxRows x kTmaStoreBoxRowBytes). Zeros for a tiled GEMM or one the run skips.
 struct GradGemmMaps {
   CUtensorMap dx_a{}, dx_b{}, dx_c{}, dw_a{}, dw_b{}, dw_c{};
 };
@@ -327,20 +324,23 @@ GradGemmMaps encode_grad_gemm_maps(const BackwardCore& c, std::int64_t rows, con
                                    const BackwardTensors& t) {
   const Problem& p = c.problem;
   const int atom = static_cast<int>(128 / storage_bytes(p.dtype));
+  const int box_cols = kTmaStoreBoxRowBytes / static_cast<int>(storage_bytes(p.dtype));
   GradGemmMaps m;
   if (t.dx && c.config.dx.variant == Variant::warpspec) {
     const KernelConfig& k = c.config.dx;
     m.dx_a = encode_tma_tile_map(p.dtype, da, rows, p.N, p.N, k.bm, atom, "workspace");
     m.dx_b = encode_tma_tile_map(p.dtype, t.w, p.N, p.K, p.lda_w(), k.bk, atom, "w");
     if (k.tma_store)
-      m.dx_c = encode_tma_tile_map(p.dtype, t.dx, rows, p.K, p.lda_x(), atom, atom, "dx");
+      m.dx_c = encode_tma_tile_map(p.dtype, t.dx, rows, p.K, p.lda_x(), kTmaStoreBoxRows, box_cols,
+                                   "dx");
   }
   if (t.dw && c.config.dw.variant == Variant::warpspec) {
     const KernelConfig& k = c.config.dw;
     m.dw_a = encode_tma_tile_map(p.dtype, da, rows, p.N, p.N, k.bk, atom, "workspace");
     m.dw_b = encode_tma_tile_map(p.dtype, t.x, rows, p.K, p.lda_x(), k.bk, atom, "x");
     if (k.tma_store)
-      m.dw_c = encode_tma_tile_map(p.dtype, t.dw, p.N, p.K, p.lda_w(), atom, atom, "dw");
+      m.dw_c =
+          encode_tma_tile_map(p.dtype, t.dw, p.N, p.K, p.lda_w(), kTmaStoreBoxRows, box_cols, "dw");
   }
   return m;
 }
