@@ -1,4 +1,4 @@
-// The gradient GEMMs on Hopper tensor cores (sm_90a, bf16/fp16): GradGemm's contract
+// The gradient GEMMs on Hopper tensor cores (sm_90a, bf16/fp16/tf32): GradGemm's contract
 // (kernels/grad_gemm.cuh: C [ROWS][LDC] = or += sum over RED of A(r, k) B(c, k), fp32
 // accumulation, ROWS or RED = 0 meaning the run's GemmParams::m) on the forward warpspec
 // variant's pipeline: one producer thread streams A and B k-slices into a STAGES-deep ring with
@@ -10,8 +10,9 @@
 // matrix) are what wgmma's transpose bits read for 16-bit inputs, so neither GEMM needs a
 // transposed copy: TMA copies boxes of 64 MN-elements (one 128-byte swizzle row) by BK K-rows,
 // and the descriptor says where the next 64 MN-elements (the leading offset) and the next 8
-// K-rows (the stride offset) lie (mainloop/wgmma.cuh). tf32 has no transpose bits: its gradient
-// GEMMs stay on the tiled kernel.
+// K-rows (the stride offset) lie (mainloop/wgmma.cuh). tf32 has no transpose bits: its GEMMs
+// read K-major copies the plan makes first (W^T, dA^T, x^T: kernels/transpose.cuh), so both of
+// its operands are K-major here.
 //
 // The epilogue, two ways. Thread stores: each thread's accumulator pairs straight from
 // registers (the wgmma fragment: 2 adjacent columns per row). TMA_STORE: each warp writes its
@@ -89,7 +90,10 @@ struct GradWgmma {
   using T = typename G::T;
   static constexpr int BM = G::BM, BN = G::BN, BK = G::BK, STAGES = G::STAGES;
   static constexpr int CONSUMERS = G::CONSUMERS, COLS = G::COLS, LDC = G::LDC;
-  static_assert(sizeof(T) == 2, "grad wgmma: 16-bit inputs (tf32 has no transposed wgmma)");
+  static_assert(sizeof(T) == 2 || (sizeof(T) == 4 && !G::A_MN_MAJOR && !G::B_MN_MAJOR),
+                "grad wgmma: 16-bit inputs, or tf32 with both operands K-major (no transposed "
+                "tf32 wgmma)");
+  static constexpr int kMmaK = 32 / static_cast<int>(sizeof(T));  // k16, or k8 for tf32
   static_assert(G::THREADS == 128 * (CONSUMERS + 1), "THREADS must be 128 * (CONSUMERS + 1)");
   static_assert(CONSUMERS == 1 || CONSUMERS == 2, "grad wgmma: 1 or 2 consumer warpgroups");
   static_assert(G::ROWS >= 0 && G::ROWS <= kMaxDim && G::COLS >= 1 && G::COLS <= kMaxDim &&
@@ -244,7 +248,7 @@ struct GradWgmma {
         c.full[i].wait(slice.phase());
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BK; kk += 16)
+        for (int kk = 0; kk < BK; kk += kMmaK)
 #pragma unroll
           for (int ma = 0; ma < kMAtoms; ++ma)
             Mma::mma(acc[ma], TileA::desc(c.a(i), a_block0 + ma, kk), TileB::desc(c.b(i), 0, kk),
@@ -280,7 +284,7 @@ struct GradWgmma {
                                                    int ctid) {
     const int warp = ctid / 32;
     Boxes::store(c.out(warp), ctid % 32, m0 + 16 * (warp % 4), n0, tc, [&](int ma, int j, int h) {
-      return pack2<T>(acc[ma][4 * j + 2 * h], acc[ma][4 * j + 2 * h + 1]);
+      return pair_of(acc[ma][4 * j + 2 * h], acc[ma][4 * j + 2 * h + 1]);
     });
   }
 
@@ -320,14 +324,34 @@ struct GradWgmma {
     });
   }
 
-  // C = (or +=) the fragment, a pair of T per 32-bit store (one element at an odd COLS's end).
+  // Two adjacent columns as stored: 16-bit values packed in an unsigned, or a float2.
+  __device__ __forceinline__ static typename Boxes::Pair pair_of(float v0, float v1) {
+    if constexpr (sizeof(T) == 4)
+      return make_float2(v0, v1);
+    else
+      return pack2<T>(v0, v1);
+  }
+
+  // C = (or +=) the fragment, a pair of T per store (one element at an odd COLS's end).
   __device__ __forceinline__ static void store(const GemmParams& p, const Acc& acc, int m0, int n0,
                                                int rows, int wtid) {
     T* const out = static_cast<T*>(p.c);
     const bool accumulate = p.accumulate != 0;
     for_each_pair(acc, m0, n0, rows, wtid, [&](int r, int col, float v0, float v1) {
       T* const dst = out + static_cast<long long>(r) * LDC + col;
-      if (COLS % 2 == 0 || col + 1 < COLS) {
+      if constexpr (sizeof(T) == 4) {
+        if (COLS % 2 == 0 || col + 1 < COLS) {
+          float2 v = make_float2(v0, v1);
+          if (accumulate) {
+            const float2 old = *reinterpret_cast<const float2*>(dst);
+            v.x += old.x;
+            v.y += old.y;
+          }
+          *reinterpret_cast<float2*>(dst) = v;
+        } else {
+          dst[0] = v0 + (accumulate ? dst[0] : 0.f);
+        }
+      } else if (COLS % 2 == 0 || col + 1 < COLS) {
         if (accumulate) {
           const unsigned old = *reinterpret_cast<const unsigned*>(dst);
           v0 += to_float(T{static_cast<unsigned short>(old & 0xffffu)});

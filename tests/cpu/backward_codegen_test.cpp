@@ -167,12 +167,25 @@ TEST_CASE("tf32x3: BackwardPlan takes it; its gradient GEMMs are strict fp32's")
 TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compiles for sm_90a") {
   const Device hopper = Device::for_arch("sm_90a");
   const Problem p = parse_sweep_line("300x72x40 bf16 train").problem;
-  // The heuristic picks them on Hopper for 16-bit types with aligned rows, never elsewhere.
+  // The heuristic picks them on Hopper for 16-bit types and tf32 with aligned rows, never
+  // elsewhere; tf32's read K-major copies (grad_gemm_reads_copies), 16-bit ones the operands.
   CHECK(default_backward_config(p, hopper).dx.variant == Variant::warpspec);
   CHECK(default_backward_config(p, hopper).dw.variant == Variant::warpspec);
   CHECK(default_backward_config(p, Device::for_arch("sm_80")).dx.variant == Variant::tiled);
-  for (const char* line : {"300x72x40 tf32 train", "300x60x40 bf16 train", "300x72x40 fp32 eval",
-                           "300x72x40 bf16 eval ldx=44"}) {
+  CHECK(!grad_gemm_reads_copies(p, default_backward_config(p, hopper).dx));
+  {
+    const Problem q = parse_sweep_line("300x72x40 tf32 train").problem;
+    const BackwardConfig c = default_backward_config(q, hopper);
+    CHECK(c.dx.variant == Variant::warpspec);
+    CHECK(c.dw.variant == Variant::warpspec);
+    CHECK(grad_gemm_reads_copies(q, c.dx));
+    CHECK(grad_gemm_reads_copies(q, c.dw));
+    CHECK(backward_kernel_set(q, c) ==
+          std::vector<std::string>{"fj_bwd_reduce", "fj_bwd_coef", "fj_bwd_da", "fj_bwd_params",
+                                   "fj_bwd_transpose", "fj_bwd_dx", "fj_bwd_dw"});
+  }
+  for (const char* line : {"300x72x40 tf32x3 train", "300x60x40 bf16 train", "300x72x40 fp32 eval",
+                           "300x72x40 bf16 eval ldx=44", "300x70x40 tf32 train"}) {
     CAPTURE(line);
     const Problem q = parse_sweep_line(line).problem;
     const BackwardConfig c = default_backward_config(q, hopper);
@@ -244,7 +257,12 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
   CHECK(wide.dx.key() == "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts");
   CHECK(wide.dw.key() == "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts");
   CHECK(why(parse_sweep_line("300x72x40 tf32 train").problem, "warpspec.128x128x32.c2.s5.g8.cl1.p1")
-            .find("bf16 and fp16") != std::string::npos);
+            .empty());
+  CHECK(
+      why(parse_sweep_line("300x72x40 tf32x3 train").problem, "warpspec.128x128x32.c2.s5.g8.cl1.p1")
+          .find("strict fp32") != std::string::npos);
+  CHECK(why(parse_sweep_line("300x70x40 tf32 train").problem, "warpspec.128x128x32.c2.s5.g8.cl1.p1")
+            .find("multiple of 4") != std::string::npos);
   CHECK(why(parse_sweep_line("300x60x40 bf16 train").problem, "warpspec.128x128x64.c2.s5.g8.cl1.p1")
             .find("16-byte") != std::string::npos);
   CHECK(why(p, "warpspec.64x64x64.c1.s8.g8.cl1.p1.k4.ts").find("tma_store") != std::string::npos);
@@ -270,6 +288,22 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
     CAPTURE(dx);
     CAPTURE(dw);
     for (const char* line : {"300x72x40 bf16 train", "777x328x520 fp16 eval"}) {
+      const Problem q = parse_sweep_line(line).problem;
+      const BackwardConfig c{KernelConfig::parse(dx), KernelConfig::parse(dw)};
+      CHECK(grad_gemm_why_invalid(q, c.dx, dx_gemm_problem(q), hopper) == "");
+      CHECK(grad_gemm_why_invalid(q, c.dw, dw_gemm_problem(q), hopper) == "");
+      jobs.push_back({"sm_90a", generate_backward(q, c)});
+    }
+  }
+  // tf32 (K-major copies), thread and TMA stores, one and two consumers.
+  const std::pair<const char*, const char*> tf32_tiles[] = {
+      {"warpspec.128x256x32.c2.s4.g16.cl1.p1.ts", "warpspec.128x128x32.c2.s6.g8.cl1.p1"},
+      {"warpspec.64x128x32.c1.s6.g8.cl1.p0.ts", "warpspec.128x128x32.c1.s4.g8.cl1.p1.ts"}};
+  for (const auto& pair : tf32_tiles) {
+    const std::string dx = pair.first, dw = pair.second;
+    CAPTURE(dx);
+    CAPTURE(dw);
+    for (const char* line : {"300x72x40 tf32 train", "777x328x520 tf32 eval"}) {
       const Problem q = parse_sweep_line(line).problem;
       const BackwardConfig c{KernelConfig::parse(dx), KernelConfig::parse(dw)};
       CHECK(grad_gemm_why_invalid(q, c.dx, dx_gemm_problem(q), hopper) == "");

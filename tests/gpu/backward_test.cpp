@@ -101,7 +101,7 @@ TEST_CASE("backward: forced gradient GEMM tiles, and configs it cannot take") {
   check("1000x200x136 bf16 train", o);
   check("1000x200x136 fp16 eval", o);
   const Problem p = parse_sweep_line("256x64x64 bf16 train").problem;
-  const Problem tf32 = parse_sweep_line("256x64x64 tf32 train").problem;
+  const Problem tf32x3 = parse_sweep_line("256x64x64 tf32x3 train").problem;
   const Problem narrow = parse_sweep_line("256x60x64 bf16 train").problem;  // dA rows 120 bytes
   struct Refused {
     const Problem* problem;
@@ -110,8 +110,8 @@ TEST_CASE("backward: forced gradient GEMM tiles, and configs it cannot take") {
   for (const Refused& r :
        {Refused{&p, "warpspec.128x128x64.c2.s5.g8.cl2.p1"},
         Refused{&p, "warpspec.128x128x64.c2.s5.g8.cl1.p1.pp"},
-        Refused{&p, "warpspec.128x256x64.c2.s4.g8.cl1.p1.ts"} /* staging exceeds smem */,
-        Refused{&tf32, "warpspec.128x128x32.c2.s5.g8.cl1.p1"},
+        Refused{&p, "warpspec.128x256x64.c2.s5.g8.cl1.p1.ts"} /* stages exceed smem */,
+        Refused{&tf32x3, "warpspec.128x128x32.c2.s5.g8.cl1.p1"} /* strict fp32 gradients */,
         Refused{&narrow, "warpspec.128x128x64.c2.s5.g8.cl1.p1"},
         Refused{&p, "tiled.64x64x64.w2x2.s3.g8.k64"} /* above kMaxSplitK */,
         Refused{&p, "warpspec.64x64x64.c1.s8.g8.cl1.p1.k2.ts"} /* slices need thread stores */,

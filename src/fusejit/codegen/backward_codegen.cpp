@@ -26,7 +26,8 @@ int alignment_of(std::int64_t bytes) {
 
 // One gradient GEMM's Spec: C [ROWS][LDC] = sum over RED of A(r, k) B(c, k)
 // (kernels/grad_gemm.cuh, and kernels/grad_wgmma.cuh for the warpspec variant, which reads
-// CONSUMERS = warps_m and PERSISTENT).
+// CONSUMERS = warps_m and PERSISTENT, and its operands through tensor maps: LDA and LDB are the
+// tiled kernel's).
 std::string gemm_spec(const char* name, const Problem& p, const KernelConfig& c, int rows, int cols,
                       int red, bool a_mn, bool b_mn, std::int64_t lda, std::int64_t ldb,
                       std::int64_t ldc, int vec_bytes) {
@@ -46,7 +47,7 @@ std::string gemm_spec(const char* name, const Problem& p, const KernelConfig& c,
       name, template_type_name(p.dtype), template_math_name(grad_gemm_dtype(p.dtype)), rows, cols,
       red, b(a_mn), b(b_mn), lda, ldb, ldc, c.bm, c.bn, c.bk, c.warps_m, c.warps_n, c.stages,
       c.group_m, c.threads(), vec_bytes, c.warps_m, c.split_k, b(c.persistent), b(c.tma_store),
-      c.variant == Variant::warpspec ? grad_wgmma_smem_bytes(c) : -1);
+      c.variant == Variant::warpspec ? grad_wgmma_smem_bytes(c, grad_gemm_dtype(p.dtype)) : -1);
 }
 
 // The kernel template of a gradient GEMM's config.
@@ -75,12 +76,12 @@ std::string gemm_kernel(const char* name, const char* spec, const KernelConfig& 
 
 }  // namespace
 
-int grad_wgmma_smem_bytes(const KernelConfig& c) {
+int grad_wgmma_smem_bytes(const KernelConfig& c, DType d) {
   // kernels/grad_wgmma.cuh's SharedStorage: the ring of A and B tiles (1024-byte aligned), a
   // full and an empty barrier per stage, the TMA store's two boxes per consumer warp
   // (1024-byte aligned), and the 1024 bytes run() may skip to align the base.
   auto up = [](int v, int a) { return (v + a - 1) / a * a; };
-  const int ring = c.stages * (c.bm + c.bn) * c.bk * 2;
+  const int ring = c.stages * (c.bm + c.bn) * c.bk * static_cast<int>(storage_bytes(d));
   int bytes = ring + 16 * c.stages;
   if (c.tma_store)
     bytes = up(bytes, 1024) + 4 * c.warps_m * 2 * kTmaStoreBoxRows * kTmaStoreBoxRowBytes;
@@ -106,10 +107,15 @@ BackwardConfig BackwardConfig::parse(std::string_view key, const char* arg) {
 
 DType grad_gemm_dtype(DType d) {
   // tf32x3's gradient GEMMs run strict fp32 (FFMA), as exact as 3xTF32 or more and faster here:
-  // wgmma has no MN-major tf32 operands (the warpspec gradient GEMMs are 16-bit only), and the
-  // tiled mma.sync kernel with the three-product split measured 1.13x the strict kernels' time
-  // (H200, 1024x8192x8192 and 4096^3 train backward: 7.16-7.23 ms against 6.32).
+  // the warpspec gradient GEMMs have no three-product split (tf32's read K-major copies with one
+  // product each: grad_gemm_reads_copies), and the tiled mma.sync kernel with the split measured
+  // 1.13x the strict kernels' time (H200, 1024x8192x8192 and 4096^3 train backward: 7.16-7.23 ms
+  // against 6.32).
   return d == DType::tf32x3 ? DType::fp32 : d;
+}
+
+bool grad_gemm_reads_copies(const Problem& p, const KernelConfig& c) {
+  return c.variant == Variant::warpspec && grad_gemm_dtype(p.dtype) == DType::tf32;
 }
 
 Problem dx_gemm_problem(const Problem& p) {
@@ -136,7 +142,10 @@ Problem dw_gemm_problem(const Problem& p) {
 std::vector<std::string> backward_kernel_set(const Problem& p, const BackwardConfig& c) {
   std::vector<std::string> k{"fj_bwd_reduce"};
   if (p.mode == Mode::train) k.insert(k.end(), {"fj_bwd_coef", "fj_bwd_da"});
-  k.insert(k.end(), {"fj_bwd_params", "fj_bwd_dx"});
+  k.push_back("fj_bwd_params");
+  if (grad_gemm_reads_copies(p, c.dx) || grad_gemm_reads_copies(p, c.dw))
+    k.push_back("fj_bwd_transpose");
+  k.push_back("fj_bwd_dx");
   if (c.dx.split_k > 1) k.push_back("fj_bwd_dx_sum");
   k.push_back("fj_bwd_dw");
   if (c.dw.split_k > 1) k.push_back("fj_bwd_dw_sum");
@@ -170,11 +179,15 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
   const auto es = static_cast<std::int64_t>(storage_bytes(p.dtype));
   const int da_vec = alignment_of(p.N * es);
   const int dx_vec = std::min({vec, da_vec});
-  t += gemm_spec("DxSpec", p, c.dx, 0, static_cast<int>(p.K), static_cast<int>(p.N), false, true,
-                 p.N, p.lda_w(), p.lda_x(), dx_vec);
-  t += gemm_spec("DwSpec", p, c.dw, static_cast<int>(p.N), static_cast<int>(p.K), 0, true, true,
-                 p.N, p.lda_x(), p.lda_w(), dx_vec);
+  // A GEMM that reads copies reads every operand K-major (grad_gemm_reads_copies).
+  const bool dx_copies = grad_gemm_reads_copies(p, c.dx),
+             dw_copies = grad_gemm_reads_copies(p, c.dw);
+  t += gemm_spec("DxSpec", p, c.dx, 0, static_cast<int>(p.K), static_cast<int>(p.N), false,
+                 !dx_copies, p.N, p.lda_w(), p.lda_x(), dx_vec);
+  t += gemm_spec("DwSpec", p, c.dw, static_cast<int>(p.N), static_cast<int>(p.K), 0, !dw_copies,
+                 !dw_copies, p.N, p.lda_x(), p.lda_w(), dx_vec);
   t += "#include \"kernels/bn_backward.cuh\"\n#include \"kernels/grad_gemm.cuh\"\n";
+  if (dx_copies || dw_copies) t += "#include \"kernels/transpose.cuh\"\n";
   if (c.dx.split_k > 1 || c.dw.split_k > 1) t += "#include \"kernels/grad_split_sum.cuh\"\n";
   // sm_90a-only instructions: included only when a config asks for them (KernelConfig::why_invalid
   // keeps warpspec to Hopper).
@@ -205,6 +218,9 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
     else if (k == "fj_bwd_params")
       t += "extern \"C\" __global__ void __launch_bounds__(fj::kBackwardColumnThreads)\n"
            "fj_bwd_params(const fj::BackwardParams p) { fj::bn_backward_params<Spec>(p); }\n";
+    else if (k == "fj_bwd_transpose")
+      t += "extern \"C\" __global__ void __launch_bounds__(fj::kTransposeThreads)\n"
+           "fj_bwd_transpose(const fj::TransposeParams p) { fj::transpose_tile(p); }\n";
     else if (k == "fj_bwd_dx")
       t += gemm_kernel("fj_bwd_dx", "DxSpec", c.dx);
     else if (k == "fj_bwd_dw")

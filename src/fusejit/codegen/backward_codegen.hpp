@@ -26,10 +26,15 @@ struct BackwardConfig {
   static BackwardConfig parse(std::string_view key, const char* arg = "backward-config");
 };
 
-// kernels/grad_wgmma.cuh's dynamic shared memory for a warpspec config (ring, barriers, TMA
-// store staging, alignment slack); the generated Spec passes it as SMEM_BYTES, which the
-// template checks against sizeof(SharedStorage).
-int grad_wgmma_smem_bytes(const KernelConfig&);
+// kernels/grad_wgmma.cuh's dynamic shared memory for a warpspec config of the GEMMs' dtype
+// (grad_gemm_dtype: ring, barriers, TMA store boxes, alignment slack); the generated Spec passes
+// it as SMEM_BYTES, which the template checks against sizeof(SharedStorage).
+int grad_wgmma_smem_bytes(const KernelConfig&, DType);
+
+// Whether a gradient GEMM of this config reads K-major copies of its MN-major operands (dX: W^T;
+// dW: dA^T and x^T) that the backward run makes first (kernels/transpose.cuh): warpspec tf32,
+// since wgmma has no MN-major tf32 operands.
+bool grad_gemm_reads_copies(const Problem&, const KernelConfig&);
 
 // The GEMMs as forward-shaped problems (C = A B^T is M x N with reduction K): what the config
 // rules (KernelConfig::why_invalid, default_config) are asked about, and whose dtype is the
@@ -40,7 +45,8 @@ Problem dx_gemm_problem(const Problem&);
 Problem dw_gemm_problem(const Problem&);
 
 // Kernels of the set, in launch order: fj_bwd_reduce, [fj_bwd_coef, fj_bwd_da] (train),
-// fj_bwd_params, fj_bwd_dx, [fj_bwd_dx_sum] (dx split), fj_bwd_dw, [fj_bwd_dw_sum] (dW split).
+// fj_bwd_params, [fj_bwd_transpose] (grad_gemm_reads_copies), fj_bwd_dx, [fj_bwd_dx_sum] (dx
+// split), fj_bwd_dw, [fj_bwd_dw_sum] (dW split).
 std::vector<std::string> backward_kernel_set(const Problem&, const BackwardConfig&);
 
 // The source. It names no M: problems differing only in M give the same text (one cache key).

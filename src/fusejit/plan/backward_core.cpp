@@ -60,6 +60,7 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
   core->dw = fn("fj_bwd_dw");
   core->dx_sum = fn("fj_bwd_dx_sum");
   core->dw_sum = fn("fj_bwd_dw_sum");
+  core->transpose = fn("fj_bwd_transpose");
   core->strips = m.read_int("fj_bwd_strips");
   core->column_blocks = m.read_int("fj_bwd_column_blocks");
   auto dynamic_smem = [&](CUfunction f, const char* kernel, const char* symbol) {
@@ -169,16 +170,20 @@ std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& c, const
   if (c.exact_m) return "the gradient GEMMs read M at run time";
   if (c.pad_operands) return "the gradient GEMMs do not pad their operands";
   if (c.variant == Variant::warpspec) {
-    if (storage_bytes(p.dtype) != 2)
-      return "the warpspec gradient GEMMs read MN-major operands through wgmma's transpose, "
-             "which only bf16 and fp16 have";
+    if (storage_bytes(p.dtype) != 2 && grad_gemm_dtype(p.dtype) != DType::tf32)
+      return "the warpspec gradient GEMMs multiply bf16, fp16 (MN-major operands through "
+             "wgmma's transpose) or tf32 (K-major copies); strict fp32 has no wgmma";
     if (c.cluster_m != 1 || c.pingpong)
       return "the warpspec gradient GEMMs have no clusters or pingpong";
     if (c.bm > 256 || c.bn > 256) return "the warpspec gradient GEMMs' TMA boxes have <= 256 rows";
-    if (p.effective_alignment() < 16 || (p.N * 2) % 16 != 0)
-      return "the warpspec gradient GEMMs load with TMA, which needs 16-byte aligned rows of x, "
-             "W and dA (N a multiple of 8)";
-    if (const int bytes = grad_wgmma_smem_bytes(c); bytes > d.smem_per_block_optin)
+    const auto es = static_cast<std::int64_t>(storage_bytes(p.dtype));
+    if (p.effective_alignment() < 16 || (p.N * es) % 16 != 0)
+      return fmt::format(
+          "the warpspec gradient GEMMs load with TMA, which needs 16-byte aligned rows of x, W "
+          "and dA (N a multiple of {})",
+          16 / es);
+    if (const int bytes = grad_wgmma_smem_bytes(c, grad_gemm_dtype(p.dtype));
+        bytes > d.smem_per_block_optin)
       return fmt::format("the warpspec gradient GEMM needs {} bytes of shared memory; {} allows {}",
                          bytes, d.name, d.smem_per_block_optin);
   }
@@ -251,6 +256,18 @@ BackwardWorkspace backward_workspace(const Problem& p, const BackwardConfig& c, 
   };
   region(slices(c.dx, rows), w.dx_slices_offset);
   region(slices(c.dw, p.N), w.dw_slices_offset);
+  auto ld = [](std::int64_t n) { return (n + 3) / 4 * 4; };
+  w.ld_n = ld(p.N);
+  w.ld_rows = ld(rows);
+  const std::size_t es = storage_bytes(p.dtype);
+  auto elements = [](std::int64_t r, std::int64_t ld_elements) {
+    return static_cast<std::size_t>(r) * static_cast<std::size_t>(ld_elements);
+  };
+  if (grad_gemm_reads_copies(p, c.dx)) region(elements(p.K, w.ld_n) * es, w.wt_offset);
+  if (grad_gemm_reads_copies(p, c.dw)) {
+    region(elements(p.N, w.ld_rows) * es, w.dat_offset);
+    region(elements(p.K, w.ld_rows) * es, w.xt_offset);
+  }
   return w;
 }
 
@@ -312,55 +329,72 @@ void validate_backward_tensors(const Problem& p, const BackwardTensors& t) {
 namespace {
 
 // The warpspec gradient GEMMs' operand maps (kernels/grad_wgmma.cuh): a K-major operand in
-// boxes of its tile rows x 64 elements, an MN-major one in boxes of bk reduction rows x 64.
+// boxes of its tile rows x 128 bytes, an MN-major one in boxes of bk reduction rows x 128 bytes.
 // dX = dA W: dA K-major [rows][N], W MN-major [N][K]; dW = dA^T x: dA MN-major, x MN-major
-// [rows][K]; with tma_store, C (dX [rows][K], dW [N][K]) in the per-warp boxes of the forward's
-// y (kTmaStoreBoxRows x kTmaStoreBoxRowBytes). Zeros for a tiled GEMM or one the run skips.
+// [rows][K]; tf32 reads K-major copies instead (W^T [K][N], dA^T [N][rows], x^T [K][rows] in
+// the workspace: grad_gemm_reads_copies). With tma_store, C (dX [rows][K], dW [N][K]) in the
+// per-warp boxes of the forward's y (kTmaStoreBoxRows x kTmaStoreBoxRowBytes), in its storage
+// type (tf32's TFLOAT32 names the loads' rounding). Zeros for a tiled GEMM or one the run skips.
 struct GradGemmMaps {
   CUtensorMap dx_a{}, dx_b{}, dx_c{}, dw_a{}, dw_b{}, dw_c{};
 };
 
-GradGemmMaps encode_grad_gemm_maps(const BackwardCore& c, std::int64_t rows, const void* da,
-                                   const BackwardTensors& t) {
+GradGemmMaps encode_grad_gemm_maps(const BackwardCore& c, std::int64_t rows, char* ws,
+                                   const BackwardWorkspace& w, const BackwardTensors& t) {
   const Problem& p = c.problem;
   const int atom = static_cast<int>(128 / storage_bytes(p.dtype));
   const int box_cols = kTmaStoreBoxRowBytes / static_cast<int>(storage_bytes(p.dtype));
+  const DType out = storage_type(p.dtype);
+  const void* da = ws + w.da_offset;
   GradGemmMaps m;
   if (t.dx && c.config.dx.variant == Variant::warpspec) {
     const KernelConfig& k = c.config.dx;
     m.dx_a = encode_tma_tile_map(p.dtype, da, rows, p.N, p.N, k.bm, atom, "workspace");
-    m.dx_b = encode_tma_tile_map(p.dtype, t.w, p.N, p.K, p.lda_w(), k.bk, atom, "w");
+    m.dx_b = grad_gemm_reads_copies(p, k)
+                 ? encode_tma_tile_map(p.dtype, ws + w.wt_offset, p.K, p.N, w.ld_n, k.bn, atom,
+                                       "workspace")
+                 : encode_tma_tile_map(p.dtype, t.w, p.N, p.K, p.lda_w(), k.bk, atom, "w");
     if (k.tma_store)
-      m.dx_c = encode_tma_tile_map(p.dtype, t.dx, rows, p.K, p.lda_x(), kTmaStoreBoxRows, box_cols,
-                                   "dx");
+      m.dx_c =
+          encode_tma_tile_map(out, t.dx, rows, p.K, p.lda_x(), kTmaStoreBoxRows, box_cols, "dx");
   }
   if (t.dw && c.config.dw.variant == Variant::warpspec) {
     const KernelConfig& k = c.config.dw;
-    m.dw_a = encode_tma_tile_map(p.dtype, da, rows, p.N, p.N, k.bk, atom, "workspace");
-    m.dw_b = encode_tma_tile_map(p.dtype, t.x, rows, p.K, p.lda_x(), k.bk, atom, "x");
+    if (grad_gemm_reads_copies(p, k)) {
+      m.dw_a = encode_tma_tile_map(p.dtype, ws + w.dat_offset, p.N, rows, w.ld_rows, k.bm, atom,
+                                   "workspace");
+      m.dw_b = encode_tma_tile_map(p.dtype, ws + w.xt_offset, p.K, rows, w.ld_rows, k.bn, atom,
+                                   "workspace");
+    } else {
+      m.dw_a = encode_tma_tile_map(p.dtype, da, rows, p.N, p.N, k.bk, atom, "workspace");
+      m.dw_b = encode_tma_tile_map(p.dtype, t.x, rows, p.K, p.lda_x(), k.bk, atom, "x");
+    }
     if (k.tma_store)
       m.dw_c =
-          encode_tma_tile_map(p.dtype, t.dw, p.N, p.K, p.lda_w(), kTmaStoreBoxRows, box_cols, "dw");
+          encode_tma_tile_map(out, t.dw, p.N, p.K, p.lda_w(), kTmaStoreBoxRows, box_cols, "dw");
   }
   return m;
 }
 
-GradGemmMaps grad_gemm_maps(const BackwardCore& c, std::int64_t rows, const void* da,
-                            const BackwardTensors& t, BackwardRunCache* cache) {
+GradGemmMaps grad_gemm_maps(const BackwardCore& c, std::int64_t rows, char* ws,
+                            const BackwardWorkspace& bw, const BackwardTensors& t,
+                            BackwardRunCache* cache) {
   if (c.config.dx.variant != Variant::warpspec && c.config.dw.variant != Variant::warpspec)
     return {};
+  // The workspace's regions follow from its base (da's offset is fixed) and the rows.
+  const void* da = ws + bw.da_offset;
   const void* w = t.dx ? t.w : nullptr;
   const void* x = t.dw ? t.x : nullptr;
   const void* dx = t.dx;
   const void* dw = t.dw;
   if (!cache || cache->busy.test_and_set(std::memory_order_acquire))
-    return encode_grad_gemm_maps(c, rows, da, t);
+    return encode_grad_gemm_maps(c, rows, ws, bw, t);
   GradGemmMaps m;
   try {
     if (!cache->valid || cache->da != da || cache->w != w || cache->x != x || cache->dx != dx ||
         cache->dw != dw || cache->rows != rows) {
       cache->valid = false;  // stays so if encoding throws
-      const GradGemmMaps fresh = encode_grad_gemm_maps(c, rows, da, t);
+      const GradGemmMaps fresh = encode_grad_gemm_maps(c, rows, ws, bw, t);
       cache->dx_a = fresh.dx_a, cache->dx_b = fresh.dx_b, cache->dx_c = fresh.dx_c;
       cache->dw_a = fresh.dw_a, cache->dw_b = fresh.dw_b, cache->dw_c = fresh.dw_c;
       cache->da = da, cache->w = w, cache->x = x, cache->dx = dx, cache->dw = dw;
@@ -429,7 +463,22 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
     go(c.da, elementwise_grid, fj::kBackwardThreads, 0, bargs, "cuLaunchKernel(fj_bwd_da)");
   }
   go(c.params, columns_grid, fj::kBackwardColumnThreads, 0, bargs, "cuLaunchKernel(fj_bwd_params)");
-  const GradGemmMaps maps = grad_gemm_maps(c, rows, bp.ws_da, t, cache);
+  const GradGemmMaps maps = grad_gemm_maps(c, rows, ws, w, t, cache);
+  // tf32's K-major copies (grad_gemm_reads_copies), each right before the GEMM that reads it.
+  auto transpose = [&](const void* src, std::int64_t ld_src, std::int64_t src_rows,
+                       std::int64_t src_cols, std::size_t dst_offset, std::int64_t ld_dst,
+                       const char* what) {
+    fj::TransposeParams tp{src,
+                           ws + dst_offset,
+                           ld_src,
+                           ld_dst,
+                           static_cast<int>(src_rows),
+                           static_cast<int>(src_cols)};
+    void* targs[] = {&tp};
+    auto tiles = [](std::int64_t n) { return (n + fj::kTransposeTile - 1) / fj::kTransposeTile; };
+    go(c.transpose, static_cast<unsigned>(tiles(src_rows) * tiles(src_cols)), fj::kTransposeThreads,
+       0, targs, what);
+  };
   // A split GEMM writes fp32 slices and its sum kernel adds them into C (or to C's contents when
   // accumulating): kernels/grad_split_sum.cuh.
   auto gemm = [&](CUfunction f, CUfunction sum, const KernelConfig& k, std::int64_t out_rows,
@@ -462,10 +511,18 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
          0, plain, sum_what);
     }
   };
+  if (t.dx && grad_gemm_reads_copies(p, c.config.dx))
+    transpose(t.w, p.lda_w(), p.N, p.K, w.wt_offset, w.ld_n, "cuLaunchKernel(fj_bwd_transpose, W)");
   if (t.dx)
     gemm(c.dx, c.dx_sum, c.config.dx, rows, static_cast<unsigned>(c.dx_smem_bytes), t.w, t.dx,
          false, reinterpret_cast<float*>(ws + w.dx_slices_offset), maps.dx_a, maps.dx_b, maps.dx_c,
          "cuLaunchKernel(fj_bwd_dx)", "cuLaunchKernel(fj_bwd_dx_sum)");
+  if (t.dw && grad_gemm_reads_copies(p, c.config.dw)) {
+    transpose(bp.ws_da, p.N, rows, p.N, w.dat_offset, w.ld_rows,
+              "cuLaunchKernel(fj_bwd_transpose, dA)");
+    transpose(t.x, p.lda_x(), rows, p.K, w.xt_offset, w.ld_rows,
+              "cuLaunchKernel(fj_bwd_transpose, x)");
+  }
   if (t.dw)
     gemm(c.dw, c.dw_sum, c.config.dw, p.N, static_cast<unsigned>(c.dw_smem_bytes), t.x, t.dw,
          accumulate, reinterpret_cast<float*>(ws + w.dw_slices_offset), maps.dw_a, maps.dw_b,

@@ -28,6 +28,7 @@ struct BackwardCore {
   CUfunction reduce = nullptr, coef = nullptr, da = nullptr, params = nullptr, dx = nullptr,
              dw = nullptr;
   CUfunction dx_sum = nullptr, dw_sum = nullptr;  // split-K configs only
+  CUfunction transpose = nullptr;                 // grad_gemm_reads_copies configs only
   int strips = 0, column_blocks = 0;              // from the module (kernels/bn_backward.cuh)
   int dx_smem_bytes = 0, dw_smem_bytes = 0;
   std::vector<std::string> kernel_names;
@@ -45,9 +46,9 @@ std::string backward_refusal(const Problem&);
 // Why `config` cannot run the gradient GEMM `gemm` (dx_gemm_problem or dw_gemm_problem of the
 // layer `p`) on `device`; empty when it can. Beyond KernelConfig::why_invalid: no exact M;
 // split-K on either variant (up to kMaxSplitK, not with TMA stores); warpspec only for 16-bit
-// types (MN-major operands through wgmma's transpose bits), without clusters or pingpong, with
-// 16-byte aligned rows of x, W and dA, and within the device's shared memory
-// (grad_wgmma_smem_bytes).
+// types (MN-major operands through wgmma's transpose bits) and tf32 (K-major copies:
+// grad_gemm_reads_copies), without clusters or pingpong, with 16-byte aligned rows of x, W and
+// dA, and within the device's shared memory (grad_wgmma_smem_bytes).
 std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& config, const Problem& gemm,
                                   const Device& device);
 
@@ -84,9 +85,14 @@ std::shared_ptr<const BackwardCore> backward_core(const Problem&, const Backward
 
 // Where each region of a backward run's workspace lies, for runs of up to `rows` rows with
 // `config`'s gradient GEMMs (a split one's fp32 slices: common/split_k.h).
+// tf32's K-major copies (grad_gemm_reads_copies) come last: W^T [K][ld(N)] for dX, dA^T
+// [N][ld(rows)] and x^T [K][ld(rows)] for dW, ld(n) = n rounded up to 4 elements (TMA's 16-byte
+// row strides); their offsets are 0 where the GEMM reads none.
 struct BackwardWorkspace {
   std::size_t dy_partials_offset = 0, dz_partials_offset = 0, coef_offset = 0, da_offset = 0;
   std::size_t dx_slices_offset = 0, dw_slices_offset = 0;
+  std::size_t wt_offset = 0, dat_offset = 0, xt_offset = 0;
+  std::int64_t ld_n = 0, ld_rows = 0;  // the copies' row strides, in elements
   std::size_t total = 0;
 };
 BackwardWorkspace backward_workspace(const Problem&, const BackwardConfig&, std::int64_t rows);
