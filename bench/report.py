@@ -1,7 +1,7 @@
 """The benchmark report's measurements (issue 20); scripts/report.sh runs it on a GPU machine.
 
     python3 bench/report.py measure --out FILE [--shapes S,..] [--dtypes D,..] [--modes M,..]
-                                    [--backward-dtypes D,..] [--compile-dtypes D,..]
+                                    [--backward-dtypes D,..] [--compile-dtypes D,..] [--errors]
     python3 bench/report.py jit --out FILE       JIT latency: cold / warm / hot plans, host time
     python3 bench/report.py assemble --out RAW --measure F --jit F [--autotune F] [--host F] ...
 
@@ -13,6 +13,7 @@ forward + backward. `assemble` joins those with the autotune run's and the host 
 into the raw report scripts/report_render.py turns into docs/report/.
 """
 import argparse
+import copy
 import datetime
 import json
 import os
@@ -169,13 +170,34 @@ def fusejit_forward(model, x, dtype, mode, **forced):
     # The call holds every tensor whose address it passes: a graph captured from it replays
     # those addresses long after this function returns.
     keep = (plan, y, ws, rm, rv, nbt, save, w)
+    # (call, detail, y): measure() reads the first two; --errors reads y after the timed calls.
     return (lambda keep=keep: run(current().cuda_stream, *args),
-            "cuBLASLt reference op" if plan.uses_reference else plan.config)
+            "cuBLASLt reference op" if plan.uses_reference else plan.config, y)
 
 
 def torch_dtype(dtype):
-    return {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
-            "bf16": torch.bfloat16}[dtype]
+    return {"fp32": torch.float32, "tf32": torch.float32, "tf32x3": torch.float32,
+            "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+
+
+def relative_errors(systems, model, x, mode):
+    """{system: ||y - y64|| / ||y64||} (Frobenius norms) against the same model in float64, for
+    every system that ran: fusejit's y as its timed calls left it, the others called once more.
+    F.linear and torch.mm are compared with x W^T (+ b) in float64, the rest with the layer."""
+    ref_model = copy.deepcopy(model).double().train(mode == "train")
+    with torch.no_grad():
+        x64 = x.double()
+        w64 = ref_model.gemm.weight
+        refs = {"layer": ref_model(x64), "mm": x64 @ w64.t()}
+        refs["linear"] = refs["mm"] + ref_model.gemm.bias
+        out = {}
+        for name, sys_ in systems.items():
+            if isinstance(sys_, dict):
+                continue
+            y = sys_[2] if len(sys_) > 2 else sys_[0]()
+            ref = refs.get(name, refs["layer"])
+            out[name] = ((y.double() - ref).norm() / ref.norm()).item()
+    return out
 
 
 def compiled_call(compiled, *args):
@@ -195,7 +217,7 @@ def show(shape, dtype, what, r):
         flush=True)
 
 
-def forward_entries(shape, dtype, modes, use_compile, configs=()):
+def forward_entries(shape, dtype, modes, use_compile, configs=(), errors=False):
     M, N, K = (int(v) for v in shape.split("x"))
     dt = torch_dtype(dtype)
     torch.manual_seed(0)
@@ -224,8 +246,13 @@ def forward_entries(shape, dtype, modes, use_compile, configs=()):
             if compiled is not None:
                 systems["compile"] = compiled_call(compiled, x)
             r = measure(systems)
-        out.append({"shape": shape, "dtype": dtype, "mode": mode, "results": r})
+        entry = {"shape": shape, "dtype": dtype, "mode": mode, "results": r}
         show(shape, dtype, mode, r)
+        if errors:
+            entry["errors"] = relative_errors(systems, model, x, mode)
+            print(f"{shape:>16} {dtype:>5} {'error':>7} " + " ".join(
+                f"{k}={v:.2e}" for k, v in entry["errors"].items()), flush=True)
+        out.append(entry)
     return out
 
 
@@ -264,7 +291,8 @@ def cmd_measure(a):
             torch.backends.cuda.matmul.allow_tf32 = tf32
             torch.backends.cudnn.allow_tf32 = tf32
             forward += forward_entries(shape, dtype, split(a.modes),
-                                       dtype in split(a.compile_dtypes), split(a.configs))
+                                       dtype in split(a.compile_dtypes), split(a.configs),
+                                       a.errors)
         torch.backends.cuda.matmul.allow_tf32 = False
         for dtype in split(a.backward_dtypes):
             backward.append(backward_entry(shape, dtype, dtype in split(a.compile_dtypes)))
@@ -420,6 +448,8 @@ def main():
                    "(seconds of compile per graph)")
     m.add_argument("--configs", default="", help="also time fusejit forced to these kernel "
                    "configs (keys as `fusejit bench` prints them), comma-separated")
+    m.add_argument("--errors", action="store_true", help="also each system's forward output's "
+                   "relative error against the layer in float64 (\"errors\" of each entry)")
     j = sub.add_parser("jit")
     j.add_argument("--out", required=True)
     p = sub.add_parser("plan-once")
