@@ -256,7 +256,7 @@ BackwardWorkspace backward_workspace(const Problem& p, const BackwardConfig& c, 
   };
   region(slices(c.dx, rows), w.dx_slices_offset);
   region(slices(c.dw, p.N), w.dw_slices_offset);
-  auto ld = [](std::int64_t n) { return (n + 3) / 4 * 4; };
+  auto ld = [](std::int64_t elements) { return (elements + 3) / 4 * 4; };
   w.ld_n = ld(p.N);
   w.ld_rows = ld(rows);
   const std::size_t es = storage_bytes(p.dtype);
