@@ -270,40 +270,33 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
   // Split-K on either variant, even with more splits than a run's reduction has k tiles.
   CHECK(why(p, "warpspec.64x64x64.c1.s8.g8.cl1.p1.k32").empty());
   CHECK(why(p, "tiled.64x64x64.w2x2.s3.g8.k16").empty());
-  // The tile shapes the GPU test forces: accepted, and their sets compile.
-  const std::pair<const char*, const char*> tiles[] = {
-      {"warpspec.128x256x64.c2.s4.g16.cl1.p1", "warpspec.128x256x64.c2.s4.g16.cl1.p0"},
-      {"warpspec.64x128x64.c1.s6.g8.cl1.p0", "warpspec.64x128x64.c1.s6.g8.cl1.p1"},
-      {"warpspec.128x64x64.c2.s6.g8.cl1.p1", "warpspec.128x128x64.c1.s4.g8.cl1.p1"},
-      {"warpspec.256x128x64.c2.s3.g8.cl1.p1", "warpspec.64x64x64.c1.s8.g8.cl1.p1"},
-      {"warpspec.128x256x64.c2.s4.g16.cl1.p1.ts", "warpspec.64x128x64.c1.s6.g8.cl1.p0.ts"},
-      {"warpspec.128x128x64.c1.s4.g8.cl1.p1.ts", "warpspec.128x64x64.c2.s6.g8.cl1.p0.ts"},
-      {"warpspec.128x256x64.c2.s4.g16.cl1.p1.k4", "warpspec.64x64x64.c1.s8.g8.cl1.p1.k32"},
-      {"warpspec.64x128x64.c1.s6.g8.cl1.p0.k3", "tiled.64x128x64.w2x2.s3.g8.k5"},
-      {"warpspec.128x128x64.c2.s6.g8.cl1.p1.ts", "warpspec.64x128x64.c1.s6.g8.cl1.p1.k16"}};
+  // The tile shapes the GPU test forces: accepted, and their sets compile. tf32's (K-major
+  // copies): thread and TMA stores, one and two consumers.
+  struct Tiles {
+    const char *dx, *dw;
+    std::vector<const char*> lines;
+  };
+  const std::vector<const char*> sixteen = {"300x72x40 bf16 train", "777x328x520 fp16 eval"};
+  const std::vector<const char*> tf32 = {"300x72x40 tf32 train", "777x328x520 tf32 eval"};
+  const Tiles tiles[] = {
+      {"warpspec.128x256x64.c2.s4.g16.cl1.p1", "warpspec.128x256x64.c2.s4.g16.cl1.p0", sixteen},
+      {"warpspec.64x128x64.c1.s6.g8.cl1.p0", "warpspec.64x128x64.c1.s6.g8.cl1.p1", sixteen},
+      {"warpspec.128x64x64.c2.s6.g8.cl1.p1", "warpspec.128x128x64.c1.s4.g8.cl1.p1", sixteen},
+      {"warpspec.256x128x64.c2.s3.g8.cl1.p1", "warpspec.64x64x64.c1.s8.g8.cl1.p1", sixteen},
+      {"warpspec.128x256x64.c2.s4.g16.cl1.p1.ts", "warpspec.64x128x64.c1.s6.g8.cl1.p0.ts", sixteen},
+      {"warpspec.128x128x64.c1.s4.g8.cl1.p1.ts", "warpspec.128x64x64.c2.s6.g8.cl1.p0.ts", sixteen},
+      {"warpspec.128x256x64.c2.s4.g16.cl1.p1.k4", "warpspec.64x64x64.c1.s8.g8.cl1.p1.k32", sixteen},
+      {"warpspec.64x128x64.c1.s6.g8.cl1.p0.k3", "tiled.64x128x64.w2x2.s3.g8.k5", sixteen},
+      {"warpspec.128x128x64.c2.s6.g8.cl1.p1.ts", "warpspec.64x128x64.c1.s6.g8.cl1.p1.k16", sixteen},
+      {"warpspec.128x256x32.c2.s4.g16.cl1.p1.ts", "warpspec.128x128x32.c2.s6.g8.cl1.p1", tf32},
+      {"warpspec.64x128x32.c1.s6.g8.cl1.p0.ts", "warpspec.128x128x32.c1.s4.g8.cl1.p1.ts", tf32}};
   std::vector<fusejit::test::CompileJob> jobs;
-  for (const auto& pair : tiles) {
+  for (const Tiles& pair : tiles) {
     // Named copies, not structured bindings: CAPTURE's lambda cannot capture those (clang 14).
-    const std::string dx = pair.first, dw = pair.second;
+    const std::string dx = pair.dx, dw = pair.dw;
     CAPTURE(dx);
     CAPTURE(dw);
-    for (const char* line : {"300x72x40 bf16 train", "777x328x520 fp16 eval"}) {
-      const Problem q = parse_sweep_line(line).problem;
-      const BackwardConfig c{KernelConfig::parse(dx), KernelConfig::parse(dw)};
-      CHECK(grad_gemm_why_invalid(q, c.dx, dx_gemm_problem(q), hopper) == "");
-      CHECK(grad_gemm_why_invalid(q, c.dw, dw_gemm_problem(q), hopper) == "");
-      jobs.push_back({"sm_90a", generate_backward(q, c)});
-    }
-  }
-  // tf32 (K-major copies), thread and TMA stores, one and two consumers.
-  const std::pair<const char*, const char*> tf32_tiles[] = {
-      {"warpspec.128x256x32.c2.s4.g16.cl1.p1.ts", "warpspec.128x128x32.c2.s6.g8.cl1.p1"},
-      {"warpspec.64x128x32.c1.s6.g8.cl1.p0.ts", "warpspec.128x128x32.c1.s4.g8.cl1.p1.ts"}};
-  for (const auto& pair : tf32_tiles) {
-    const std::string dx = pair.first, dw = pair.second;
-    CAPTURE(dx);
-    CAPTURE(dw);
-    for (const char* line : {"300x72x40 tf32 train", "777x328x520 tf32 eval"}) {
+    for (const char* line : pair.lines) {
       const Problem q = parse_sweep_line(line).problem;
       const BackwardConfig c{KernelConfig::parse(dx), KernelConfig::parse(dw)};
       CHECK(grad_gemm_why_invalid(q, c.dx, dx_gemm_problem(q), hopper) == "");
