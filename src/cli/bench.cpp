@@ -197,8 +197,7 @@ nlohmann::json bench_problem(const BenchArgs& a, const Problem& p, const Device&
 // against the floor of its three GEMMs, each timed alone as cuBLASLt runs it: y = x W^T (M x N,
 // reduction K), dx = dy W (M x K, reduction N) and dW = dy^T x (N x K, reduction M). The two
 // backward GEMMs are timed as TN GEMMs of their shapes (cuBLASLt's other layouts run within a few
-// percent of TN at these sizes), on one input set each. PyTorch's own three GEMMs (NN and NT,
-// what anchors.py times) took ~10% longer on H200 (docs/performance.md).
+// percent of TN at these sizes), on one input set each.
 nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device& dev) {
   const Stream stream;
   SweepCase c;
