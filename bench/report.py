@@ -140,9 +140,9 @@ def measure(systems):
 
 
 def fusejit_forward(model, x, dtype, mode, **forced):
-    """(call, detail) of fusejit's op through the extension's Plan.run on the model's own
-    tensors (copies of its running stats, so eager and fusejit see the same inputs), or the
-    error planning it raised."""
+    """(call, detail, y) of fusejit's op through the extension's Plan.run on the model's own
+    tensors (copies of its running stats, so eager and fusejit see the same inputs; y: its
+    output), or the error planning it raised."""
     M, K = x.shape
     N = model.gemm.weight.shape[0]
     param = fjt._STORAGE[model.scale.dtype]  # the module's own dtype -> fusejit name

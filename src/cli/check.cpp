@@ -95,12 +95,14 @@ int run_backward_check(const CheckArgs& a, const std::vector<DType>& dtypes,
              forced ? ", gradient GEMMs " + forced->key() : std::string());
   std::size_t failed = 0, skipped = 0;
   double worst = 0;
+  const std::optional<Device> device =
+      forced ? std::optional<Device>(Device::get(a.device)) : std::nullopt;
   for (const auto& c : cases) {
     BackwardCheckOptions o;
     o.device = a.device;
     o.cache_dir = a.cache_dir;
     if (forced) {
-      const Device d = Device::get(a.device);
+      const Device& d = *device;
       const BackwardGemms g = backward_gemms(c.problem);
       std::string why = grad_gemm_why_invalid(c.problem, forced->dx, g.dx, d);
       if (why.empty()) why = grad_gemm_why_invalid(c.problem, forced->dw, g.dw, d);
@@ -134,6 +136,11 @@ int run_backward_check(const CheckArgs& a, const std::vector<DType>& dtypes,
   }
   fmt::print("check --backward: {} cases, {} passed, {} failed, {} skipped; worst error {}\n",
              cases.size(), cases.size() - failed - skipped, failed, skipped, figure(worst));
+  // A forced pair that fits no case checked nothing: not a pass.
+  if (skipped == cases.size()) {
+    fmt::print("check --backward: {} can run none of the cases\n", forced->key());
+    return 1;
+  }
   return failed ? 1 : 0;
 }
 

@@ -14,12 +14,13 @@
 // pair, converted: two 16-bit values packed in an unsigned, or a float2.
 //
 // The tensor map: the matrix in boxes of kBoxRows rows x kBoxCols columns, 64-byte swizzle
-// (config/candidates.hpp's kTmaStoreBoxRows / kTmaStoreBoxRowBytes are the host's copy); TMA skips
-// the rows and columns past its bounds.
+// (common/tma_store_box.h, which the host encodes the maps with); TMA skips the rows and columns
+// past its bounds.
 #pragma once
 #include "common/cp_async.cuh"
 #include "common/select.cuh"
 #include "common/tma_descriptor.cuh"
+#include "common/tma_store_box.h"
 #include "mainloop/tma.cuh"
 
 namespace fj {
@@ -27,11 +28,12 @@ namespace fj {
 template <class T, int BN, int M_ATOMS>
 struct WarpBoxStore {
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "warp box store: 16- or 32-bit values");
-  static constexpr int kBoxRows = 16, kBoxRowBytes = 64;
+  static constexpr int kBoxRows = kTmaStoreBoxRows, kBoxRowBytes = kTmaStoreBoxRowBytes;
   static constexpr int kBoxCols = kBoxRowBytes / static_cast<int>(sizeof(T));
   static constexpr int kBoxBytes = kBoxRows * kBoxRowBytes;
-  static constexpr int kWarpBytes = 2 * kBoxBytes;  // a warp's two boxes
-  static constexpr int kAlign = 1024;               // the swizzle pattern's period
+  static constexpr int kWarpBytes = kTmaStoreWarpBytes;  // a warp's two boxes
+  static_assert(kWarpBytes == 2 * kBoxBytes, "warp box store: two boxes a warp");
+  static constexpr int kAlign = 1024;  // the swizzle pattern's period
   // An even number of boxes per call, so that every call starts on box 0 with box 1's group the
   // only one that may still be reading.
   static_assert(BN % (2 * kBoxCols) == 0, "warp box store: BN must be whole pairs of boxes");

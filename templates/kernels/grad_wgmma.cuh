@@ -29,10 +29,11 @@
 //
 // Host launch contract: grid.x = PERSISTENT ? min(tiles, max(1, SMs / SPLIT_K)) : tiles with
 // tiles = ceil(rows / BM) * ceil(COLS / BN), grid.y = SPLIT_K; block.x = THREADS = 128 * (CONSUMERS
-// + 1); dynamic shared memory kSmemBytes; tensor maps `ta`, `tb` (plan/backward_core.cpp): a
-// K-major operand [rows][red] in boxes of (its tile rows) x 64, an MN-major one [red][rows] in
-// boxes of BK x 64, elements past the matrix read as zero; with TMA_STORE `tc`, C [rows][COLS] in
-// WarpBoxStore's boxes (16 rows x 64 bytes, 64-byte swizzle; unused otherwise).
+// + 1); dynamic shared memory kSmemBytes; tensor maps `ta`, `tb` (plan/backward_core.cpp; tf32:
+// of the workspace's K-major copies): a K-major operand [rows][red] in boxes of (its tile rows) x
+// 128 bytes, an MN-major one [red][rows] in boxes of BK x 128 bytes, elements past the matrix
+// read as zero; with TMA_STORE `tc`, C [rows][COLS] in WarpBoxStore's boxes (16 rows x 64 bytes,
+// 64-byte swizzle; unused otherwise).
 #pragma once
 #include "common/cp_async.cuh"
 #include "common/gemm_params.h"
@@ -51,19 +52,22 @@
 namespace fj {
 
 // One operand's tile of ROWS_ (the tile's M or N extent) x BK in a ring stage, as TMA writes it
-// and wgmma reads it. K-major: BK / 64 slabs of [ROWS_][128 bytes]; MN-major: ROWS_ / 64 slabs
-// of [BK][128 bytes]. Either way a slab is a whole number of 1024-byte swizzle atoms.
+// and wgmma reads it. K-major: BK / kAtom slabs of [ROWS_][128 bytes]; MN-major: ROWS_ / kAtom
+// slabs of [BK][128 bytes] (kAtom: the elements of a 128-byte row). Either way a slab is a whole
+// number of 1024-byte swizzle atoms.
 template <class T, bool MN_MAJOR, int ROWS_, int BK>
 struct WgmmaOperandTile {
   static constexpr int kAtom = 128 / static_cast<int>(sizeof(T));  // elements of a swizzle row
-  static_assert(ROWS_ % 64 == 0 && BK % kAtom == 0, "operand tiles are whole 64 x 64 blocks");
+  static_assert(ROWS_ % 64 == 0 && BK % kAtom == 0,
+                "operand tiles are whole blocks of 64 rows x 128 bytes");
   static constexpr int kSlabs = MN_MAJOR ? ROWS_ / kAtom : BK / kAtom;
   static constexpr int kSlabBytes = (MN_MAJOR ? BK : ROWS_) * 128;
   static constexpr int kBytes = kSlabs * kSlabBytes;
-  static constexpr int kBoxRows = MN_MAJOR ? BK : ROWS_;  // the tensor map's box (x 64 columns)
+  static constexpr int kBoxRows = MN_MAJOR ? BK : ROWS_;  // the tensor map's box (x kAtom)
 
   // Descriptor of rows [64 * block, ...) of the tile at reduction offset kk (a multiple of the
-  // instruction's 16): the block and kk are plain address offsets in either layout.
+  // instruction's k: 16, or 8 for tf32): the block and kk are plain address offsets in either
+  // layout.
   __device__ __forceinline__ static unsigned long long desc(unsigned tile, int block, int kk) {
     if constexpr (MN_MAJOR)
       return wgmma_desc_sw128_mn<BK>(tile + block * kSlabBytes + kk * 128);
@@ -124,15 +128,15 @@ struct GradWgmma {
     alignas(1024) unsigned char b[TileB::kBytes];
   };
   // TMA_STORE: each consumer warp's two boxes.
-  struct OutStaging {
+  struct OutBoxes {
     alignas(Boxes::kAlign) unsigned char warp[4 * CONSUMERS][Boxes::kWarpBytes];
   };
-  struct NoStaging {};
+  struct NoBoxes {};
   struct SharedStorage {
     Stage ring[STAGES];
     MbarrierSlot full[STAGES];   // the stage's TMA bytes have landed
     MbarrierSlot empty[STAGES];  // every consumer warp's wgmma that read it completed
-    typename Select<kTmaStore, OutStaging, NoStaging>::type out;
+    typename Select<kTmaStore, OutBoxes, NoBoxes>::type out;
   };
   static constexpr unsigned kAlign = alignof(SharedStorage);
   static_assert(kAlign == 1024, "the ring sets the storage's alignment");

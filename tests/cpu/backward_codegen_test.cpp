@@ -228,9 +228,16 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
     for (const KernelConfig& c : grad_gemm_candidates(short_k, backward_gemms(short_k).dw, dev))
       CHECK(c.split_k == 1);
   }
-  // The sanitizer sweep's split lines (tests/sanitize/backward_small.sweep) do split.
+  // The sanitizer sweep's split lines (tests/sanitize/backward_small.sweep) do split, tf32's on
+  // warpspec (its K-major copies).
   CHECK(default_backward_config(parse_sweep_line("4100x64x40 bf16 train").problem, hopper)
             .dw.split_k > 1);
+  {
+    const BackwardConfig c =
+        default_backward_config(parse_sweep_line("4100x40x24 tf32 train").problem, hopper);
+    CHECK(c.dw.split_k > 1);
+    CHECK(c.dw.variant == Variant::warpspec);
+  }
   CHECK(
       default_backward_config(parse_sweep_line("4100x40x24 fp32 eval").problem, hopper).dw.split_k >
       1);

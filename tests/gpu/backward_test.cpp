@@ -76,22 +76,25 @@ TEST_CASE("backward: gamma = 0 and scale = 0 columns") {
   }
 }
 
+// tf32 too: on Hopper its gradient GEMMs read K-major copies whose row strides follow the run's
+// rows, and a skipped dX or dW skips its copies.
 TEST_CASE("backward: fewer rows than the plan's M, accumulation, skipped outputs") {
-  for (const char* mode : {"train", "eval"}) {
-    BackwardCheckOptions r;
-    r.rows = 300;
-    check(fmt::format("1000x64x96 bf16 {}", mode), r);
-    BackwardCheckOptions a;
-    a.accumulate = true;
-    check(fmt::format("300x64x96 bf16 {}", mode), a);
-    BackwardCheckOptions nx;
-    nx.want_dx = false;
-    check(fmt::format("300x64x96 bf16 {}", mode), nx);
-    BackwardCheckOptions np;
-    np.want_dw = false;
-    np.want_params = false;
-    check(fmt::format("300x64x96 bf16 {}", mode), np);
-  }
+  for (const char* dtype : {"bf16", "tf32"})
+    for (const char* mode : {"train", "eval"}) {
+      BackwardCheckOptions r;
+      r.rows = 300;
+      check(fmt::format("1000x64x96 {} {}", dtype, mode), r);
+      BackwardCheckOptions a;
+      a.accumulate = true;
+      check(fmt::format("300x64x96 {} {}", dtype, mode), a);
+      BackwardCheckOptions nx;
+      nx.want_dx = false;
+      check(fmt::format("300x64x96 {} {}", dtype, mode), nx);
+      BackwardCheckOptions np;
+      np.want_dw = false;
+      np.want_params = false;
+      check(fmt::format("300x64x96 {} {}", dtype, mode), np);
+    }
 }
 
 TEST_CASE("backward: forced gradient GEMM tiles, and configs it cannot take") {
@@ -147,6 +150,11 @@ TEST_CASE("backward: warpspec gradient GEMMs (sm_90a): tile shapes, tails, persi
                  {"1000x200x136 bf16 train", "300x72x40 fp16 eval", "2x24x16 bf16 train",
                   "777x328x520 bf16 eval", "1000x64x256 fp16 train non_centred"},
                  "300x136x96 bf16 train", "1000x64x96 bf16 eval");
+  // tf32 on its K-major copies: TMA and thread stores (fp32 C), one and two consumers.
+  check_forced("warpspec.128x256x32.c2.s4.g16.cl1.p1.ts", "warpspec.128x128x32.c1.s4.g8.cl1.p1",
+               {"1000x200x136 tf32 train", "300x72x40 tf32 eval", "2x24x16 tf32 train",
+                "777x328x520 tf32 eval"},
+               "300x136x96 tf32 train", "1000x64x96 tf32 eval");
 }
 
 // Split-K gradient GEMMs (fp32 slices, then kernels/grad_split_sum.cuh), forced on both GEMMs:

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/tma_store_box.h"
 #include "fusejit/codegen/codegen.hpp"
-#include "fusejit/config/candidates.hpp"
 #include "fusejit/error.hpp"
 
 namespace fusejit {
@@ -27,7 +27,7 @@ int alignment_of(std::int64_t bytes) {
 // One gradient GEMM's Spec: C [ROWS][LDC] = sum over RED of A(r, k) B(c, k)
 // (kernels/grad_gemm.cuh, and kernels/grad_wgmma.cuh for the warpspec variant, which reads
 // CONSUMERS = warps_m and PERSISTENT, and its operands through tensor maps: LDA and LDB are the
-// tiled kernel's).
+// tiled kernel's, 0 where the GEMM reads tf32's copies).
 std::string gemm_spec(const char* name, const Problem& p, const KernelConfig& c, int rows, int cols,
                       int red, bool a_mn, bool b_mn, std::int64_t lda, std::int64_t ldb,
                       std::int64_t ldc, int vec_bytes) {
@@ -83,8 +83,7 @@ int grad_wgmma_smem_bytes(const KernelConfig& c, DType d) {
   auto up = [](int v, int a) { return (v + a - 1) / a * a; };
   const int ring = c.stages * (c.bm + c.bn) * c.bk * static_cast<int>(storage_bytes(d));
   int bytes = ring + 16 * c.stages;
-  if (c.tma_store)
-    bytes = up(bytes, 1024) + 4 * c.warps_m * 2 * kTmaStoreBoxRows * kTmaStoreBoxRowBytes;
+  if (c.tma_store) bytes = up(bytes, 1024) + 4 * c.warps_m * fj::kTmaStoreWarpBytes;
   return up(bytes, 1024) + 1024;
 }
 
@@ -183,9 +182,9 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
   const bool dx_copies = grad_gemm_reads_copies(p, c.dx),
              dw_copies = grad_gemm_reads_copies(p, c.dw);
   t += gemm_spec("DxSpec", p, c.dx, 0, static_cast<int>(p.K), static_cast<int>(p.N), false,
-                 !dx_copies, p.N, p.lda_w(), p.lda_x(), dx_vec);
+                 !dx_copies, p.N, dx_copies ? 0 : p.lda_w(), p.lda_x(), dx_vec);
   t += gemm_spec("DwSpec", p, c.dw, static_cast<int>(p.N), static_cast<int>(p.K), 0, !dw_copies,
-                 !dw_copies, p.N, p.lda_x(), p.lda_w(), dx_vec);
+                 !dw_copies, dw_copies ? 0 : p.N, dw_copies ? 0 : p.lda_x(), p.lda_w(), dx_vec);
   t += "#include \"kernels/bn_backward.cuh\"\n#include \"kernels/grad_gemm.cuh\"\n";
   if (dx_copies || dw_copies) t += "#include \"kernels/transpose.cuh\"\n";
   if (c.dx.split_k > 1 || c.dw.split_k > 1) t += "#include \"kernels/grad_split_sum.cuh\"\n";

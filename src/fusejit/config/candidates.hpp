@@ -11,12 +11,6 @@
 
 namespace fusejit {
 
-// The warpspec TMA-store box (WarpBoxStore's kBoxRows x kBoxRowBytes in
-// templates/epilogue/warp_box_store.cuh): each consumer warp owns two, and the tensor maps of y
-// and of the gradient GEMMs' dX and dW are encoded with this box.
-inline constexpr int kTmaStoreBoxRows = 16;
-inline constexpr int kTmaStoreBoxRowBytes = 64;
-
 // Whether y's rows can take TMA stores (KernelConfig::tma_store): whole 16-byte units per row
 // (N % 8 == 0 in 16-bit types, N % 4 == 0 in fp32) and 16-byte aligned rows.
 bool y_rows_take_tma_stores(const Problem&);

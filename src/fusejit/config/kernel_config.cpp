@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "common/limits.h"
+#include "common/tma_store_box.h"
 #include "fusejit/error.hpp"
 
 namespace fusejit {
@@ -143,8 +144,7 @@ int KernelConfig::smem_bytes(const Problem& p) const {
     const int ring = stages * (bm + bn + (p.dtype == DType::tf32x3 ? bn : 0)) * bk * eb;
     // tf32x3: a third mbarrier per stage (W's split written: SplitBarriers).
     const int bars = (2 * stages + 6 + (p.dtype == DType::tf32x3 ? stages : 0)) * 8;
-    const int staging =
-        tma_store ? 4 * warps_m * 2 * kTmaStoreBoxRows * kTmaStoreBoxRowBytes : bm * (128 + 8 * eb);
+    const int staging = tma_store ? 4 * warps_m * fj::kTmaStoreWarpBytes : bm * (128 + 8 * eb);
     // Pingpong: one such epilogue per consumer warpgroup, each for a whole BM-row tile.
     const int epilogue = pingpong ? 2 * ((4 * bn + 2 * bn) * 4 + staging)
                                   : (4 * warps_m * bn + 2 * bn) * 4 + staging;

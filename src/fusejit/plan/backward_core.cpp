@@ -84,9 +84,9 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
 }  // namespace
 
 // Warpspec before tiled: on Hopper the tiled kernels reach about half of the tensor cores' rate
-// (the forward's measurements). tf32 reads its MN-major operands with one 4-byte copy per
-// element, which needs the registers of eight warps: four-warp tiles spill (measured on the
-// compiled kernels), so tf32 takes 256 threads.
+// (the forward's measurements). The tiled kernel reads tf32's MN-major operands with one 4-byte
+// copy per element, which needs the registers of eight warps: four-warp tiles spill (measured on
+// the compiled kernels), so tf32 takes 256 threads (every warpspec config has them).
 //
 // Split-K: where even the smallest tiles fill at most half the SMs (dW of a narrow layer: N x K
 // is a few tiles, its reduction the whole batch) and the reduction is long (at least 64 k
@@ -257,16 +257,16 @@ BackwardWorkspace backward_workspace(const Problem& p, const BackwardConfig& c, 
   region(slices(c.dx, rows), w.dx_slices_offset);
   region(slices(c.dw, p.N), w.dw_slices_offset);
   auto ld = [](std::int64_t elements) { return (elements + 3) / 4 * 4; };
-  w.ld_n = ld(p.N);
-  w.ld_rows = ld(rows);
+  w.copy_ld_n = ld(p.N);
+  w.copy_ld_rows = ld(rows);
   const std::size_t es = storage_bytes(p.dtype);
   auto elements = [](std::int64_t r, std::int64_t ld_elements) {
     return static_cast<std::size_t>(r) * static_cast<std::size_t>(ld_elements);
   };
-  if (grad_gemm_reads_copies(p, c.dx)) region(elements(p.K, w.ld_n) * es, w.wt_offset);
+  if (grad_gemm_reads_copies(p, c.dx)) region(elements(p.K, w.copy_ld_n) * es, w.w_t_offset);
   if (grad_gemm_reads_copies(p, c.dw)) {
-    region(elements(p.N, w.ld_rows) * es, w.dat_offset);
-    region(elements(p.K, w.ld_rows) * es, w.xt_offset);
+    region(elements(p.N, w.copy_ld_rows) * es, w.da_t_offset);
+    region(elements(p.K, w.copy_ld_rows) * es, w.x_t_offset);
   }
   return w;
 }
@@ -333,8 +333,8 @@ namespace {
 // dX = dA W: dA K-major [rows][N], W MN-major [N][K]; dW = dA^T x: dA MN-major, x MN-major
 // [rows][K]; tf32 reads K-major copies instead (W^T [K][N], dA^T [N][rows], x^T [K][rows] in
 // the workspace: grad_gemm_reads_copies). With tma_store, C (dX [rows][K], dW [N][K]) in the
-// per-warp boxes of the forward's y (kTmaStoreBoxRows x kTmaStoreBoxRowBytes), in its storage
-// type (tf32's TFLOAT32 names the loads' rounding). Zeros for a tiled GEMM or one the run skips.
+// per-warp boxes of the forward's y (encode_tma_store_map). Zeros for a tiled GEMM or one the run
+// skips.
 struct GradGemmMaps {
   CUtensorMap dx_a{}, dx_b{}, dx_c{}, dw_a{}, dw_b{}, dw_c{};
 };
@@ -343,35 +343,29 @@ GradGemmMaps encode_grad_gemm_maps(const BackwardCore& c, std::int64_t rows, cha
                                    const BackwardWorkspace& w, const BackwardTensors& t) {
   const Problem& p = c.problem;
   const int atom = static_cast<int>(128 / storage_bytes(p.dtype));
-  const int box_cols = kTmaStoreBoxRowBytes / static_cast<int>(storage_bytes(p.dtype));
-  const DType out = storage_type(p.dtype);
   const void* da = ws + w.da_offset;
   GradGemmMaps m;
   if (t.dx && c.config.dx.variant == Variant::warpspec) {
     const KernelConfig& k = c.config.dx;
     m.dx_a = encode_tma_tile_map(p.dtype, da, rows, p.N, p.N, k.bm, atom, "workspace");
     m.dx_b = grad_gemm_reads_copies(p, k)
-                 ? encode_tma_tile_map(p.dtype, ws + w.wt_offset, p.K, p.N, w.ld_n, k.bn, atom,
-                                       "workspace")
+                 ? encode_tma_tile_map(p.dtype, ws + w.w_t_offset, p.K, p.N, w.copy_ld_n, k.bn,
+                                       atom, "workspace")
                  : encode_tma_tile_map(p.dtype, t.w, p.N, p.K, p.lda_w(), k.bk, atom, "w");
-    if (k.tma_store)
-      m.dx_c =
-          encode_tma_tile_map(out, t.dx, rows, p.K, p.lda_x(), kTmaStoreBoxRows, box_cols, "dx");
+    if (k.tma_store) m.dx_c = encode_tma_store_map(p.dtype, t.dx, rows, p.K, p.lda_x(), "dx");
   }
   if (t.dw && c.config.dw.variant == Variant::warpspec) {
     const KernelConfig& k = c.config.dw;
     if (grad_gemm_reads_copies(p, k)) {
-      m.dw_a = encode_tma_tile_map(p.dtype, ws + w.dat_offset, p.N, rows, w.ld_rows, k.bm, atom,
-                                   "workspace");
-      m.dw_b = encode_tma_tile_map(p.dtype, ws + w.xt_offset, p.K, rows, w.ld_rows, k.bn, atom,
-                                   "workspace");
+      m.dw_a = encode_tma_tile_map(p.dtype, ws + w.da_t_offset, p.N, rows, w.copy_ld_rows, k.bm,
+                                   atom, "workspace");
+      m.dw_b = encode_tma_tile_map(p.dtype, ws + w.x_t_offset, p.K, rows, w.copy_ld_rows, k.bn,
+                                   atom, "workspace");
     } else {
       m.dw_a = encode_tma_tile_map(p.dtype, da, rows, p.N, p.N, k.bk, atom, "workspace");
       m.dw_b = encode_tma_tile_map(p.dtype, t.x, rows, p.K, p.lda_x(), k.bk, atom, "x");
     }
-    if (k.tma_store)
-      m.dw_c =
-          encode_tma_tile_map(out, t.dw, p.N, p.K, p.lda_w(), kTmaStoreBoxRows, box_cols, "dw");
+    if (k.tma_store) m.dw_c = encode_tma_store_map(p.dtype, t.dw, p.N, p.K, p.lda_w(), "dw");
   }
   return m;
 }
@@ -381,8 +375,6 @@ GradGemmMaps grad_gemm_maps(const BackwardCore& c, std::int64_t rows, char* ws,
                             BackwardRunCache* cache) {
   if (c.config.dx.variant != Variant::warpspec && c.config.dw.variant != Variant::warpspec)
     return {};
-  // The workspace's regions follow from its base (da's offset is fixed) and the rows.
-  const void* da = ws + bw.da_offset;
   const void* w = t.dx ? t.w : nullptr;
   const void* x = t.dw ? t.x : nullptr;
   const void* dx = t.dx;
@@ -391,13 +383,13 @@ GradGemmMaps grad_gemm_maps(const BackwardCore& c, std::int64_t rows, char* ws,
     return encode_grad_gemm_maps(c, rows, ws, bw, t);
   GradGemmMaps m;
   try {
-    if (!cache->valid || cache->da != da || cache->w != w || cache->x != x || cache->dx != dx ||
-        cache->dw != dw || cache->rows != rows) {
+    if (!cache->valid || cache->workspace != ws || cache->w != w || cache->x != x ||
+        cache->dx != dx || cache->dw != dw || cache->rows != rows) {
       cache->valid = false;  // stays so if encoding throws
       const GradGemmMaps fresh = encode_grad_gemm_maps(c, rows, ws, bw, t);
       cache->dx_a = fresh.dx_a, cache->dx_b = fresh.dx_b, cache->dx_c = fresh.dx_c;
       cache->dw_a = fresh.dw_a, cache->dw_b = fresh.dw_b, cache->dw_c = fresh.dw_c;
-      cache->da = da, cache->w = w, cache->x = x, cache->dx = dx, cache->dw = dw;
+      cache->workspace = ws, cache->w = w, cache->x = x, cache->dx = dx, cache->dw = dw;
       cache->rows = rows;
       cache->valid = true;
     }
@@ -512,15 +504,16 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
     }
   };
   if (t.dx && grad_gemm_reads_copies(p, c.config.dx))
-    transpose(t.w, p.lda_w(), p.N, p.K, w.wt_offset, w.ld_n, "cuLaunchKernel(fj_bwd_transpose, W)");
+    transpose(t.w, p.lda_w(), p.N, p.K, w.w_t_offset, w.copy_ld_n,
+              "cuLaunchKernel(fj_bwd_transpose, W)");
   if (t.dx)
     gemm(c.dx, c.dx_sum, c.config.dx, rows, static_cast<unsigned>(c.dx_smem_bytes), t.w, t.dx,
          false, reinterpret_cast<float*>(ws + w.dx_slices_offset), maps.dx_a, maps.dx_b, maps.dx_c,
          "cuLaunchKernel(fj_bwd_dx)", "cuLaunchKernel(fj_bwd_dx_sum)");
   if (t.dw && grad_gemm_reads_copies(p, c.config.dw)) {
-    transpose(bp.ws_da, p.N, rows, p.N, w.dat_offset, w.ld_rows,
+    transpose(bp.ws_da, p.N, rows, p.N, w.da_t_offset, w.copy_ld_rows,
               "cuLaunchKernel(fj_bwd_transpose, dA)");
-    transpose(t.x, p.lda_x(), rows, p.K, w.xt_offset, w.ld_rows,
+    transpose(t.x, p.lda_x(), rows, p.K, w.x_t_offset, w.copy_ld_rows,
               "cuLaunchKernel(fj_bwd_transpose, x)");
   }
   if (t.dw)

@@ -62,8 +62,8 @@ void require_grad_gemm_config(const Problem& p, const KernelConfig& c, bool dw, 
 // The configs the gradient GEMM `g` (dx_gemm_problem or dw_gemm_problem of `p`) can run on `d`,
 // in the heuristic's order (warpspec before tiled, each by the time model: GemmKind::gradient, or
 // gradient_one_wave where even the widest unsplit grid fills at most half the GPU, which is also
-// where split-K twins are offered; TMA-store ones with the ring stages their staging leaves room
-// for): what default_backward_config takes the first of and `fusejit autotune --backward` times.
+// where split-K twins are offered): what default_backward_config takes the first of and
+// `fusejit autotune --backward` times.
 std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& g, const Device& d);
 
 // The two GEMMs as their configs are chosen: dx_gemm_problem and dw_gemm_problem with M (dx's
@@ -85,14 +85,14 @@ std::shared_ptr<const BackwardCore> backward_core(const Problem&, const Backward
 
 // Where each region of a backward run's workspace lies, for runs of up to `rows` rows with
 // `config`'s gradient GEMMs (a split one's fp32 slices: common/split_k.h).
-// tf32's K-major copies (grad_gemm_reads_copies) come last: W^T [K][ld(N)] for dX, dA^T
-// [N][ld(rows)] and x^T [K][ld(rows)] for dW, ld(n) = n rounded up to 4 elements (TMA's 16-byte
-// row strides); their offsets are 0 where the GEMM reads none.
+// tf32's K-major copies (grad_gemm_reads_copies) come last: W^T [K][copy_ld_n] for dX, dA^T
+// [N][copy_ld_rows] and x^T [K][copy_ld_rows] for dW, N and the rows rounded up to 4 elements
+// (TMA's 16-byte row strides); their offsets are 0 where the GEMM reads none.
 struct BackwardWorkspace {
   std::size_t dy_partials_offset = 0, dz_partials_offset = 0, coef_offset = 0, da_offset = 0;
   std::size_t dx_slices_offset = 0, dw_slices_offset = 0;
-  std::size_t wt_offset = 0, dat_offset = 0, xt_offset = 0;
-  std::int64_t ld_n = 0, ld_rows = 0;  // the copies' row strides, in elements
+  std::size_t w_t_offset = 0, da_t_offset = 0, x_t_offset = 0;
+  std::int64_t copy_ld_n = 0, copy_ld_rows = 0;  // the copies' row strides, in elements
   std::size_t total = 0;
 };
 BackwardWorkspace backward_workspace(const Problem&, const BackwardConfig&, std::int64_t rows);
@@ -102,13 +102,14 @@ void validate_backward_tensors(const Problem&, const BackwardTensors&);
 
 // What a backward plan's runs remember between calls (RunCache's counterpart, plan/launch.hpp):
 // the stream last found to belong to the core's context, and the warpspec gradient GEMMs'
-// tensor maps for the last (dA, W, x, dX, dW, rows), re-encoded only when those change. One run at
-// a time uses the maps (`busy`); a concurrent run encodes its own.
+// tensor maps for the last (workspace, W, x, dX, dW, rows), re-encoded only when those change
+// (the workspace base and the rows fix where dA and tf32's copies lie). One run at a time uses
+// the maps (`busy`); a concurrent run encodes its own.
 struct BackwardRunCache {
   std::atomic<CUstream> checked_stream{nullptr};
   std::atomic_flag busy;
   bool valid = false;
-  const void* da = nullptr;
+  const void* workspace = nullptr;
   const void* w = nullptr;
   const void* x = nullptr;
   const void* dx = nullptr;

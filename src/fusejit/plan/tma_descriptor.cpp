@@ -3,6 +3,8 @@
 #include <cstring>
 #include <string>
 
+#include "common/tma_store_box.h"
+
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
 
@@ -78,14 +80,17 @@ WarpspecTensorMaps warpspec_tensor_maps(const Problem& problem, const KernelConf
   maps.w = encode_tma_tile_map(problem.dtype, w, problem.N, problem.K, problem.lda_w(),
                                config.bn / config.cluster_m, atom, "w");
   std::memset(&maps.y, 0, sizeof(maps.y));
-  if (config.tma_store) {
-    const int box_cols = kTmaStoreBoxRowBytes / static_cast<int>(storage_bytes(problem.dtype));
-    // y in its storage type: tf32's TFLOAT32 (the type of its loads, which round) would name a
-    // conversion that y's fp32 values must not get.
-    maps.y = encode_tma_tile_map(storage_type(problem.dtype), y, rows, problem.N, problem.lda_y(),
-                                 kTmaStoreBoxRows, box_cols, "y");
-  }
+  if (config.tma_store)
+    maps.y = encode_tma_store_map(problem.dtype, y, rows, problem.N, problem.lda_y(), "y");
   return maps;
+}
+
+CUtensorMap encode_tma_store_map(DType dtype, const void* base, std::int64_t rows,
+                                 std::int64_t cols, std::int64_t ld, const char* what) {
+  const DType stored = storage_type(dtype);
+  return encode_tma_tile_map(stored, base, rows, cols, ld, fj::kTmaStoreBoxRows,
+                             fj::kTmaStoreBoxRowBytes / static_cast<int>(storage_bytes(stored)),
+                             what);
 }
 
 }  // namespace fusejit

@@ -23,10 +23,17 @@ namespace fusejit {
 CUtensorMap encode_tma_tile_map(DType dtype, const void* base, std::int64_t rows, std::int64_t cols,
                                 std::int64_t ld, int box_rows, int box_cols, const char* what);
 
+// The map of the per-warp TMA stores (epilogue/warp_box_store.cuh) into a row-major [rows][cols]
+// matrix of `dtype`'s values: boxes of fj::kTmaStoreBoxRows rows x fj::kTmaStoreBoxRowBytes, in
+// the storage type (tf32's TFLOAT32 would name the loads' rounding, which stored fp32 values must
+// not get). y of the forward, dX and dW of the gradient GEMMs.
+CUtensorMap encode_tma_store_map(DType dtype, const void* base, std::int64_t rows,
+                                 std::int64_t cols, std::int64_t ld, const char* what);
+
 struct WarpspecTensorMaps {
   CUtensorMap x;  // [M][K] boxes of bm rows
   CUtensorMap w;  // [N][K] boxes of bn / cluster_m rows (each CTA of a cluster loads its half)
-  CUtensorMap y;  // tma_store: [M][N] boxes of kTmaStoreBoxRows x kTmaStoreBoxRowBytes; else zeros
+  CUtensorMap y;  // tma_store: [M][N], encode_tma_store_map; else zeros
 };
 
 // The maps the warpspec kernel of `config` expects for `problem` with these operands and a run
