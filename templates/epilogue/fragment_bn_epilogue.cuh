@@ -336,10 +336,7 @@ struct FragmentBnEpilogue {
         lo = ca.x * lo + cb.x;
         hi = ca.y * hi + cb.y;
       }
-      if constexpr (sizeof(T) == 4)
-        return make_float2(lo, hi);
-      else
-        return pack2<T>(lo, hi);
+      return Boxes::pair(lo, hi);
     };
     if constexpr (TMA_STORE && SAVED) {
       store_boxes_by_threads(p, static_cast<T*>(p.saved), staging, m0, n0, tid, value);

@@ -21,6 +21,7 @@
 #include "common/select.cuh"
 #include "common/tma_descriptor.cuh"
 #include "common/tma_store_box.h"
+#include "common/types.cuh"
 #include "mainloop/tma.cuh"
 
 namespace fj {
@@ -38,6 +39,15 @@ struct WarpBoxStore {
   // only one that may still be reading.
   static_assert(BN % (2 * kBoxCols) == 0, "warp box store: BN must be whole pairs of boxes");
   using Pair = typename Select<sizeof(T) == 4, float2, unsigned>::type;
+
+  // Two adjacent columns' values as they are stored: 16-bit values packed in an unsigned, or a
+  // float2 (what value() returns to store()).
+  __device__ __forceinline__ static Pair pair(float lo, float hi) {
+    if constexpr (sizeof(T) == 4)
+      return make_float2(lo, hi);
+    else
+      return pack2<T>(lo, hi);
+  }
 
   // Byte offset of row r's 16-byte unit u in a box: unit u ^ ((r / 2) % 4), TMA's 64-byte
   // swizzle on a 1 KiB aligned box, which also puts each stmatrix phase's 8 rows on distinct

@@ -35,7 +35,6 @@
 // read as zero; with TMA_STORE `tc`, C [rows][COLS] in WarpBoxStore's boxes (16 rows x 64 bytes,
 // 64-byte swizzle; unused otherwise).
 #pragma once
-#include "common/cp_async.cuh"
 #include "common/gemm_params.h"
 #include "common/limits.h"
 #include "common/select.cuh"
@@ -288,7 +287,7 @@ struct GradWgmma {
                                                    int ctid) {
     const int warp = ctid / 32;
     Boxes::store(c.out(warp), ctid % 32, m0 + 16 * (warp % 4), n0, tc, [&](int ma, int j, int h) {
-      return pair_of(acc[ma][4 * j + 2 * h], acc[ma][4 * j + 2 * h + 1]);
+      return Boxes::pair(acc[ma][4 * j + 2 * h], acc[ma][4 * j + 2 * h + 1]);
     });
   }
 
@@ -326,14 +325,6 @@ struct GradWgmma {
       *reinterpret_cast<float2*>(slice + static_cast<long long>(r) * kLd + col) =
           make_float2(v0, v1);
     });
-  }
-
-  // Two adjacent columns as stored: 16-bit values packed in an unsigned, or a float2.
-  __device__ __forceinline__ static typename Boxes::Pair pair_of(float v0, float v1) {
-    if constexpr (sizeof(T) == 4)
-      return make_float2(v0, v1);
-    else
-      return pack2<T>(v0, v1);
   }
 
   // C = (or +=) the fragment, a pair of T per store (one element at an odd COLS's end).
