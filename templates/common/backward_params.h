@@ -33,7 +33,7 @@ struct BackwardParams {
   // Workspace: per (slab of slab_rows rows, column) partial sums, written in a fixed order and
   // merged in a fixed order (no atomics: the gradients are the same on every run).
   float* ws_dy_partials;  // [slabs][N] x {sum dy, sum dy c} (train) or {sum dy, sum dy zh} (eval)
-  float* ws_dz_partials;  // [slabs][N] x {sum dz, unused} (train) or {sum dz, sum dz u} (eval)
+  float* ws_dz_partials;  // eval: [slabs][N] x {sum dz, sum dz u}
   float* ws_coef;         // train: [N] x {g invstd, dbeta / m, dgamma / m, s invstd} (float4)
   void* ws_da;            // [m][N], T: da, the operand of both gradient GEMMs; null: not needed
   int m;                  // rows of this run

@@ -22,4 +22,13 @@ __device__ __forceinline__ void allow_dependent_launch() {
 #endif
 }
 
+// A kernel of a chain of programmatic dependent launches (the backward pass's kernels,
+// plan/backward_core.cpp): waits for the previous grid, then lets the next one launch. Triggering
+// only after the wait keeps the chain transitive: when grid i + 1 runs, grid i has passed its
+// wait, so grid i - 1 has completed and its writes are visible. Every thread calls it.
+__device__ __forceinline__ void join_launch_chain() {
+  wait_for_prior_grid();
+  allow_dependent_launch();
+}
+
 }  // namespace fj

@@ -1,10 +1,13 @@
 // The backward pass's BatchNorm kernels: the column reductions and the elementwise map that turn
 // dy into da, the operand of the two gradient GEMMs (kernels/grad_gemm.cuh), and the parameter
 // gradients. The math and the workspace: common/backward_params.h. Schedules:
-//   train: fj_bwd_reduce (dy partials) -> fj_bwd_coef (dbeta, dgamma, per-column coefficients)
-//          -> fj_bwd_da (da, dz partials) -> fj_bwd_params (dbias, dscale) -> the GEMMs
+//   train: fj_bwd_reduce (dy partials) -> fj_bwd_coef (dbeta, dgamma, dscale, dbias = 0,
+//          per-column coefficients) -> fj_bwd_da (da) -> the GEMMs
 //   eval : fj_bwd_reduce (dy and dz partials, and da: dz = g dy / sqrt(rv + eps) needs no
 //          reduction first) -> fj_bwd_params (all four) -> the GEMMs
+// On sm_90+ every kernel after the first is a programmatic dependent launch and joins the chain
+// (common/grid_dependency.cuh) before it reads anything: its launch and its first wave's start
+// then overlap the previous kernel's last wave instead of following its end.
 // Why partials per slab and merges in a fixed order rather than atomics: the gradients come out
 // bit-identical from run to run, and no workspace has to be zeroed before a run.
 //
@@ -13,6 +16,7 @@
 #pragma once
 #include "common/backward_params.h"
 #include "common/backward_shape.h"
+#include "common/grid_dependency.cuh"
 #include "common/types.cuh"
 #include "epilogue/store.cuh"
 #include "kernels/bn_apply.cuh"  // Packed
@@ -111,12 +115,14 @@ template <class Spec>
 struct BackwardBlock {
   using S = BackwardShape<Spec>;
   static constexpr int VEC = S::VEC;
-  int tx, ty, c, n_here, row_begin, row_end;
+  int tx, ty, c, n_here, row_begin, row_end, slab;
   bool active;
 
-  __device__ __forceinline__ BackwardBlock(const BackwardParams& p) {
+  // bottom_up: the last slab first (fj_bwd_da, see there).
+  __device__ __forceinline__ BackwardBlock(const BackwardParams& p, bool bottom_up) {
     const int strip = static_cast<int>(blockIdx.x) % S::kStrips;
-    const int slab = static_cast<int>(blockIdx.x) / S::kStrips;
+    slab = bottom_up ? p.slabs - 1 - static_cast<int>(blockIdx.x) / S::kStrips
+                     : static_cast<int>(blockIdx.x) / S::kStrips;
     tx = threadIdx.x % kBackwardColThreads;
     ty = threadIdx.x / kBackwardColThreads;
     c = strip * S::kCols + tx * VEC;
@@ -125,7 +131,6 @@ struct BackwardBlock {
     row_end = min(row_begin + p.slab_rows, p.m);
     active = c < Spec::N;
   }
-  __device__ __forceinline__ int slab() const { return static_cast<int>(blockIdx.x) / S::kStrips; }
 
   // Adds the row threads' two sums per column in the order ty = 0..7 and stores them as the
   // block's slab partials: out[slab * N + column] = {a, b}.
@@ -144,7 +149,7 @@ struct BackwardBlock {
         t.x += red[r][k].x;
         t.y += red[r][k].y;
       }
-      out[static_cast<long long>(slab()) * Spec::N + col0 + k] = t;
+      out[static_cast<long long>(slab) * Spec::N + col0 + k] = t;
     }
     __syncthreads();
   }
@@ -185,7 +190,8 @@ template <class Spec>
 __device__ void bn_backward_reduce(const BackwardParams& p) {
   using B = BackwardBlock<Spec>;
   constexpr int VEC = B::VEC;
-  const B blk(p);
+  join_launch_chain();
+  const B blk(p, false);
   BackwardColumn col[VEC];
   float sdy[VEC], sdyz[VEC], sdyu[VEC];
 #pragma unroll
@@ -287,7 +293,10 @@ __device__ __forceinline__ void store_param(const BackwardParams& p, void* dst, 
   *e = from_float<P>(p.accumulate ? to_float(*e) + v : v);
 }
 
-// Train, pass 2: dbeta, dgamma and dscale, and the coefficients of da. With zh = s invstd c and
+// Train, pass 2: dbeta, dgamma, dscale and dbias, and the coefficients of da. dbias is 0: in train
+// mode y does not depend on the bias at all (the batch mean absorbs any shift of z, and the
+// variance ignores it), so its gradient is 0 exactly, which a sum of the M values of dz would only
+// approximate (to its rounding noise). With zh = s invstd c and
 // invstd = (s^2 var(a) + eps)^-1/2, d zh / d s = eps invstd^3 c, so
 // dscale = g eps invstd^3 sum dy c: no cancellation. The same quantity as sum dz (a + b), whose
 // terms cancel to a fraction eps / (var z + eps) of their size, which the rounding of c in the
@@ -295,6 +304,7 @@ __device__ __forceinline__ void store_param(const BackwardParams& p, void* dst, 
 template <class Spec>
 __device__ void bn_backward_coef(const BackwardParams& p) {
   using P = typename Spec::P;
+  join_launch_chain();
   const float2 t = merge_slabs(p.ws_dy_partials, Spec::N, p.slabs);  // {sum dy, sum dy c}
   if (!merge_leader(Spec::N)) return;
   const int n = merged_column();
@@ -307,23 +317,27 @@ __device__ void bn_backward_coef(const BackwardParams& p) {
   }
   if constexpr (Spec::HAS_SCALE)
     store_param<P>(p, p.dscale, n, col.g * p.eps * invstd * invstd * invstd * t.y);
+  if constexpr (Spec::HAS_BIAS) store_param<P>(p, p.dbias, n, 0.f);
   const float inv_m = 1.f / static_cast<float>(p.m);
   reinterpret_cast<float4*>(p.ws_coef)[n] =
       make_float4(col.g * invstd, t.x * inv_m, dgamma * inv_m, col.zs);
 }
 
-// Train, pass 3: dz = g invstd (dy - dbeta / m - zh dgamma / m), da = s dz, and per slab and
-// column sum dz.
+// Train, pass 3 (launched only when dx or dW is wanted): dz = g invstd (dy - dbeta / m -
+// zh dgamma / m), da = s dz. Slabs from the bottom up: fj_bwd_reduce read dy and saved from the top
+// down, so the last slabs it read are the likeliest to still be in L2 when this pass starts; and
+// the rows of da this pass writes last, the top ones, are the ones the dX GEMM's raster reads
+// first.
 template <class Spec>
 __device__ void bn_backward_da(const BackwardParams& p) {
   using B = BackwardBlock<Spec>;
   constexpr int VEC = B::VEC;
-  const B blk(p);
+  join_launch_chain();
+  const B blk(p, true);
   float4 k[VEC];
-  float s[VEC], sdz[VEC], unused[VEC];
+  float s[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    sdz[j] = unused[j] = 0.f;
     const bool here = blk.active && j < blk.n_here;
     k[j] = here ? reinterpret_cast<const float4*>(p.ws_coef)[blk.c + j] : make_float4(0, 0, 0, 0);
     s[j] = here && Spec::HAS_SCALE ? load_param<typename Spec::P>(p.scale, blk.c + j, 1.f) : 1.f;
@@ -334,29 +348,26 @@ __device__ void bn_backward_da(const BackwardParams& p) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float zh = k[j].w * sv[j];
-        const float dz = k[j].x * (dy[j] - k[j].y - zh * k[j].z);
-        sdz[j] += dz;
-        da[j] = s[j] * dz;
+        da[j] = s[j] * (k[j].x * (dy[j] - k[j].y - zh * k[j].z));
       }
-      if (p.ws_da) store_da<Spec, VEC>(p, r, blk.c, blk.n_here, da);
+      store_da<Spec, VEC>(p, r, blk.c, blk.n_here, da);
     });
-  // Only sum dz (dbias) is read: train's dscale comes from sum dy c (bn_backward_coef).
-  blk.store_partials(reinterpret_cast<float2*>(p.ws_dz_partials), sdz, unused);
 }
 
-// Last pass: the parameter gradients the earlier passes left as partials. dbias = s sum dz;
-// eval also dscale = sum dz u, dbeta and dgamma (train wrote those in bn_backward_coef).
+// Eval, last pass: the parameter gradients fj_bwd_reduce left as partials: dbeta, dgamma,
+// dbias = s sum dz and dscale = sum dz u. (Train writes its four in bn_backward_coef.)
 template <class Spec>
 __device__ void bn_backward_params(const BackwardParams& p) {
+  static_assert(!Spec::TRAIN, "train's parameter gradients come from bn_backward_coef");
   using P = typename Spec::P;
+  join_launch_chain();
   float2 dy_sums = make_float2(0.f, 0.f), dz_sums = make_float2(0.f, 0.f);
-  if constexpr (!Spec::TRAIN && Spec::HAS_AFFINE)
-    dy_sums = merge_slabs(p.ws_dy_partials, Spec::N, p.slabs);
+  if constexpr (Spec::HAS_AFFINE) dy_sums = merge_slabs(p.ws_dy_partials, Spec::N, p.slabs);
   if constexpr (Spec::HAS_BIAS || Spec::HAS_SCALE)
     dz_sums = merge_slabs(p.ws_dz_partials, Spec::N, p.slabs);
   if (!merge_leader(Spec::N)) return;
   const int n = merged_column();
-  if constexpr (!Spec::TRAIN && Spec::HAS_AFFINE) {
+  if constexpr (Spec::HAS_AFFINE) {
     store_param<P>(p, p.dbeta, n, dy_sums.x);
     store_param<P>(p, p.dgamma, n, dy_sums.y);
   }
@@ -364,7 +375,7 @@ __device__ void bn_backward_params(const BackwardParams& p) {
     const float2 t = dz_sums;
     const float s = Spec::HAS_SCALE ? load_param<P>(p.scale, n, 1.f) : 1.f;
     if constexpr (Spec::HAS_BIAS) store_param<P>(p, p.dbias, n, s * t.x);
-    if constexpr (Spec::HAS_SCALE && !Spec::TRAIN) store_param<P>(p, p.dscale, n, t.y);
+    if constexpr (Spec::HAS_SCALE) store_param<P>(p, p.dscale, n, t.y);
   }
 }
 

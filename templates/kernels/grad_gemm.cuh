@@ -12,6 +12,7 @@
 // adds the slices into C: for grids of few tiles with a long reduction (dW's is the batch).
 #pragma once
 #include "common/gemm_params.h"
+#include "common/grid_dependency.cuh"
 #include "common/limits.h"
 #include "common/math_kind.cuh"
 #include "common/select.cuh"
@@ -53,6 +54,7 @@ struct GradGemm {
 
   __device__ static void run(const GemmParams& p) {
     extern __shared__ __align__(128) char smem[];
+    join_launch_chain();
     const GemmOperands op{p.a, p.b, p.m, p.m};
     const int rows = gemm_rows<G>(op);
     const auto t = Raster{(rows + BM - 1) / BM}.tile(blockIdx.x);

@@ -15,6 +15,7 @@
 // enough to fill the GPU), no dynamic shared memory.
 #pragma once
 #include "common/gemm_params.h"
+#include "common/grid_dependency.cuh"
 #include "common/split_k.h"
 #include "common/types.cuh"
 
@@ -29,6 +30,7 @@ struct GradSplitSum {
   static constexpr int kThreads = kGradSplitSumThreads;
 
   __device__ static void run(const GemmParams& p) {
+    join_launch_chain();
     const int rows = G::ROWS > 0 ? G::ROWS : p.m;
     const long long elements = static_cast<long long>(rows) * COLS;
     const long long split_stride = static_cast<long long>(rows) * kLd;

@@ -36,6 +36,7 @@
 // 64-byte swizzle; unused otherwise).
 #pragma once
 #include "common/gemm_params.h"
+#include "common/grid_dependency.cuh"
 #include "common/limits.h"
 #include "common/select.cuh"
 #include "common/split_k.h"
@@ -164,6 +165,8 @@ struct GradWgmma {
       mbar_fence_init();
     }
     __syncthreads();
+    // The barriers' set-up and the maps' prefetch above overlap the previous kernel's end.
+    join_launch_chain();
     if (threadIdx.x < 128) {
       if constexpr (CONSUMERS == 2) regs_release<kProducerRegs>();
       if (threadIdx.x == 0) produce(ta, tb, c);

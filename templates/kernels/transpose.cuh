@@ -11,11 +11,13 @@
 // reach the batch size, past grid.y's 65535 x 32).
 #pragma once
 #include "common/gemm_params.h"
+#include "common/grid_dependency.cuh"
 
 namespace fj {
 
 __device__ __forceinline__ void transpose_tile(const TransposeParams& p) {
   __shared__ float tile[kTransposeTile][kTransposeTile + 1];
+  join_launch_chain();
   const long long row_tiles = (p.rows + kTransposeTile - 1) / kTransposeTile;
   const long long t = blockIdx.x;
   const int r0 = static_cast<int>(t % row_tiles) * kTransposeTile;

@@ -26,9 +26,10 @@ TEST_CASE("backward kernel set per mode and split") {
   Problem p = parse_sweep_line("300x72x40 bf16 train").problem;
   BackwardConfig c{KernelConfig::parse("tiled.64x64x64.w2x2.s3.g8"),
                    KernelConfig::parse("warpspec.64x64x64.c1.s8.g8.cl1.p1")};
+  // Train writes its parameter gradients in fj_bwd_coef (dbias = 0 exactly): no fj_bwd_params.
   CHECK(backward_kernel_set(p, c) == std::vector<std::string>{"fj_bwd_reduce", "fj_bwd_coef",
-                                                              "fj_bwd_da", "fj_bwd_params",
-                                                              "fj_bwd_dx", "fj_bwd_dw"});
+                                                              "fj_bwd_da", "fj_bwd_dx",
+                                                              "fj_bwd_dw"});
   p.mode = Mode::eval;
   CHECK(backward_kernel_set(p, c) ==
         std::vector<std::string>{"fj_bwd_reduce", "fj_bwd_params", "fj_bwd_dx", "fj_bwd_dw"});
@@ -104,6 +105,8 @@ TEST_CASE("backward workspace: aligned regions, growing with the rows") {
     const BackwardWorkspace w = backward_workspace(p, unsplit, rows);
     for (std::size_t o : {w.dy_partials_offset, w.dz_partials_offset, w.coef_offset, w.da_offset})
       CHECK(o % kWorkspaceAlign == 0);
+    // Only eval sums dz over slabs (fj_bwd_params): train's region of dz partials is empty.
+    CHECK(w.coef_offset == w.dz_partials_offset);
     CHECK(w.da_offset + static_cast<std::size_t>(rows) * 136 * 2 <= w.total);
     CHECK(w.total >= last);
     last = w.total;
@@ -180,9 +183,9 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
     CHECK(c.dw.variant == Variant::warpspec);
     CHECK(grad_gemm_reads_copies(q, c.dx));
     CHECK(grad_gemm_reads_copies(q, c.dw));
-    CHECK(backward_kernel_set(q, c) ==
-          std::vector<std::string>{"fj_bwd_reduce", "fj_bwd_coef", "fj_bwd_da", "fj_bwd_params",
-                                   "fj_bwd_transpose", "fj_bwd_dx", "fj_bwd_dw"});
+    CHECK(backward_kernel_set(q, c) == std::vector<std::string>{"fj_bwd_reduce", "fj_bwd_coef",
+                                                                "fj_bwd_da", "fj_bwd_transpose",
+                                                                "fj_bwd_dx", "fj_bwd_dw"});
   }
   for (const char* line : {"300x72x40 tf32x3 train", "300x60x40 bf16 train", "300x72x40 fp32 eval",
                            "300x72x40 bf16 eval ldx=44", "300x70x40 tf32 train"}) {

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,11 @@ TEST_CASE("backward: fewer rows than the plan's M, accumulation, skipped outputs
       np.want_dw = false;
       np.want_params = false;
       check(fmt::format("300x64x96 {} {}", dtype, mode), np);
+      // Only the parameter gradients: train launches no fj_bwd_da then.
+      BackwardCheckOptions po;
+      po.want_dx = false;
+      po.want_dw = false;
+      check(fmt::format("300x64x96 {} {}", dtype, mode), po);
     }
 }
 
@@ -249,6 +255,65 @@ TEST_CASE("backward: bit-identical run to run, and under CUDA graph capture") {
     CHECK(snapshot() == first);
     FJ_CU(cuGraphExecDestroy(exec));
     FJ_CU(cuGraphDestroy(graph));
+  }
+}
+
+// On sm_90+ every backward kernel after the first is a programmatic dependent launch
+// (common/grid_dependency.cuh). What the stream runs after run() must still see every output
+// finished. The layer makes dX the slow GEMM: 32 tiles reducing over 8192 columns, against dW's
+// 1024 tiles reducing over 256 rows, so a dW that did not wait for dX would finish first and a
+// copy queued after the run would catch dX half-written (poisoned with NaN before the run).
+// Also: train's dbias is exactly 0 (y does not depend on the bias in train mode).
+TEST_CASE("backward: the stream's next work sees every gradient finished; train's dbias is 0") {
+  const SweepCase c = parse_sweep_line("256x8192x4096 bf16 train");
+  const Problem& p = c.problem;
+  const CaseInputs in = make_case_inputs(c);
+  DeviceCase dev(in);
+  const Stream s;
+  const Plan forward(p);
+  BackwardOptions o;
+  if (Device::get(0).cc() == 90) {
+    o.dx_config = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1");
+    o.dw_config = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1");
+  }
+  const BackwardPlan backward(p, o);
+  const std::size_t es = storage_bytes(p.dtype);
+  DeviceBuffer saved(static_cast<std::size_t>(p.M * p.lda_y()) * es), dy(saved.size());
+  DeviceBuffer dx(static_cast<std::size_t>(p.M * p.lda_x()) * es);
+  DeviceBuffer dw(static_cast<std::size_t>(p.N * p.lda_w()) * es);
+  DeviceBuffer dbias(static_cast<std::size_t>(p.N) * storage_bytes(p.param_dtype));
+  REQUIRE(p.param_dtype == DType::fp32);
+  HostTensor h(storage_type(p.dtype), static_cast<std::size_t>(p.M * p.lda_y()));
+  fill_normal(h, 0.0, 1.0);
+  dy.upload(h.data(), h.bytes());
+  Tensors ft = dev.tensors();
+  ft.saved = saved.get();
+  BackwardTensors bt;
+  bt.dy = dy.get(), bt.x = ft.x, bt.w = ft.w, bt.saved = saved.get();
+  bt.scale = ft.scale, bt.gamma = ft.gamma;
+  bt.save_mean = ft.save_mean, bt.save_invstd = ft.save_invstd;
+  bt.dx = dx.get(), bt.dw = dw.get(), bt.dbias = dbias.get();
+  forward.run(s, ft);
+  s.synchronize();
+  for (int round = 0; round < 5; ++round) {
+    CAPTURE(round);
+    dx.fill_words(nan_word(p.dtype));
+    dbias.fill_words(0x7fc00000u);
+    std::vector<unsigned char> after(dx.size(), 0);
+    backward.run(s, bt);
+    // Stream-ordered: it starts when the stream says the run has finished.
+    FJ_CU(cuMemcpyDtoHAsync(after.data(), reinterpret_cast<CUdeviceptr>(dx.get()), dx.size(), s));
+    s.synchronize();
+    CHECK(after == dx.download_bytes());
+    // And dX was written at all (no NaN left from the poison).
+    const std::vector<std::uint16_t> v = dx.download_as<std::uint16_t>(dx.size() / 2);
+    std::size_t nan = 0;
+    for (const std::uint16_t b : v) nan += (b & 0x7f80u) == 0x7f80u && (b & 0x7fu) != 0u;
+    CHECK(nan == 0);
+    for (const float b : dbias.download_as<float>(static_cast<std::size_t>(p.N))) {
+      CHECK(b == 0.f);
+      if (b != 0.f) break;
+    }
   }
 }
 

@@ -140,8 +140,10 @@ Problem dw_gemm_problem(const Problem& p) {
 
 std::vector<std::string> backward_kernel_set(const Problem& p, const BackwardConfig& c) {
   std::vector<std::string> k{"fj_bwd_reduce"};
-  if (p.mode == Mode::train) k.insert(k.end(), {"fj_bwd_coef", "fj_bwd_da"});
-  k.push_back("fj_bwd_params");
+  if (p.mode == Mode::train)
+    k.insert(k.end(), {"fj_bwd_coef", "fj_bwd_da"});
+  else
+    k.push_back("fj_bwd_params");
   if (grad_gemm_reads_copies(p, c.dx) || grad_gemm_reads_copies(p, c.dw))
     k.push_back("fj_bwd_transpose");
   k.push_back("fj_bwd_dx");

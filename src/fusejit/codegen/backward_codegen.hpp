@@ -44,8 +44,8 @@ DType grad_gemm_dtype(DType);
 Problem dx_gemm_problem(const Problem&);
 Problem dw_gemm_problem(const Problem&);
 
-// Kernels of the set, in launch order: fj_bwd_reduce, [fj_bwd_coef, fj_bwd_da] (train),
-// fj_bwd_params, [fj_bwd_transpose] (grad_gemm_reads_copies), fj_bwd_dx, [fj_bwd_dx_sum] (dx
+// Kernels of the set, in launch order: fj_bwd_reduce, then fj_bwd_coef, fj_bwd_da (train) or
+// fj_bwd_params (eval), [fj_bwd_transpose] (grad_gemm_reads_copies), fj_bwd_dx, [fj_bwd_dx_sum] (dx
 // split), fj_bwd_dw, [fj_bwd_dw_sum] (dW split).
 std::vector<std::string> backward_kernel_set(const Problem&, const BackwardConfig&);
 

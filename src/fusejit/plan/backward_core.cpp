@@ -244,7 +244,7 @@ BackwardWorkspace backward_workspace(const Problem& p, const BackwardConfig& c, 
   const auto slabs = static_cast<std::size_t>(fj::backward_slab_bound(rows, strips));
   const auto n = static_cast<std::size_t>(p.N);
   region(slabs * n * 8, w.dy_partials_offset);
-  region(slabs * n * 8, w.dz_partials_offset);
+  region(p.mode == Mode::eval ? slabs * n * 8 : 0, w.dz_partials_offset);
   region(p.mode == Mode::train ? n * 16 : 0, w.coef_offset);
   region(static_cast<std::size_t>(rows) * n * storage_bytes(p.dtype), w.da_offset);
   // Split slices: dX's are [S][rows][ld(K)], dW's [S][N][ld(K)], fp32.
@@ -433,7 +433,8 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   bp.dgamma = t.dgamma;
   bp.dbeta = t.dbeta;
   bp.ws_dy_partials = reinterpret_cast<float*>(ws + w.dy_partials_offset);
-  bp.ws_dz_partials = reinterpret_cast<float*>(ws + w.dz_partials_offset);
+  bp.ws_dz_partials =
+      p.mode == Mode::eval ? reinterpret_cast<float*>(ws + w.dz_partials_offset) : nullptr;
   bp.ws_coef = p.mode == Mode::train ? reinterpret_cast<float*>(ws + w.coef_offset) : nullptr;
   bp.ws_da = need_da ? ws + w.da_offset : nullptr;
   bp.m = static_cast<int>(rows);
@@ -445,16 +446,25 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   const auto elementwise_grid =
       static_cast<unsigned>(c.strips) * static_cast<unsigned>(slabs.count);
   const auto columns_grid = static_cast<unsigned>(c.column_blocks);
+  // Every kernel after the first goes out as a programmatic dependent launch on sm_90+ and joins
+  // the chain in the kernel (templates/common/grid_dependency.cuh): a launch and the first wave
+  // of each pass then overlap the end of the one before. The first waits for the previous work
+  // in the stream as usual, which may have written dy or saved.
+  bool first = true;
   auto go = [&](CUfunction f, unsigned grid, unsigned threads, unsigned smem, void** args,
                 const char* what, unsigned grid_y = 1) {
-    check(d.cuLaunchKernel(f, grid, grid_y, 1, threads, 1, 1, smem, stream, args, nullptr), what);
+    launch_kernel(c.device, f, grid, grid_y, threads, smem, stream, args, !first, what);
+    first = false;
   };
   go(c.reduce, elementwise_grid, fj::kBackwardThreads, 0, bargs, "cuLaunchKernel(fj_bwd_reduce)");
   if (p.mode == Mode::train) {
     go(c.coef, columns_grid, fj::kBackwardColumnThreads, 0, bargs, "cuLaunchKernel(fj_bwd_coef)");
-    go(c.da, elementwise_grid, fj::kBackwardThreads, 0, bargs, "cuLaunchKernel(fj_bwd_da)");
+    if (need_da)
+      go(c.da, elementwise_grid, fj::kBackwardThreads, 0, bargs, "cuLaunchKernel(fj_bwd_da)");
+  } else {
+    go(c.params, columns_grid, fj::kBackwardColumnThreads, 0, bargs,
+       "cuLaunchKernel(fj_bwd_params)");
   }
-  go(c.params, columns_grid, fj::kBackwardColumnThreads, 0, bargs, "cuLaunchKernel(fj_bwd_params)");
   const GradGemmMaps maps = grad_gemm_maps(c, rows, ws, w, t, cache);
   // tf32's K-major copies (grad_gemm_reads_copies), each right before the GEMM that reads it.
   auto transpose = [&](const void* src, std::int64_t ld_src, std::int64_t src_rows,

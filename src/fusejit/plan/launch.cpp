@@ -23,6 +23,25 @@ unsigned apply_grid(const PlanCore& c, std::int64_t rows) {
 
 }  // namespace
 
+void launch_kernel(const Device& device, CUfunction f, unsigned grid_x, unsigned grid_y,
+                   unsigned threads, unsigned smem, CUstream stream, void** args, bool programmatic,
+                   const char* what) {
+  CUlaunchAttribute pdl{};
+  pdl.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  pdl.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig cfg{};
+  cfg.gridDimX = grid_x;
+  cfg.gridDimY = grid_y;
+  cfg.gridDimZ = 1;
+  cfg.blockDimX = threads;
+  cfg.blockDimY = cfg.blockDimZ = 1;
+  cfg.sharedMemBytes = smem;
+  cfg.hStream = stream;
+  cfg.attrs = &pdl;
+  cfg.numAttrs = programmatic && device.cc() >= 90 ? 1 : 0;
+  check(driver().cuLaunchKernelEx(&cfg, f, args, nullptr), what);
+}
+
 RunShape run_shape(const PlanCore& c, std::int64_t rows, const WorkspaceLayout& workspace) {
   RunShape r;
   r.rows = static_cast<int>(rows);
@@ -247,21 +266,10 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   }
   // The split-K reduce and the BatchNorm passes go out as programmatic dependent launches on
   // sm_90+ (they wait for the previous kernel inside, see templates/common/grid_dependency.cuh).
-  CUlaunchAttribute pdl{};
-  pdl.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-  pdl.value.programmaticStreamSerializationAllowed = 1;
   auto dependent = [&](CUfunction f, unsigned grid, unsigned block, const char* what,
                        int smem = 0) {
-    CUlaunchConfig cfg{};
-    cfg.gridDimX = grid;
-    cfg.gridDimY = cfg.gridDimZ = 1;
-    cfg.blockDimX = block;
-    cfg.blockDimY = cfg.blockDimZ = 1;
-    cfg.sharedMemBytes = static_cast<unsigned>(smem);
-    cfg.hStream = stream;
-    cfg.attrs = &pdl;
-    cfg.numAttrs = c.device.cc() >= 90 ? 1 : 0;
-    check(d.cuLaunchKernelEx(&cfg, f, args, nullptr), what);
+    launch_kernel(c.device, f, grid, 1, block, static_cast<unsigned>(smem), stream, args, true,
+                  what);
   };
   if (c.splitk_reduce && shape.gemm)
     dependent(c.splitk_reduce, shape.splitk_grid, c.splitk_reduce_shape.threads,
