@@ -705,7 +705,10 @@ def _backward_math(dy, x, weight, bias, scale, gamma, beta_dtype, mean, invstd, 
             dz = dyf * g_invstd
         dscale = (dz * u).sum(0) if (scale is not None and ns) else None
         du = dz * scale.float() if scale is not None else dz
-        dbias = du.sum(0) if (bias is not None and nb) else None
+        # Train: y does not depend on the bias (the batch mean absorbs it), so its gradient is 0
+        # exactly, as the fused backward writes it; the sum of du would be its rounding noise.
+        dbias = (torch.zeros_like(dbeta) if batch_stats else du.sum(0)) if (
+            bias is not None and nb) else None
         # The GEMMs of the backward in the storage dtype, as nn.Linear's own backward does.
         gemm_dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else torch.float32
         dug = du.to(gemm_dtype)
