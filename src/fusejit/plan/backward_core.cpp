@@ -446,15 +446,14 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   const auto elementwise_grid =
       static_cast<unsigned>(c.strips) * static_cast<unsigned>(slabs.count);
   const auto columns_grid = static_cast<unsigned>(c.column_blocks);
-  // Every kernel after the first goes out as a programmatic dependent launch on sm_90+ and joins
-  // the chain in the kernel (templates/common/grid_dependency.cuh): a launch and the first wave
-  // of each pass then overlap the end of the one before. The first waits for the previous work
-  // in the stream as usual, which may have written dy or saved.
-  bool first = true;
+  // Every kernel goes out as a programmatic dependent launch on sm_90+ and joins the chain in the
+  // kernel before it reads or writes anything (templates/common/grid_dependency.cuh): a launch
+  // and the first wave of each pass then overlap the end of the one before. The first kernel
+  // too: whatever the stream ran last (which may have written dy) has completed and its writes
+  // are visible when its wait returns, as after an ordinary launch.
   auto go = [&](CUfunction f, unsigned grid, unsigned threads, unsigned smem, void** args,
                 const char* what, unsigned grid_y = 1) {
-    launch_kernel(c.device, f, grid, grid_y, threads, smem, stream, args, !first, what);
-    first = false;
+    launch_kernel(c.device, f, grid, grid_y, threads, smem, stream, args, true, what);
   };
   go(c.reduce, elementwise_grid, fj::kBackwardThreads, 0, bargs, "cuLaunchKernel(fj_bwd_reduce)");
   if (p.mode == Mode::train) {
