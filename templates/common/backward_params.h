@@ -5,7 +5,8 @@
 // The math, per column n over the run's m rows (z = s (a + b), a = x W^T, zh = (z - mu) invstd):
 //   dbeta = sum dy, dgamma = sum dy zh
 //   train: dz = g invstd / m (m dy - dbeta - zh dgamma)      eval: dz = g dy / sqrt(rv + eps)
-//   da = s dz, dbias = sum da, dscale = sum dz (a + b); dx = da W, dW = da^T x.
+//   da = s dz, dbias = sum da (train: 0 exactly, written as such), dscale = sum dz (a + b);
+//   dx = da W, dW = da^T x.
 // What the forward saved (Tensors::saved, laid out like y): train c = a - mean_a (the linear
 // output centred by its batch mean: zh = s invstd c, dgamma = s invstd sum dy c, and
 // dscale = g eps invstd^3 sum dy c, the closed form of sum dz (a + b), whose terms cancel),

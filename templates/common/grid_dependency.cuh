@@ -1,7 +1,7 @@
-// Programmatic dependent launch (sm_90+): the host may launch the BatchNorm passes before the
-// GEMM has finished, so their launch latency hides behind its tail; they then wait here until
-// the previous grid has completed and its writes are visible. Without such a launch (or before
-// sm_90) this returns at once.
+// Programmatic dependent launch (sm_90+): the host may launch a kernel (the forward's BatchNorm
+// passes, every backward kernel) before the previous one has finished, so its launch latency
+// hides behind that one's tail; it then waits here until the previous grid has completed and its
+// writes are visible. Without such a launch (or before sm_90) this returns at once.
 #pragma once
 
 namespace fj {
@@ -23,9 +23,10 @@ __device__ __forceinline__ void allow_dependent_launch() {
 }
 
 // A kernel of a chain of programmatic dependent launches (the backward pass's kernels,
-// plan/backward_core.cpp): waits for the previous grid, then lets the next one launch. Triggering
-// only after the wait keeps the chain transitive: when grid i + 1 runs, grid i has passed its
-// wait, so grid i - 1 has completed and its writes are visible. Every thread calls it.
+// plan/backward_core.cpp): waits for the previous grid, then lets the next one launch. Every
+// thread waits before it touches memory, so no grid of the chain completes before the one ahead
+// of it, and each sees all earlier grids' writes. Triggering after the wait, not before, keeps at
+// most one waiting grid resident beside a running one. Every thread calls it.
 __device__ __forceinline__ void join_launch_chain() {
   wait_for_prior_grid();
   allow_dependent_launch();

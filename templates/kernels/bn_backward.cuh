@@ -5,9 +5,9 @@
 //          per-column coefficients) -> fj_bwd_da (da) -> the GEMMs
 //   eval : fj_bwd_reduce (dy and dz partials, and da: dz = g dy / sqrt(rv + eps) needs no
 //          reduction first) -> fj_bwd_params (all four) -> the GEMMs
-// On sm_90+ every kernel after the first is a programmatic dependent launch and joins the chain
-// (common/grid_dependency.cuh) before it reads anything: its launch and its first wave's start
-// then overlap the previous kernel's last wave instead of following its end.
+// On sm_90+ every kernel is a programmatic dependent launch and joins the chain
+// (common/grid_dependency.cuh) before it reads or writes anything: its launch and its first
+// wave's start then overlap the previous kernel's last wave instead of following its end.
 // Why partials per slab and merges in a fixed order rather than atomics: the gradients come out
 // bit-identical from run to run, and no workspace has to be zeroed before a run.
 //

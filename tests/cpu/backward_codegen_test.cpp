@@ -105,8 +105,13 @@ TEST_CASE("backward workspace: aligned regions, growing with the rows") {
     const BackwardWorkspace w = backward_workspace(p, unsplit, rows);
     for (std::size_t o : {w.dy_partials_offset, w.dz_partials_offset, w.coef_offset, w.da_offset})
       CHECK(o % kWorkspaceAlign == 0);
-    // Only eval sums dz over slabs (fj_bwd_params): train's region of dz partials is empty.
+    // Only eval sums dz over slabs (fj_bwd_params): train's region of dz partials is empty,
+    // eval's holds a float2 per slab and column.
     CHECK(w.coef_offset == w.dz_partials_offset);
+    Problem e = p;
+    e.mode = Mode::eval;
+    const BackwardWorkspace we = backward_workspace(e, unsplit, rows);
+    CHECK(we.coef_offset >= we.dz_partials_offset + 136 * 8);
     CHECK(w.da_offset + static_cast<std::size_t>(rows) * 136 * 2 <= w.total);
     CHECK(w.total >= last);
     last = w.total;

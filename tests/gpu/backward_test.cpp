@@ -63,7 +63,8 @@ void check_forced(const char* dx, const char* dw, const std::vector<std::string>
 }
 
 // A training step's device tensors beside a DeviceCase's inputs: the forward's saved output, a
-// random dy, and a buffer for every gradient the problem has, wired into both runs' tensors.
+// random dy, and a buffer for every gradient, wired into both runs' tensors (for problems with
+// bias, scale and affine: a BackwardPlan refuses gradients of parameters a problem lacks).
 struct StepTensors {
   DeviceBuffer saved, dy, dx, dw, dgamma, dbias, dscale, dbeta;
   Tensors fwd;
@@ -270,10 +271,21 @@ TEST_CASE("backward: bit-identical run to run, and under CUDA graph capture") {
     CHECK(snapshot() == first);
     FJ_CU(cuGraphExecDestroy(exec));
     FJ_CU(cuGraphDestroy(graph));
+    // The backward alone as a graph: its first kernel, a programmatic dependent launch, is a root
+    // node with no kernel before it in the graph, launched after the forward ran on the stream.
+    FJ_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    backward.run(s, t.bwd);
+    FJ_CU(cuStreamEndCapture(s, &graph));
+    FJ_CU(cuGraphInstantiate(&exec, graph, 0));
+    forward.run(s, t.fwd);
+    FJ_CU(cuGraphLaunch(exec, s));
+    CHECK(snapshot() == first);
+    FJ_CU(cuGraphExecDestroy(exec));
+    FJ_CU(cuGraphDestroy(graph));
   }
 }
 
-// On sm_90+ every backward kernel after the first is a programmatic dependent launch
+// On sm_90+ every backward kernel is a programmatic dependent launch
 // (common/grid_dependency.cuh). What the stream runs after run() must still see every output
 // finished. The layer makes dX the slow GEMM: 32 tiles reducing over 8192 columns, against dW's
 // 1024 tiles reducing over 256 rows, so a dW that did not wait for dX would finish first and a

@@ -455,14 +455,14 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
                 const char* what, unsigned grid_y = 1) {
     launch_kernel(c.device, f, grid, grid_y, threads, smem, stream, args, true, what);
   };
-  go(c.reduce, elementwise_grid, fj::kBackwardThreads, 0, bargs, "cuLaunchKernel(fj_bwd_reduce)");
+  go(c.reduce, elementwise_grid, fj::kBackwardThreads, 0, bargs, "cuLaunchKernelEx(fj_bwd_reduce)");
   if (p.mode == Mode::train) {
-    go(c.coef, columns_grid, fj::kBackwardColumnThreads, 0, bargs, "cuLaunchKernel(fj_bwd_coef)");
+    go(c.coef, columns_grid, fj::kBackwardColumnThreads, 0, bargs, "cuLaunchKernelEx(fj_bwd_coef)");
     if (need_da)
-      go(c.da, elementwise_grid, fj::kBackwardThreads, 0, bargs, "cuLaunchKernel(fj_bwd_da)");
+      go(c.da, elementwise_grid, fj::kBackwardThreads, 0, bargs, "cuLaunchKernelEx(fj_bwd_da)");
   } else {
     go(c.params, columns_grid, fj::kBackwardColumnThreads, 0, bargs,
-       "cuLaunchKernel(fj_bwd_params)");
+       "cuLaunchKernelEx(fj_bwd_params)");
   }
   const GradGemmMaps maps = grad_gemm_maps(c, rows, ws, w, t, cache);
   // tf32's K-major copies (grad_gemm_reads_copies), each right before the GEMM that reads it.
@@ -514,21 +514,21 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   };
   if (t.dx && grad_gemm_reads_copies(p, c.config.dx))
     transpose(t.w, p.lda_w(), p.N, p.K, w.w_t_offset, w.copy_ld_n,
-              "cuLaunchKernel(fj_bwd_transpose, W)");
+              "cuLaunchKernelEx(fj_bwd_transpose, W)");
   if (t.dx)
     gemm(c.dx, c.dx_sum, c.config.dx, rows, static_cast<unsigned>(c.dx_smem_bytes), t.w, t.dx,
          false, reinterpret_cast<float*>(ws + w.dx_slices_offset), maps.dx_a, maps.dx_b, maps.dx_c,
-         "cuLaunchKernel(fj_bwd_dx)", "cuLaunchKernel(fj_bwd_dx_sum)");
+         "cuLaunchKernelEx(fj_bwd_dx)", "cuLaunchKernelEx(fj_bwd_dx_sum)");
   if (t.dw && grad_gemm_reads_copies(p, c.config.dw)) {
     transpose(bp.ws_da, p.N, rows, p.N, w.da_t_offset, w.copy_ld_rows,
-              "cuLaunchKernel(fj_bwd_transpose, dA)");
+              "cuLaunchKernelEx(fj_bwd_transpose, dA)");
     transpose(t.x, p.lda_x(), rows, p.K, w.x_t_offset, w.copy_ld_rows,
-              "cuLaunchKernel(fj_bwd_transpose, x)");
+              "cuLaunchKernelEx(fj_bwd_transpose, x)");
   }
   if (t.dw)
     gemm(c.dw, c.dw_sum, c.config.dw, p.N, static_cast<unsigned>(c.dw_smem_bytes), t.x, t.dw,
          accumulate, reinterpret_cast<float*>(ws + w.dw_slices_offset), maps.dw_a, maps.dw_b,
-         maps.dw_c, "cuLaunchKernel(fj_bwd_dw)", "cuLaunchKernel(fj_bwd_dw_sum)");
+         maps.dw_c, "cuLaunchKernelEx(fj_bwd_dw)", "cuLaunchKernelEx(fj_bwd_dw_sum)");
 }
 
 }  // namespace fusejit
