@@ -453,7 +453,7 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   // are visible when its wait returns, as after an ordinary launch.
   auto go = [&](CUfunction f, unsigned grid, unsigned threads, unsigned smem, void** args,
                 const char* what, unsigned grid_y = 1) {
-    launch_kernel(c.device, f, grid, grid_y, threads, smem, stream, args, true, what);
+    launch_dependent(c.device, f, grid, grid_y, threads, smem, stream, args, what);
   };
   go(c.reduce, elementwise_grid, fj::kBackwardThreads, 0, bargs, "cuLaunchKernelEx(fj_bwd_reduce)");
   if (p.mode == Mode::train) {

@@ -23,9 +23,9 @@ unsigned apply_grid(const PlanCore& c, std::int64_t rows) {
 
 }  // namespace
 
-void launch_kernel(const Device& device, CUfunction f, unsigned grid_x, unsigned grid_y,
-                   unsigned threads, unsigned smem, CUstream stream, void** args, bool programmatic,
-                   const char* what) {
+void launch_dependent(const Device& device, CUfunction f, unsigned grid_x, unsigned grid_y,
+                      unsigned threads, unsigned smem, CUstream stream, void** args,
+                      const char* what) {
   CUlaunchAttribute pdl{};
   pdl.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
   pdl.value.programmaticStreamSerializationAllowed = 1;
@@ -38,7 +38,7 @@ void launch_kernel(const Device& device, CUfunction f, unsigned grid_x, unsigned
   cfg.sharedMemBytes = smem;
   cfg.hStream = stream;
   cfg.attrs = &pdl;
-  cfg.numAttrs = programmatic && device.cc() >= 90 ? 1 : 0;
+  cfg.numAttrs = device.cc() >= 90 ? 1 : 0;
   check(driver().cuLaunchKernelEx(&cfg, f, args, nullptr), what);
 }
 
@@ -268,8 +268,7 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   // sm_90+ (they wait for the previous kernel inside, see templates/common/grid_dependency.cuh).
   auto dependent = [&](CUfunction f, unsigned grid, unsigned block, const char* what,
                        int smem = 0) {
-    launch_kernel(c.device, f, grid, 1, block, static_cast<unsigned>(smem), stream, args, true,
-                  what);
+    launch_dependent(c.device, f, grid, 1, block, static_cast<unsigned>(smem), stream, args, what);
   };
   if (c.splitk_reduce && shape.gemm)
     dependent(c.splitk_reduce, shape.splitk_grid, c.splitk_reduce_shape.threads,

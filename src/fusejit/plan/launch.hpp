@@ -55,13 +55,13 @@ struct RunShape {
 // `rows` must lie within what `workspace` was laid out for (Plan::run checks).
 RunShape run_shape(const PlanCore&, std::int64_t rows, const WorkspaceLayout& workspace);
 
-// Enqueues `f` on `stream`: grid_x x grid_y blocks of `threads`, `smem` bytes of dynamic shared
-// memory. programmatic: as a programmatic dependent launch of the kernel before it in the stream
-// (on sm_90+; an ordinary launch before), which must then wait for that kernel itself
-// (templates/common/grid_dependency.cuh). `what` names the launch in an error.
-void launch_kernel(const Device& device, CUfunction f, unsigned grid_x, unsigned grid_y,
-                   unsigned threads, unsigned smem, CUstream stream, void** args, bool programmatic,
-                   const char* what);
+// Enqueues `f` on `stream` as a programmatic dependent launch of the kernel before it in the
+// stream (on sm_90+; an ordinary launch before): grid_x x grid_y blocks of `threads`, `smem`
+// bytes of dynamic shared memory. The kernel must wait for its predecessor itself before it
+// touches memory (templates/common/grid_dependency.cuh). `what` names the launch in an error.
+void launch_dependent(const Device& device, CUfunction f, unsigned grid_x, unsigned grid_y,
+                      unsigned threads, unsigned smem, CUstream stream, void** args,
+                      const char* what);
 
 // What a plan's runs remember between calls, because a loop runs with the same stream and
 // tensors again and again:
