@@ -58,6 +58,13 @@ __device__ __forceinline__ unsigned pack2<bf16_t>(float lo, float hi) {
   return r;
 }
 
+// pack2's inverse: the pair's two 16-bit values as floats (x: the lower address).
+template <class T>
+__device__ __forceinline__ float2 unpack2(unsigned w) {
+  return make_float2(to_float(T{static_cast<unsigned short>(w & 0xffffu)}),
+                     to_float(T{static_cast<unsigned short>(w >> 16)}));
+}
+
 // Element i of a [N] parameter vector as float; `fallback` when the vector is absent.
 template <class P>
 __device__ __forceinline__ float load_param(const void* p, int i, float fallback) {

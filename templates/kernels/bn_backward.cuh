@@ -14,6 +14,7 @@
 // The reference beside it: verify/cpu_backward_reference.cpp computes the same quantities in
 // float64, straight from the formulas.
 #pragma once
+#include "common/backward_da.cuh"
 #include "common/backward_params.h"
 #include "common/backward_shape.h"
 #include "common/grid_dependency.cuh"
@@ -318,13 +319,16 @@ __device__ void bn_backward_coef(const BackwardParams& p) {
   if constexpr (Spec::HAS_SCALE)
     store_param<P>(p, p.dscale, n, col.g * p.eps * invstd * invstd * invstd * t.y);
   if constexpr (Spec::HAS_BIAS) store_param<P>(p, p.dbias, n, 0.f);
+  // da's coefficients (common/backward_da.cuh).
   const float inv_m = 1.f / static_cast<float>(p.m);
+  const float a = col.s * col.g * invstd;
   reinterpret_cast<float4*>(p.ws_coef)[n] =
-      make_float4(col.g * invstd, t.x * inv_m, dgamma * inv_m, col.zs);
+      make_float4(a, -a * col.zs * (dgamma * inv_m), -a * (t.x * inv_m), 0.f);
 }
 
-// Train, pass 3 (launched only when dx or dW is wanted): dz = g invstd (dy - dbeta / m -
-// zh dgamma / m), da = s dz. Slabs from the bottom up: fj_bwd_reduce read dy and saved from the top
+// Train, pass 3 (launched only when dW is wanted without dx, or the dX GEMM does not form da
+// itself: BackwardConfig::dx_forms_da): da = s dz = s g invstd (dy - dbeta / m - zh dgamma / m)
+// (common/backward_da.cuh). Slabs from the bottom up: fj_bwd_reduce read dy and saved from the top
 // down, so the last slabs it read are the likeliest to still be in L2 when this pass starts; and
 // the rows of da this pass writes last, the top ones, are the ones the dX GEMM's raster reads
 // first.
@@ -335,21 +339,16 @@ __device__ void bn_backward_da(const BackwardParams& p) {
   join_launch_chain();
   const B blk(p, true);
   float4 k[VEC];
-  float s[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     const bool here = blk.active && j < blk.n_here;
     k[j] = here ? reinterpret_cast<const float4*>(p.ws_coef)[blk.c + j] : make_float4(0, 0, 0, 0);
-    s[j] = here && Spec::HAS_SCALE ? load_param<typename Spec::P>(p.scale, blk.c + j, 1.f) : 1.f;
   }
   if (blk.active)
     for_each_row<Spec, 4>(p, blk, [&](int r, const float(&dy)[VEC], const float(&sv)[VEC]) {
       float da[VEC];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float zh = k[j].w * sv[j];
-        da[j] = s[j] * (k[j].x * (dy[j] - k[j].y - zh * k[j].z));
-      }
+      for (int j = 0; j < VEC; ++j) da[j] = backward_da(k[j], dy[j], sv[j]);
       store_da<Spec, VEC>(p, r, blk.c, blk.n_here, da);
     });
 }

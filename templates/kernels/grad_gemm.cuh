@@ -97,8 +97,9 @@ struct GradGemm {
       if constexpr (sizeof(T) == 4) {
         v[j] += __uint_as_float(old.w[j]);
       } else {
-        v[2 * j] += to_float(T{static_cast<unsigned short>(old.w[j] & 0xffffu)});
-        v[2 * j + 1] += to_float(T{static_cast<unsigned short>(old.w[j] >> 16)});
+        const float2 o = unpack2<T>(old.w[j]);
+        v[2 * j] += o.x;
+        v[2 * j + 1] += o.y;
       }
     }
   }

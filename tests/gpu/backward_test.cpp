@@ -198,6 +198,87 @@ TEST_CASE("backward: warpspec gradient GEMMs (sm_90a): tile shapes, tails, persi
                "300x136x96 tf32 train", "1000x64x96 tf32 eval");
 }
 
+// dX forming da itself (BackwardConfig::dx_forms_da, kernels/grad_wgmma.cuh's FORM_DA): against
+// float64 on tails, M = 2, absent parameters, large column means, fewer rows and accumulation;
+// and bit for bit what the same tiles give reading fj_bwd_da's dA (the same da bits, so the same
+// products), which also proves the dA it stores for dW is fj_bwd_da's: dW equal in a run with dx
+// (dW reads the dA dX stored) and in one without (fj_bwd_da runs).
+TEST_CASE("backward: dX that forms da (sm_90a): float64 and fj_bwd_da's bits") {
+  if (Device::get(0).cc() != 90) {
+    MESSAGE("skipped: the warpspec gradient GEMMs need sm_90a");
+    return;
+  }
+  const char* tiles[][2] = {
+      {"warpspec.128x256x64.c2.s3.g16.cl1.p1.ts", "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts"},
+      {"warpspec.64x128x64.c1.s6.g8.cl1.p0", "warpspec.64x128x64.c1.s6.g8.cl1.p1"},
+      {"warpspec.256x128x64.c2.s2.g8.cl1.p1", "warpspec.64x64x64.c1.s8.g8.cl1.p1.k4"},
+      {"warpspec.128x128x64.c1.s4.g8.cl1.p1.ts", "warpspec.128x64x64.c2.s6.g8.cl1.p0.ts"}};
+  for (const auto& t : tiles) {
+    const std::string dx = t[0], dw = t[1];
+    CAPTURE(dx);
+    BackwardCheckOptions o;
+    o.dx_config = KernelConfig::parse(dx);
+    o.dw_config = KernelConfig::parse(dw);
+    o.dx_forms_da = true;
+    for (const char* line :
+         {"1000x200x136 bf16 train", "2x24x16 bf16 train", "777x328x520 fp16 train nobias",
+          "1000x64x256 fp16 train non_centred", "300x136x96 bf16 train noscale noaffine"})
+      check(line, o);
+    BackwardCheckOptions a = o;
+    a.accumulate = true;
+    check("300x136x96 bf16 train", a);
+    BackwardCheckOptions r = o;
+    r.rows = 129;
+    check("1000x64x96 bf16 train", r);
+    BackwardCheckOptions no_dx = o;
+    no_dx.want_dx = false;
+    check("1000x200x136 fp16 train", no_dx);
+  }
+  for (const char* line : {"1000x200x136 bf16 train", "777x328x520 fp16 train"}) {
+    CAPTURE(line);
+    const SweepCase c = parse_sweep_line(line);
+    const Problem& p = c.problem;
+    const CaseInputs in = make_case_inputs(c);
+    DeviceCase dev(in);
+    const Stream s;
+    const Plan forward(p);
+    BackwardOptions o;
+    o.dx_config = KernelConfig::parse("warpspec.128x256x64.c2.s3.g16.cl1.p1.ts");
+    o.dw_config = KernelConfig::parse("warpspec.128x128x64.c1.s4.g8.cl1.p1.ts");
+    o.dx_forms_da = true;
+    const BackwardPlan forms(p, o);
+    REQUIRE(forms.config_key().starts_with("dx.da."));
+    o.dx_forms_da = false;
+    const BackwardPlan reads(p, o);
+    REQUIRE(reads.config_key().starts_with("dx.warpspec."));
+    StepTensors t(p, dev);
+    forward.run(s, t.fwd);
+    std::vector<DeviceBuffer*> outs{&t.dx, &t.dw, &t.dgamma, &t.dbias, &t.dscale, &t.dbeta};
+    auto run = [&](const BackwardPlan& plan, const BackwardTensors& bt) {
+      for (DeviceBuffer* b : outs) b->fill_words(nan_word(p.dtype));
+      plan.run(s, bt);
+      s.synchronize();
+      std::vector<std::vector<unsigned char>> v;
+      for (DeviceBuffer* b : outs) v.push_back(b->download_bytes());
+      return v;
+    };
+    const auto formed = run(forms, t.bwd);
+    const auto read = run(reads, t.bwd);
+    CHECK(formed == read);
+    BackwardTensors dw_only = t.bwd;
+    dw_only.dx = nullptr;
+    const auto without_dx = run(forms, dw_only);
+    CHECK(without_dx[1] == formed[1]);
+    // And nothing is NaN: the poison was overwritten.
+    const std::vector<std::uint16_t> v = t.dw.download_as<std::uint16_t>(t.dw.size() / 2);
+    const bool bf16 = p.dtype == DType::bf16;
+    CHECK(std::none_of(v.begin(), v.end(), [&](std::uint16_t b) {
+      return bf16 ? (b & 0x7f80u) == 0x7f80u && (b & 0x7fu) != 0u
+                  : (b & 0x7c00u) == 0x7c00u && (b & 0x3ffu) != 0u;
+    }));
+  }
+}
+
 // Split-K gradient GEMMs (fp32 slices, then kernels/grad_split_sum.cuh), forced on both GEMMs:
 // tails in every dimension, splits beyond a run's k tiles (those store zeros), fewer rows than the
 // plan's M, accumulation into dW, and bit-identical results run to run (the sum's fixed order).
