@@ -64,13 +64,6 @@ struct BackwardOptions {
   // run's M. Unset: the tuning database's backward entry for the layer's M class (`fusejit
   // autotune --backward`), else the heuristic (warpspec where it can run).
   std::optional<KernelConfig> dx_config, dw_config;
-  // Train, warpspec dX (bf16/fp16, unsplit): whether the dX GEMM forms its operand da from dy and
-  // saved itself, and stores it for dW, instead of reading it from a pass before it (one pass over
-  // dy and saved fewer). Unset: as the tuning entry or the heuristic says (it does where the
-  // stages fit), or not at all where dx_config is forced. True: required (InvalidArgument
-  // "dx_forms_da" where the dx config cannot: the mode, dtype, split, or a forced config's
-  // stages; an unforced config takes the most stages that fit). False: never.
-  std::optional<bool> dx_forms_da;
 };
 
 struct BackwardCore;

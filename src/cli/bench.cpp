@@ -267,7 +267,6 @@ nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device
     const BackwardConfig forced = BackwardConfig::parse(a.backward_config);
     bo.dx_config = forced.dx;
     bo.dw_config = forced.dw;
-    bo.dx_forms_da = forced.dx_forms_da;
   }
   const auto t0 = std::chrono::steady_clock::now();
   const BackwardPlan backward(p, bo);

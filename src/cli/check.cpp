@@ -103,15 +103,16 @@ int run_backward_check(const CheckArgs& a, const std::vector<DType>& dtypes,
     o.cache_dir = a.cache_dir;
     if (forced) {
       const Device& d = *device;
-      if (const std::string why = backward_config_why_invalid(c.problem, *forced, d);
-          !why.empty()) {
+      const BackwardGemms g = backward_gemms(c.problem);
+      std::string why = grad_gemm_why_invalid(c.problem, forced->dx, g.dx, d);
+      if (why.empty()) why = grad_gemm_why_invalid(c.problem, forced->dw, g.dw, d);
+      if (!why.empty()) {
         ++skipped;
         if (a.verbose) fmt::print("skip {}: {}\n", c.text(), why);
         continue;
       }
       o.dx_config = forced->dx;
       o.dw_config = forced->dw;
-      o.dx_forms_da = forced->dx_forms_da;
     }
     std::string why;
     bool ok = false;

@@ -239,9 +239,6 @@ int run_compile(const CompileArgs& a) {
           const BackwardConfig c = BackwardConfig::parse(a.backward_config);
           require_grad_gemm_config(p, c.dx, false, dev, "backward-config");
           require_grad_gemm_config(p, c.dw, true, dev, "backward-config");
-          if (c.dx_forms_da)
-            if (const std::string why = dx_forms_da_why_invalid(p, c.dx, dev); !why.empty())
-              throw InvalidArgument("backward-config", c.key() + ": " + why);
           add(generate_backward(p, c));
         } else if (a.variant == "all") {
           for (KernelSource& src : backward_tuning_sources(p, dev)) add(std::move(src));

@@ -53,16 +53,6 @@ __device__ __forceinline__ void st_shared_v4(unsigned dst, unsigned a, unsigned 
                : "memory");
 }
 
-// 16-byte shared load by shared-window address (a swizzled source).
-__device__ __forceinline__ uint4 ld_shared_v4(unsigned src) {
-  uint4 v;
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(src)
-               : "memory");
-  return v;
-}
-
 // 8-byte shared store of two 32-bit words by shared-window address (a swizzled destination).
 __device__ __forceinline__ void st_shared_v2(unsigned dst, unsigned a, unsigned b) {
   asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(dst), "r"(a), "r"(b) : "memory");

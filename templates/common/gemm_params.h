@@ -14,11 +14,6 @@ struct GemmParams {
   // SPLIT_K > 1: the fp32 slices (common/split_k.h's layout) the GEMM writes and the split sum
   // (kernels/grad_split_sum.cuh) adds into C; unused otherwise.
   float* partials;
-  // dX with FORM_DA (kernels/grad_wgmma.cuh): da's coefficients, train's BackwardParams::ws_coef
-  // ([N] float4), and where the first column of tiles stores the dA it formed, [m][N] packed, for
-  // dW (null: dW is not wanted). Unused otherwise.
-  const float* coef;
-  void* da;
 };
 
 // dst [cols][ld_dst] = the transpose of src [rows][ld_src], 4-byte elements, in tiles of

@@ -326,12 +326,11 @@ __device__ void bn_backward_coef(const BackwardParams& p) {
       make_float4(a, -a * col.zs * (dgamma * inv_m), -a * (t.x * inv_m), 0.f);
 }
 
-// Train, pass 3 (launched only when dW is wanted without dx, or the dX GEMM does not form da
-// itself: BackwardConfig::dx_forms_da): da = s dz = s g invstd (dy - dbeta / m - zh dgamma / m)
-// (common/backward_da.cuh). Slabs from the bottom up: fj_bwd_reduce read dy and saved from the top
-// down, so the last slabs it read are the likeliest to still be in L2 when this pass starts; and
-// the rows of da this pass writes last, the top ones, are the ones the dX GEMM's raster reads
-// first.
+// Train, pass 3 (launched only when dx or dW is wanted): da = s dz = s g invstd (dy - dbeta / m
+// - zh dgamma / m) (common/backward_da.cuh). Slabs from the bottom up: fj_bwd_reduce read dy and
+// saved from the top down, so the last slabs it read are the likeliest to still be in L2 when this
+// pass starts; and the rows of da this pass writes last, the top ones, are the ones the dX GEMM's
+// raster reads first.
 template <class Spec>
 __device__ void bn_backward_da(const BackwardParams& p) {
   using B = BackwardBlock<Spec>;

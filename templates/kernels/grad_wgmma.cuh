@@ -35,8 +35,6 @@
 // read as zero; with TMA_STORE `tc`, C [rows][COLS] in WarpBoxStore's boxes (16 rows x 64 bytes,
 // 64-byte swizzle; unused otherwise).
 #pragma once
-#include "common/backward_da.cuh"
-#include "common/cp_async.cuh"
 #include "common/gemm_params.h"
 #include "common/grid_dependency.cuh"
 #include "common/limits.h"
@@ -123,23 +121,12 @@ struct GradWgmma {
   static constexpr int kSplits = G::SPLIT_K;
   static_assert(kSplits >= 1 && !(kSplits > 1 && kTmaStore),
                 "grad wgmma: SPLIT_K >= 1; split slices are fp32 thread stores, no TMA_STORE");
-  static constexpr bool kFormDa = G::FORM_DA;
-  static_assert(!kFormDa || (sizeof(T) == 2 && !G::A_MN_MAJOR && kSplits == 1 && G::RED > 0),
-                "grad wgmma: FORM_DA is dX's: a K-major 16-bit A of N (RED) columns, no split");
 
   // ---- Shared memory: SharedStorage is the layout. ----
-  // FORM_DA: `a` receives dy's tile and, once the form warps have rewritten it in place, holds
-  // da's; `saved` receives the forward's saved tile (c = a - mean_a) beside it.
-  struct PlainStage {
+  struct Stage {
     alignas(1024) unsigned char a[TileA::kBytes];
     alignas(1024) unsigned char b[TileB::kBytes];
   };
-  struct FormDaStage {
-    alignas(1024) unsigned char a[TileA::kBytes];
-    alignas(1024) unsigned char saved[TileA::kBytes];
-    alignas(1024) unsigned char b[TileB::kBytes];
-  };
-  using Stage = typename Select<kFormDa, FormDaStage, PlainStage>::type;
   // TMA_STORE: each consumer warp's two boxes.
   struct OutBoxes {
     alignas(Boxes::kAlign) unsigned char warp[4 * CONSUMERS][Boxes::kWarpBytes];
@@ -160,10 +147,15 @@ struct GradWgmma {
   static_assert(G::SMEM_BYTES == kSmemBytes,
                 "grad wgmma: Spec::SMEM_BYTES (grad_wgmma_smem_bytes) disagrees with the layout");
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  // The budgets must add up to at most what the launch gave the CTA (__launch_bounds__(THREADS,
+  // 1): 168 a thread at 384), or setmaxnreg.inc waits for registers that never come (a kernel
+  // with 96 + 208 hung).
+  static_assert(CONSUMERS == 1 || 128 * kProducerRegs + 128 * CONSUMERS * kConsumerRegs <=
+                                      ((65536 / G::THREADS) & ~7) * G::THREADS,
+                "grad wgmma: the warpgroups' register budgets exceed the CTA's");
 
-  // ts: FORM_DA's map of saved (as ta's of dy); unused otherwise.
   __device__ static void run(const GemmParams& p, const TmaDescriptor& ta, const TmaDescriptor& tb,
-                             const TmaDescriptor& tc, const TmaDescriptor& ts) {
+                             const TmaDescriptor& tc) {
     extern __shared__ __align__(1024) unsigned char fj_grad_wgmma_smem[];
     const unsigned raw = shared_addr(fj_grad_wgmma_smem);
     const unsigned base = (raw + kAlign - 1u) & ~(kAlign - 1u);
@@ -172,7 +164,6 @@ struct GradWgmma {
       tma_prefetch(&ta);
       tma_prefetch(&tb);
       if constexpr (kTmaStore) tma_prefetch(&tc);
-      if constexpr (kFormDa) tma_prefetch(&ts);
       for (int i = 0; i < STAGES; ++i) {
         c.full[i].init(1);
         c.empty[i].init(4 * CONSUMERS);
@@ -184,7 +175,7 @@ struct GradWgmma {
     join_launch_chain();
     if (threadIdx.x < 128) {
       if constexpr (CONSUMERS == 2) regs_release<kProducerRegs>();
-      if (threadIdx.x == 0) produce(ta, tb, ts, c);
+      if (threadIdx.x == 0) produce(ta, tb, c);
     } else {
       if constexpr (CONSUMERS == 2) regs_acquire<kConsumerRegs>();
       consume(p, c, threadIdx.x - 128, &tc);
@@ -222,117 +213,27 @@ struct GradWgmma {
       return base + FJ_OFFSETOF(SharedStorage, ring) + i * unsigned(sizeof(Stage)) +
              FJ_OFFSETOF(Stage, b);
     }
-    // FORM_DA only.
-    __device__ __forceinline__ unsigned saved(unsigned i) const {
-      return base + FJ_OFFSETOF(SharedStorage, ring) + i * unsigned(sizeof(Stage)) +
-             FJ_OFFSETOF(Stage, saved);
-    }
   };
   __device__ __forceinline__ static int tile_stride(const Ctx& c) {
     return G::PERSISTENT ? static_cast<int>(gridDim.x) : c.raster().tiles();
   }
 
   __device__ __forceinline__ static void produce(const TmaDescriptor& ta, const TmaDescriptor& tb,
-                                                 const TmaDescriptor& ts, const Ctx& c) {
+                                                 const Ctx& c) {
     PipelineState<STAGES> pipe;
     const Raster raster = c.raster();
     const KRange k = c.k_range();
-    constexpr int kStageBytes = (kFormDa ? 2 : 1) * TileA::kBytes + TileB::kBytes;
     for (int t = blockIdx.x; t < raster.tiles(); t += tile_stride(c)) {
       const auto tile = raster.tile(t);
       for (int kt = k.begin; kt < k.end; ++kt) {
         const Mbarrier full = c.full[pipe.index];
         c.empty[pipe.index].wait(pipe.phase ^ 1u);
-        full.arrive_expect_tx(static_cast<unsigned>(kStageBytes));
+        full.arrive_expect_tx(static_cast<unsigned>(TileA::kBytes + TileB::kBytes));
         TileA::load(c.a(pipe.index), &ta, full.addr, tile.row * BM, kt * BK);
-        if constexpr (kFormDa)
-          TileA::load(c.saved(pipe.index), &ts, full.addr, tile.row * BM, kt * BK);
         TileB::load(c.b(pipe.index), &tb, full.addr, tile.col * BN, kt * BK);
         pipe.advance();
       }
     }
-  }
-
-  // FORM_DA: dX = dA W with dA formed here from dy and saved rather than read from a workspace
-  // fj_bwd_da wrote: that pass (a read of dy and saved, a write of dA: 24 us of 4096^3 bf16
-  // train's backward on H200) goes, and dW's dA is stored by the tiles of dX's first column alone.
-  // Each consumer warpgroup rewrites its own rows of the stage's dy tile (the rows its wgmma
-  // reads) into da in place, in the storage type as fj_bwd_da rounds it (common/backward_da.cuh:
-  // the same bits), while the tensor cores still run its previous slice; fences the writes for
-  // wgmma's async proxy and meets its other warps at a named barrier before the slice's wgmma.
-  // The producer warpgroup's three idle warps doing it instead (96 threads for the whole tile)
-  // made the backward 1.6-1.9x slower than fj_bwd_da (H200, 4096^3 bf16 train: 0.69 against
-  // 0.44 ms): their pass over a stage outlasted its wgmma.
-  //
-  // Thread t of the warpgroup owns 16-byte chunk u = t % 8 of each 128-byte row of a slab (8
-  // columns) and rows t / 8 + 16 i of the group's: a thread's columns, hence its coefficients,
-  // stay the same over a slab. The 128-byte swizzle puts chunk u of row r at chunk u ^ (r % 8)
-  // (slabs are 1024-byte aligned). Columns past N get zero coefficients: da = 0 there, as a TMA
-  // load of dA past N would read.
-  struct DaCoef {
-    float4 k[TileA::kSlabs][8];
-  };
-  // The coefficients of slice kt's columns for chunk u (loaded a slice ahead: their latency hides
-  // behind the wgmma the warpgroup waits for).
-  __device__ __forceinline__ static void load_da_coef(const GemmParams& p, int kt, int u,
-                                                      DaCoef& dc) {
-    const float4* const coef = reinterpret_cast<const float4*>(p.coef);
-#pragma unroll
-    for (int slab = 0; slab < TileA::kSlabs; ++slab)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int n = kt * BK + slab * TileA::kAtom + 8 * u + j;
-        dc.k[slab][j] = n < G::RED ? coef[n] : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-  }
-  // The group's rows [row0, row0 + kWgM) of the stage's A: dy -> da in place; with `da_out`, also
-  // into dW's dA at (tile row + row, slice kt's columns).
-  __device__ __forceinline__ static void form_da(const Ctx& c, unsigned stage, int row0, int wtid,
-                                                 int kt, const DaCoef& dc, T* da_out,
-                                                 int tile_row0) {
-    constexpr int kRows = kWgM / 16;  // a thread's rows per slab
-    const int u = wtid % 8;
-    const unsigned a = c.a(stage), sv = c.saved(stage);
-#pragma unroll
-    for (int slab = 0; slab < TileA::kSlabs; ++slab) {
-      const int n0 = kt * BK + slab * TileA::kAtom + 8 * u;
-      uint4 dy[kRows], sd[kRows];
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        const int r = row0 + wtid / 8 + 16 * i;
-        const unsigned off =
-            static_cast<unsigned>(slab * TileA::kSlabBytes + r * 128 + ((u ^ (r % 8)) << 4));
-        dy[i] = ld_shared_v4(a + off);
-        sd[i] = ld_shared_v4(sv + off);
-      }
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        const int r = row0 + wtid / 8 + 16 * i;
-        const unsigned off =
-            static_cast<unsigned>(slab * TileA::kSlabBytes + r * 128 + ((u ^ (r % 8)) << 4));
-        const unsigned dyw[4] = {dy[i].x, dy[i].y, dy[i].z, dy[i].w};
-        const unsigned svw[4] = {sd[i].x, sd[i].y, sd[i].z, sd[i].w};
-        unsigned out[4];
-#pragma unroll
-        for (int h = 0; h < 4; ++h) {
-          const float2 d = unpack2<T>(dyw[h]), s = unpack2<T>(svw[h]);
-          out[h] = pack2<T>(backward_da(dc.k[slab][2 * h], d.x, s.x),
-                            backward_da(dc.k[slab][2 * h + 1], d.y, s.y));
-        }
-        st_shared_v4(a + off, out[0], out[1], out[2], out[3]);
-        const int row = tile_row0 + r;
-        if (da_out && row < c.rows() && n0 < G::RED)
-          *reinterpret_cast<uint4*>(da_out + static_cast<long long>(row) * G::RED + n0) =
-              make_uint4(out[0], out[1], out[2], out[3]);
-      }
-    }
-    // wgmma reads the stage through the async proxy: fence the writes, then wait for the
-    // group's other warps (named barrier 1 + group: the producer's warps never join).
-    fence_async_shared();
-    if (row0 == 0)
-      NamedBarrier<1, 128>{}();
-    else
-      NamedBarrier<2, 128>{}();
   }
 
   using Acc = float[kMAtoms][BN / 2];
@@ -346,13 +247,8 @@ struct GradWgmma {
     const int k_tiles = k.end - k.begin;
     PipelineCounter<STAGES> slice;
     Acc acc;
-    // FORM_DA: the next slice's coefficients, loaded ahead.
-    typename Select<kFormDa, DaCoef, NoBoxes>::type dc;
-    if constexpr (kFormDa) load_da_coef(p, k.begin, ctid % 8, dc);
     for (int t = blockIdx.x; t < raster.tiles(); t += tile_stride(c)) {
       const auto tile = raster.tile(t);
-      // dW's dA: the first column of tiles stores it (each row tile has exactly one there).
-      T* const da_out = kFormDa && tile.col == 0 ? static_cast<T*>(p.da) : nullptr;
 #pragma unroll
       for (int ma = 0; ma < kMAtoms; ++ma) {
 #pragma unroll
@@ -362,11 +258,6 @@ struct GradWgmma {
       for (int kt = 0; kt < k_tiles; ++kt, slice.advance()) {
         const unsigned i = slice.index();
         c.full[i].wait(slice.phase());
-        if constexpr (kFormDa) {
-          form_da(c, i, a_block0 * 64, ctid % 128, k.begin + kt, dc, da_out, tile.row * BM);
-          // The next slice's (the next tile's first after the last): in flight during this wgmma.
-          load_da_coef(p, kt + 1 < k_tiles ? k.begin + kt + 1 : k.begin, ctid % 8, dc);
-        }
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK; kk += kMmaK)

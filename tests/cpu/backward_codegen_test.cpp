@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <atomic>
 #include <future>
-#include <optional>
 #include <set>
 #include <thread>
 
@@ -270,9 +269,7 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
   CHECK(why(p, "warpspec.128x256x64.c2.s4.g8.cl1.p1.ts").empty());
   CHECK(why(p, "warpspec.128x256x64.c2.s5.g8.cl1.p1.ts").find("shared memory") !=
         std::string::npos);
-  // dX forms da in train, which costs 128x256 its 4th stage (saved's tile beside dy's).
-  CHECK(wide.dx.key() == "warpspec.128x256x64.c2.s3.g16.cl1.p1.ts");
-  CHECK(wide.dx_forms_da);
+  CHECK(wide.dx.key() == "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts");
   CHECK(wide.dw.key() == "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts");
   CHECK(why(parse_sweep_line("300x72x40 tf32 train").problem, "warpspec.128x128x32.c2.s5.g8.cl1.p1")
             .empty());
@@ -326,68 +323,6 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
   CHECK_MESSAGE(failures.empty(), failures);
 }
 
-TEST_CASE("dX forms da: where it can, the stages that fit, its kernel set, and it compiles") {
-  const Device hopper = Device::for_arch("sm_90a");
-  const KernelConfig wide = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1.ts");
-  const Problem p = parse_sweep_line("4096x4096x4096 bf16 train").problem;
-  auto why = [&](const char* line, const KernelConfig& c) {
-    return dx_forms_da_why_invalid(parse_sweep_line(line).problem, c, hopper);
-  };
-  // A second A tile per stage: 4 stages of 128x256x64 no longer fit, 3 do.
-  CHECK(why("4096x4096x4096 bf16 train", wide).find("shared memory") != std::string::npos);
-  KernelConfig three = wide;
-  three.stages = 3;
-  CHECK(why("4096x4096x4096 bf16 train", three) == "");
-  CHECK(form_da_config(p, wide, hopper)->key() == three.key());
-  CHECK(why("4096x4096x4096 fp16 train", three) == "");
-  CHECK(why("4096x4096x4096 bf16 eval", three).find("train") != std::string::npos);
-  CHECK(why("4096x4096x4096 tf32 train", KernelConfig::parse("warpspec.128x128x32.c2.s4.g8.cl1.p1"))
-            .find("bf16 or fp16") != std::string::npos);
-  CHECK(why("4096x4096x4096 bf16 train", KernelConfig::parse("tiled.128x128x32.w2x4.s3.g8"))
-            .find("warpspec") != std::string::npos);
-  CHECK(why("4096x4096x4096 bf16 train",
-            KernelConfig::parse("warpspec.128x128x64.c2.s4.g8.cl1.p1.k2"))
-            .find("split") != std::string::npos);
-  CHECK(!form_da_config(parse_sweep_line("4096x4096x4096 bf16 eval").problem, wide, hopper));
-  CHECK(!default_backward_config(parse_sweep_line("4096x4096x4096 bf16 eval").problem, hopper)
-             .dx_forms_da);
-  CHECK(!default_backward_config(p, Device::for_arch("sm_80")).dx_forms_da);
-  // The key says so, and parses back; the kernel set keeps fj_bwd_da for runs without dx.
-  const BackwardConfig c = default_backward_config(p, hopper);
-  REQUIRE(c.dx_forms_da);
-  CHECK(c.key().starts_with("dx.da.warpspec."));
-  const BackwardConfig back = BackwardConfig::parse(c.key());
-  CHECK(back.dx_forms_da);
-  CHECK(back.key() == c.key());
-  CHECK(
-      !BackwardConfig::parse("dx.warpspec.128x256x64.c2.s4.g16.cl1.p1.dw.tiled.64x64x64.w2x2.s3.g8")
-           .dx_forms_da);
-  CHECK(backward_kernel_set(p, c) == std::vector<std::string>{"fj_bwd_reduce", "fj_bwd_coef",
-                                                              "fj_bwd_da", "fj_bwd_dx",
-                                                              "fj_bwd_dw"});
-  const KernelSource src = generate_backward(p, c);
-  CHECK(src.text.find("FORM_DA = true") != std::string::npos);
-  BackwardConfig plain = c;
-  plain.dx_forms_da = false;
-  CHECK(generate_backward(p, plain).text.find("FORM_DA = true") == std::string::npos);
-  // One and two consumers, 64 to 256 rows, thread and TMA stores, tails in M, N and K: they
-  // compile for sm_90a.
-  std::vector<fusejit::test::CompileJob> jobs;
-  for (const char* dx :
-       {"warpspec.128x256x64.c2.s3.g16.cl1.p1.ts", "warpspec.64x128x64.c1.s6.g8.cl1.p0",
-        "warpspec.256x128x64.c2.s2.g8.cl1.p1", "warpspec.128x128x64.c1.s4.g8.cl1.p1.ts",
-        "warpspec.128x64x64.c2.s5.g8.cl1.p1"})
-    for (const char* line : {"300x72x40 bf16 train", "777x328x520 fp16 train nobias noaffine"}) {
-      const Problem q = parse_sweep_line(line).problem;
-      const BackwardConfig f{KernelConfig::parse(dx), default_backward_config(q, hopper).dw, true};
-      CAPTURE(f.key());
-      CHECK(backward_config_why_invalid(q, f, hopper) == "");
-      jobs.push_back({"sm_90a", generate_backward(q, f)});
-    }
-  const std::string failures = fusejit::test::compile_jobs(jobs, fusejit::test::Coverage::every);
-  CHECK_MESSAGE(failures.empty(), failures);
-}
-
 TEST_CASE("backward config keys parse back; bad text names the argument") {
   const Problem p = parse_sweep_line("300x72x40 bf16 train").problem;
   for (const Device& d : {Device::for_arch("sm_90a"), Device::for_arch("sm_80")}) {
@@ -421,28 +356,17 @@ TEST_CASE(
       CAPTURE(c.key());
       CHECK(keys.insert(c.key()).second);  // no pair twice
       // Every pair keeps one of the heuristic's GEMMs and is one a BackwardPlan accepts.
-      const bool same_dx = c.dx.key() == h.dx.key() && c.dx_forms_da == h.dx_forms_da;
-      CHECK((same_dx || c.dw.key() == h.dw.key()));
-      CHECK(backward_config_why_invalid(p, c, hopper) == "");
-      dx.insert((c.dx_forms_da ? "da." : "") + c.dx.key());
+      CHECK((c.dx.key() == h.dx.key() || c.dw.key() == h.dw.key()));
+      CHECK(grad_gemm_why_invalid(p, c.dx, backward_gemms(p).dx, hopper) == "");
+      CHECK(grad_gemm_why_invalid(p, c.dw, backward_gemms(p).dw, hopper) == "");
+      dx.insert(c.dx.key());
       dw.insert(c.dw.key());
     }
-    // Both GEMMs' lists are searched, dx's with and without forming da: |dx| + |dw| - 1 pairs,
-    // dx's being every candidate as it is and where it can form da, with form_da_config's stages.
-    std::set<std::string> want_dx;
-    for (const KernelConfig& c : grad_gemm_candidates(p, backward_gemms(p).dx, hopper)) {
-      want_dx.insert(c.key());
-      if (const std::optional<KernelConfig> f = form_da_config(p, c, hopper))
-        want_dx.insert("da." + f->key());
-    }
+    // Both GEMMs' lists are searched: |dx| + |dw| - 1 pairs.
     CHECK(dx.size() > 1);
     CHECK(dw.size() > 1);
     CHECK(cs.size() == dx.size() + dw.size() - 1);
-    CHECK(dx == want_dx);
-    // bf16 train forms da; fp32 eval cannot.
-    CHECK((p.mode == Mode::train) == std::any_of(dx.begin(), dx.end(), [](const std::string& k) {
-            return k.starts_with("da.");
-          }));
+    CHECK(dx.size() == grad_gemm_candidates(p, backward_gemms(p).dx, hopper).size());
     CHECK(dw.size() == grad_gemm_candidates(p, backward_gemms(p).dw, hopper).size());
     const std::vector<KernelSource> sources = backward_tuning_sources(p, hopper);
     REQUIRE(sources.size() == cs.size());

@@ -1,7 +1,6 @@
 #include <fmt/format.h>
 
 #include <atomic>
-#include <optional>
 #include <utility>
 
 #include "fusejit/backward.hpp"
@@ -43,25 +42,6 @@ BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& option
   if (options.dw_config) {
     require_grad_gemm_config(problem, *options.dw_config, true, device, "dw_config");
     config.dw = *options.dw_config;
-  }
-  // A forced dx config runs as given unless forming da is asked for as well.
-  if (options.dx_config) config.dx_forms_da = false;
-  if (options.dx_forms_da && !*options.dx_forms_da) config.dx_forms_da = false;
-  if (options.dx_forms_da && *options.dx_forms_da && !config.dx_forms_da) {
-    std::optional<KernelConfig> f;
-    if (options.dx_config) {
-      if (const std::string why = dx_forms_da_why_invalid(problem, config.dx, device); !why.empty())
-        throw InvalidArgument("dx_forms_da", config.dx.key() + ": " + why);
-      f = config.dx;
-    } else {
-      f = form_da_config(problem, config.dx, device);
-      if (!f)
-        throw InvalidArgument(
-            "dx_forms_da",
-            config.dx.key() + ": " + dx_forms_da_why_invalid(problem, config.dx, device));
-    }
-    config.dx = *f;
-    config.dx_forms_da = true;
   }
   core_ = backward_core(problem, config, ctx, options.cache_dir);
   state_->workspace_bytes = backward_workspace(problem, core_->config, problem.M).total;

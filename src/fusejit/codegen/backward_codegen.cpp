@@ -30,7 +30,7 @@ int alignment_of(std::int64_t bytes) {
 // tiled kernel's, 0 where the GEMM reads tf32's copies).
 std::string gemm_spec(const char* name, const Problem& p, const KernelConfig& c, int rows, int cols,
                       int red, bool a_mn, bool b_mn, std::int64_t lda, std::int64_t ldb,
-                      std::int64_t ldc, int vec_bytes, bool form_da) {
+                      std::int64_t ldc, int vec_bytes) {
   return fmt::format(
       "struct {} {{\n"
       "  using T = {};\n"
@@ -41,15 +41,13 @@ std::string gemm_spec(const char* name, const Problem& p, const KernelConfig& c,
       "  static constexpr int BM = {}, BN = {}, BK = {}, WARPS_M = {}, WARPS_N = {};\n"
       "  static constexpr int STAGES = {}, GROUP_M = {}, THREADS = {}, VEC_BYTES = {};\n"
       "  static constexpr int CONSUMERS = {}, SPLIT_K = {};\n"
-      "  static constexpr bool PERSISTENT = {}, TMA_STORE = {}, FORM_DA = {};\n"
+      "  static constexpr bool PERSISTENT = {}, TMA_STORE = {};\n"
       "  static constexpr int SMEM_BYTES = {};\n"
       "}};\n",
       name, template_type_name(p.dtype), template_math_name(grad_gemm_dtype(p.dtype)), rows, cols,
       red, b(a_mn), b(b_mn), lda, ldb, ldc, c.bm, c.bn, c.bk, c.warps_m, c.warps_n, c.stages,
       c.group_m, c.threads(), vec_bytes, c.warps_m, c.split_k, b(c.persistent), b(c.tma_store),
-      b(form_da),
-      c.variant == Variant::warpspec ? grad_wgmma_smem_bytes(c, grad_gemm_dtype(p.dtype), form_da)
-                                     : -1);
+      c.variant == Variant::warpspec ? grad_wgmma_smem_bytes(c, grad_gemm_dtype(p.dtype)) : -1);
 }
 
 // The kernel template of a gradient GEMM's config.
@@ -58,8 +56,7 @@ const char* gemm_template(const KernelConfig& c) {
 }
 
 // fj_bwd_dx / fj_bwd_dw: the tiled kernel takes the parameters; the warpspec one also the
-// operands' and C's tensor maps and FORM_DA's map of saved (plan/backward_core.cpp), by value in
-// parameter space.
+// operands' and C's tensor maps (plan/backward_core.cpp), by value in parameter space.
 std::string gemm_kernel(const char* name, const char* spec, const KernelConfig& c) {
   if (c.variant == Variant::warpspec)
     return fmt::format(
@@ -67,9 +64,8 @@ std::string gemm_kernel(const char* name, const char* spec, const KernelConfig& 
         "{1}(const __grid_constant__ fj::GemmParams p,\n"
         "    const __grid_constant__ fj::TmaDescriptor ta,\n"
         "    const __grid_constant__ fj::TmaDescriptor tb,\n"
-        "    const __grid_constant__ fj::TmaDescriptor tc,\n"
-        "    const __grid_constant__ fj::TmaDescriptor ts) {{\n"
-        "  fj::GradWgmma<{0}>::run(p, ta, tb, tc, ts);\n"
+        "    const __grid_constant__ fj::TmaDescriptor tc) {{ fj::GradWgmma<{0}>::run(p, ta, tb, "
+        "tc); "
         "}}\n",
         spec, name);
   return fmt::format(
@@ -80,34 +76,29 @@ std::string gemm_kernel(const char* name, const char* spec, const KernelConfig& 
 
 }  // namespace
 
-int grad_wgmma_smem_bytes(const KernelConfig& c, DType d, bool form_da) {
-  // kernels/grad_wgmma.cuh's SharedStorage: the ring of A (and FORM_DA's saved) and B tiles
-  // (1024-byte aligned), a full and an empty (and FORM_DA's formed) barrier per stage, the TMA
-  // store's two boxes per consumer warp (1024-byte aligned), and the 1024 bytes run() may skip to
-  // align the base.
+int grad_wgmma_smem_bytes(const KernelConfig& c, DType d) {
+  // kernels/grad_wgmma.cuh's SharedStorage: the ring of A and B tiles (1024-byte aligned), a
+  // full and an empty barrier per stage, the TMA store's two boxes per consumer warp
+  // (1024-byte aligned), and the 1024 bytes run() may skip to align the base.
   auto up = [](int v, int a) { return (v + a - 1) / a * a; };
-  const int a_tiles = form_da ? 2 : 1;
-  const int ring = c.stages * (a_tiles * c.bm + c.bn) * c.bk * static_cast<int>(storage_bytes(d));
-  int bytes = ring + (form_da ? 24 : 16) * c.stages;
+  const int ring = c.stages * (c.bm + c.bn) * c.bk * static_cast<int>(storage_bytes(d));
+  int bytes = ring + 16 * c.stages;
   if (c.tma_store) bytes = up(bytes, 1024) + 4 * c.warps_m * fj::kTmaStoreWarpBytes;
   return up(bytes, 1024) + 1024;
 }
 
 std::string BackwardConfig::key() const {
-  return fmt::format("dx.{}{}.dw.{}", dx_forms_da ? "da." : "", dx.key(), dw.key());
+  return fmt::format("dx.{}.dw.{}", dx.key(), dw.key());
 }
 
 BackwardConfig BackwardConfig::parse(std::string_view key, const char* arg) {
   const std::size_t dw = key.find(".dw.");
   if (!key.starts_with("dx.") || dw == std::string_view::npos)
-    throw InvalidArgument(arg, fmt::format("expected dx.[da.]<config key>.dw.<config key>, as "
+    throw InvalidArgument(arg, fmt::format("expected dx.<config key>.dw.<config key>, as "
                                            "BackwardPlan::config_key() prints it; got '{}'",
                                            key));
   try {
-    std::string_view dx = key.substr(3, dw - 3);
-    const bool forms_da = dx.starts_with("da.");
-    if (forms_da) dx.remove_prefix(3);
-    return {KernelConfig::parse(dx), KernelConfig::parse(key.substr(dw + 4)), forms_da};
+    return {KernelConfig::parse(key.substr(3, dw - 3)), KernelConfig::parse(key.substr(dw + 4))};
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(arg, fmt::format("'{}': {}", key, e.what()));
   }
@@ -193,10 +184,9 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
   const bool dx_copies = grad_gemm_reads_copies(p, c.dx),
              dw_copies = grad_gemm_reads_copies(p, c.dw);
   t += gemm_spec("DxSpec", p, c.dx, 0, static_cast<int>(p.K), static_cast<int>(p.N), false,
-                 !dx_copies, p.N, dx_copies ? 0 : p.lda_w(), p.lda_x(), dx_vec, c.dx_forms_da);
+                 !dx_copies, p.N, dx_copies ? 0 : p.lda_w(), p.lda_x(), dx_vec);
   t += gemm_spec("DwSpec", p, c.dw, static_cast<int>(p.N), static_cast<int>(p.K), 0, !dw_copies,
-                 !dw_copies, dw_copies ? 0 : p.N, dw_copies ? 0 : p.lda_x(), p.lda_w(), dx_vec,
-                 false);
+                 !dw_copies, dw_copies ? 0 : p.N, dw_copies ? 0 : p.lda_x(), p.lda_w(), dx_vec);
   t += "#include \"kernels/bn_backward.cuh\"\n#include \"kernels/grad_gemm.cuh\"\n";
   if (dx_copies || dw_copies) t += "#include \"kernels/transpose.cuh\"\n";
   if (c.dx.split_k > 1 || c.dw.split_k > 1) t += "#include \"kernels/grad_split_sum.cuh\"\n";

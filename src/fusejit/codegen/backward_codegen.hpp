@@ -19,13 +19,8 @@ namespace fusejit {
 // (N x K, reduction over the run's M).
 struct BackwardConfig {
   KernelConfig dx, dw;
-  // Train, warpspec dX of a 16-bit dtype, unsplit: dX's GEMM forms its operand da itself from dy
-  // and saved, and its first column of tiles stores it for dW, in place of fj_bwd_da
-  // (kernels/grad_wgmma.cuh, FORM_DA; dx_forms_da_why_invalid). fj_bwd_da still runs when a run
-  // wants dW without dx.
-  bool dx_forms_da = false;
-  // "dx.<key>.dw.<key>" ("dx.da.<key>..." with dx_forms_da): every field of both, for source
-  // names, caches, logs and the tuning database.
+  // "dx.<key>.dw.<key>": every field of both, for source names, caches, logs and the tuning
+  // database.
   std::string key() const;
   // The inverse of key(). Throws InvalidArgument(arg, ...) for text that is not one.
   static BackwardConfig parse(std::string_view key, const char* arg = "backward-config");
@@ -34,7 +29,7 @@ struct BackwardConfig {
 // kernels/grad_wgmma.cuh's dynamic shared memory for a warpspec config of the GEMMs' dtype
 // (grad_gemm_dtype: ring, barriers, TMA store boxes, alignment slack); the generated Spec passes
 // it as SMEM_BYTES, which the template checks against sizeof(SharedStorage).
-int grad_wgmma_smem_bytes(const KernelConfig&, DType, bool form_da);
+int grad_wgmma_smem_bytes(const KernelConfig&, DType);
 
 // Whether a gradient GEMM of this config reads K-major copies of its MN-major operands (dX: W^T;
 // dW: dA^T and x^T) that the backward run makes first (kernels/transpose.cuh): warpspec tf32,

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <optional>
 #include <set>
 
 #include "common/backward_params.h"
@@ -183,7 +182,7 @@ std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& c, const
           "the warpspec gradient GEMMs load with TMA, which needs 16-byte aligned rows of x, W "
           "and dA (N a multiple of {})",
           16 / es);
-    if (const int bytes = grad_wgmma_smem_bytes(c, grad_gemm_dtype(p.dtype), false);
+    if (const int bytes = grad_wgmma_smem_bytes(c, grad_gemm_dtype(p.dtype));
         bytes > d.smem_per_block_optin)
       return fmt::format("the warpspec gradient GEMM needs {} bytes of shared memory; {} allows {}",
                          bytes, d.name, d.smem_per_block_optin);
@@ -193,40 +192,6 @@ std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& c, const
   KernelConfig unsplit = c;
   unsplit.split_k = 1;
   return unsplit.why_invalid(gemm, d);
-}
-
-std::string dx_forms_da_why_invalid(const Problem& p, const KernelConfig& dx, const Device& d) {
-  if (p.mode != Mode::train)
-    return "only train mode's dX forms da (eval's da is a column scale of dy, which fj_bwd_reduce "
-           "writes as it reads dy)";
-  if (dx.variant != Variant::warpspec) return "only the warpspec dX GEMM forms da";
-  if (storage_bytes(p.dtype) != 2) return "the dX GEMM forms da in bf16 or fp16 only";
-  if (dx.split_k != 1) return "a split dX GEMM does not form da";
-  if (std::string why = grad_gemm_why_invalid(p, dx, backward_gemms(p).dx, d); !why.empty())
-    return why;
-  if (const int bytes = grad_wgmma_smem_bytes(dx, p.dtype, true); bytes > d.smem_per_block_optin)
-    return fmt::format(
-        "forming da needs a tile of saved beside dy's in every stage: {} bytes of shared memory; "
-        "{} allows {} (fewer stages)",
-        bytes, d.name, d.smem_per_block_optin);
-  return {};
-}
-
-std::optional<KernelConfig> form_da_config(const Problem& p, const KernelConfig& dx,
-                                           const Device& d) {
-  KernelConfig c = dx;
-  for (; c.stages >= 2; --c.stages)
-    if (dx_forms_da_why_invalid(p, c, d).empty()) return c;
-  return std::nullopt;
-}
-
-std::string backward_config_why_invalid(const Problem& p, const BackwardConfig& c,
-                                        const Device& d) {
-  const BackwardGemms g = backward_gemms(p);
-  std::string why = grad_gemm_why_invalid(p, c.dx, g.dx, d);
-  if (why.empty()) why = grad_gemm_why_invalid(p, c.dw, g.dw, d);
-  if (why.empty() && c.dx_forms_da) why = dx_forms_da_why_invalid(p, c.dx, d);
-  return why;
 }
 
 void require_grad_gemm_config(const Problem& p, const KernelConfig& c, bool dw, const Device& d,
@@ -248,12 +213,7 @@ BackwardGemms backward_gemms(const Problem& p) {
 
 BackwardConfig default_backward_config(const Problem& p, const Device& d) {
   const BackwardGemms g = backward_gemms(p);
-  BackwardConfig c{gemm_config(p, g.dx, d), gemm_config(p, g.dw, d)};
-  if (const std::optional<KernelConfig> f = form_da_config(p, c.dx, d)) {
-    c.dx = *f;
-    c.dx_forms_da = true;
-  }
-  return c;
+  return {gemm_config(p, g.dx, d), gemm_config(p, g.dw, d)};
 }
 
 std::shared_ptr<const BackwardCore> backward_core(const Problem& problem,
@@ -373,11 +333,10 @@ namespace {
 // dX = dA W: dA K-major [rows][N], W MN-major [N][K]; dW = dA^T x: dA MN-major, x MN-major
 // [rows][K]; tf32 reads K-major copies instead (W^T [K][N], dA^T [N][rows], x^T [K][rows] in
 // the workspace: grad_gemm_reads_copies). With tma_store, C (dX [rows][K], dW [N][K]) in the
-// per-warp boxes of the forward's y (encode_tma_store_map). With dx_forms_da, dX's A is dy
-// [rows][N] (row stride ldy) and its S the forward's saved, in dA's boxes. Zeros for a tiled GEMM
-// or one the run skips.
+// per-warp boxes of the forward's y (encode_tma_store_map). Zeros for a tiled GEMM or one the run
+// skips.
 struct GradGemmMaps {
-  CUtensorMap dx_a{}, dx_b{}, dx_c{}, dx_s{}, dw_a{}, dw_b{}, dw_c{};
+  CUtensorMap dx_a{}, dx_b{}, dx_c{}, dw_a{}, dw_b{}, dw_c{};
 };
 
 GradGemmMaps encode_grad_gemm_maps(const BackwardCore& c, std::int64_t rows, char* ws,
@@ -388,12 +347,7 @@ GradGemmMaps encode_grad_gemm_maps(const BackwardCore& c, std::int64_t rows, cha
   GradGemmMaps m;
   if (t.dx && c.config.dx.variant == Variant::warpspec) {
     const KernelConfig& k = c.config.dx;
-    if (c.config.dx_forms_da) {
-      m.dx_a = encode_tma_tile_map(p.dtype, t.dy, rows, p.N, p.lda_y(), k.bm, atom, "dy");
-      m.dx_s = encode_tma_tile_map(p.dtype, t.saved, rows, p.N, p.lda_y(), k.bm, atom, "saved");
-    } else {
-      m.dx_a = encode_tma_tile_map(p.dtype, da, rows, p.N, p.N, k.bm, atom, "workspace");
-    }
+    m.dx_a = encode_tma_tile_map(p.dtype, da, rows, p.N, p.N, k.bm, atom, "workspace");
     m.dx_b = grad_gemm_reads_copies(p, k)
                  ? encode_tma_tile_map(p.dtype, ws + w.w_t_offset, p.K, p.N, w.copy_ld_n, k.bn,
                                        atom, "workspace")
@@ -425,27 +379,21 @@ GradGemmMaps grad_gemm_maps(const BackwardCore& c, std::int64_t rows, char* ws,
   const void* x = t.dw ? t.x : nullptr;
   const void* dx = t.dx;
   const void* dw = t.dw;
-  const bool forms_da = t.dx && c.config.dx_forms_da;
-  const void* dy = forms_da ? t.dy : nullptr;
-  const void* saved = forms_da ? t.saved : nullptr;
   if (!cache || cache->busy.test_and_set(std::memory_order_acquire))
     return encode_grad_gemm_maps(c, rows, ws, bw, t);
   GradGemmMaps m;
   try {
     if (!cache->valid || cache->workspace != ws || cache->w != w || cache->x != x ||
-        cache->dx != dx || cache->dw != dw || cache->dy != dy || cache->saved != saved ||
-        cache->rows != rows) {
+        cache->dx != dx || cache->dw != dw || cache->rows != rows) {
       cache->valid = false;  // stays so if encoding throws
       const GradGemmMaps fresh = encode_grad_gemm_maps(c, rows, ws, bw, t);
       cache->dx_a = fresh.dx_a, cache->dx_b = fresh.dx_b, cache->dx_c = fresh.dx_c;
-      cache->dx_s = fresh.dx_s;
       cache->dw_a = fresh.dw_a, cache->dw_b = fresh.dw_b, cache->dw_c = fresh.dw_c;
       cache->workspace = ws, cache->w = w, cache->x = x, cache->dx = dx, cache->dw = dw;
-      cache->dy = dy, cache->saved = saved;
       cache->rows = rows;
       cache->valid = true;
     }
-    m = {cache->dx_a, cache->dx_b, cache->dx_c, cache->dx_s, cache->dw_a, cache->dw_b, cache->dw_c};
+    m = {cache->dx_a, cache->dx_b, cache->dx_c, cache->dw_a, cache->dw_b, cache->dw_c};
   } catch (...) {
     cache->busy.clear(std::memory_order_release);
     throw;
@@ -471,8 +419,6 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   const BackwardWorkspace w = backward_workspace(p, c.config, rows);
   auto* ws = static_cast<char*>(workspace);
   const bool need_da = t.dx || t.dw;
-  // dX forms da itself (and stores it for dW): no fj_bwd_da.
-  const bool dx_forms_da = t.dx && c.config.dx_forms_da;
   fj::BackwardParams bp{};
   bp.dy = t.dy;
   bp.saved = t.saved;
@@ -512,7 +458,7 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   go(c.reduce, elementwise_grid, fj::kBackwardThreads, 0, bargs, "cuLaunchKernelEx(fj_bwd_reduce)");
   if (p.mode == Mode::train) {
     go(c.coef, columns_grid, fj::kBackwardColumnThreads, 0, bargs, "cuLaunchKernelEx(fj_bwd_coef)");
-    if (need_da && !dx_forms_da)
+    if (need_da)
       go(c.da, elementwise_grid, fj::kBackwardThreads, 0, bargs, "cuLaunchKernelEx(fj_bwd_da)");
   } else {
     go(c.params, columns_grid, fj::kBackwardColumnThreads, 0, bargs,
@@ -539,7 +485,7 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   auto gemm = [&](CUfunction f, CUfunction sum, const KernelConfig& k, std::int64_t out_rows,
                   unsigned smem, const void* b, void* out, bool acc, float* slices,
                   const CUtensorMap& ta, const CUtensorMap& tb, const CUtensorMap& tc,
-                  const CUtensorMap& ts, bool forms_da, const char* what, const char* sum_what) {
+                  const char* what, const char* sum_what) {
     fj::GemmParams g{};
     g.a = bp.ws_da;
     g.b = b;
@@ -547,17 +493,13 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
     g.m = bp.m;
     g.accumulate = acc ? 1 : 0;
     g.partials = slices;
-    if (forms_da) {
-      g.coef = bp.ws_coef;
-      g.da = t.dw ? bp.ws_da : nullptr;
-    }
     const auto splits = static_cast<unsigned>(k.split_k);
     auto tiles = static_cast<unsigned>(((out_rows + k.bm - 1) / k.bm) * ((p.K + k.bn - 1) / k.bn));
     if (k.variant == Variant::warpspec && k.persistent)
       tiles = std::min(tiles, std::max(1u, static_cast<unsigned>(c.device.sm_count) / splits));
     void* plain[] = {&g};
     void* with_maps[] = {&g, const_cast<CUtensorMap*>(&ta), const_cast<CUtensorMap*>(&tb),
-                         const_cast<CUtensorMap*>(&tc), const_cast<CUtensorMap*>(&ts)};
+                         const_cast<CUtensorMap*>(&tc)};
     go(f, tiles, static_cast<unsigned>(k.threads()), smem,
        k.variant == Variant::warpspec ? with_maps : plain, what, splits);
     if (splits > 1) {
@@ -570,14 +512,13 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
          0, plain, sum_what);
     }
   };
-  const CUtensorMap unused_map{};  // dW's S: only a dX that forms da reads one
   if (t.dx && grad_gemm_reads_copies(p, c.config.dx))
     transpose(t.w, p.lda_w(), p.N, p.K, w.w_t_offset, w.copy_ld_n,
               "cuLaunchKernelEx(fj_bwd_transpose, W)");
   if (t.dx)
     gemm(c.dx, c.dx_sum, c.config.dx, rows, static_cast<unsigned>(c.dx_smem_bytes), t.w, t.dx,
          false, reinterpret_cast<float*>(ws + w.dx_slices_offset), maps.dx_a, maps.dx_b, maps.dx_c,
-         maps.dx_s, dx_forms_da, "cuLaunchKernelEx(fj_bwd_dx)", "cuLaunchKernelEx(fj_bwd_dx_sum)");
+         "cuLaunchKernelEx(fj_bwd_dx)", "cuLaunchKernelEx(fj_bwd_dx_sum)");
   if (t.dw && grad_gemm_reads_copies(p, c.config.dw)) {
     transpose(bp.ws_da, p.N, rows, p.N, w.da_t_offset, w.copy_ld_rows,
               "cuLaunchKernelEx(fj_bwd_transpose, dA)");
@@ -587,8 +528,7 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   if (t.dw)
     gemm(c.dw, c.dw_sum, c.config.dw, p.N, static_cast<unsigned>(c.dw_smem_bytes), t.x, t.dw,
          accumulate, reinterpret_cast<float*>(ws + w.dw_slices_offset), maps.dw_a, maps.dw_b,
-         maps.dw_c, unused_map, false, "cuLaunchKernelEx(fj_bwd_dw)",
-         "cuLaunchKernelEx(fj_bwd_dw_sum)");
+         maps.dw_c, "cuLaunchKernelEx(fj_bwd_dw)", "cuLaunchKernelEx(fj_bwd_dw_sum)");
 }
 
 }  // namespace fusejit

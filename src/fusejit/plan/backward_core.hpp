@@ -7,7 +7,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,18 +52,6 @@ std::string backward_refusal(const Problem&);
 std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& config, const Problem& gemm,
                                   const Device& device);
 
-// Why the dX GEMM of `dx` cannot form da itself (BackwardConfig::dx_forms_da) for the layer `p`
-// on `device`: train mode, a warpspec dX that grad_gemm_why_invalid accepts, a 16-bit dtype, no
-// split, and a ring that still fits with saved's tiles beside dy's. Empty when it can.
-std::string dx_forms_da_why_invalid(const Problem& p, const KernelConfig& dx, const Device& device);
-// `dx` with the most stages up to its own at which dX forms da, or nothing where it cannot.
-std::optional<KernelConfig> form_da_config(const Problem& p, const KernelConfig& dx,
-                                           const Device& device);
-// Why a whole backward config cannot run `p` on `device` (each GEMM judged at the M class's
-// representative, and dx_forms_da); empty when it can.
-std::string backward_config_why_invalid(const Problem& p, const BackwardConfig& c,
-                                        const Device& device);
-
 // A caller's config for the dx GEMM (`dw` false) or the dW GEMM of `p`, judged as the dispatch
 // judges its own: grad_gemm_why_invalid at the M class's representative M (backward_gemms).
 // Throws InvalidArgument(arg, "<key>: <why>") when it cannot run. BackwardPlan's forced tiles and
@@ -88,8 +75,8 @@ BackwardGemms backward_gemms(const Problem&);
 
 // The config the backward plan runs: for each GEMM's shape (dx_gemm_problem, dw_gemm_problem;
 // dW's reduction taken at the M class's representative M) the heuristic's first candidate that
-// grad_gemm_why_invalid accepts, warpspec before tiled where it can run; dX forms da where it
-// can (form_da_config: the stages that fit). The same for every M of an M class.
+// grad_gemm_why_invalid accepts, warpspec before tiled where it can run. The same for every M
+// of an M class.
 BackwardConfig default_backward_config(const Problem&, const Device&);
 
 // Built once per (kernel set, context, cache dir) and shared, like plan_core().
@@ -115,8 +102,7 @@ void validate_backward_tensors(const Problem&, const BackwardTensors&);
 
 // What a backward plan's runs remember between calls (RunCache's counterpart, plan/launch.hpp):
 // the stream last found to belong to the core's context, and the warpspec gradient GEMMs'
-// tensor maps for the last (workspace, W, x, dX, dW, rows, and with dx_forms_da dy and saved),
-// re-encoded only when those change
+// tensor maps for the last (workspace, W, x, dX, dW, rows), re-encoded only when those change
 // (the workspace base and the rows fix where dA and tf32's copies lie). One run at a time uses
 // the maps (`busy`); a concurrent run encodes its own.
 struct BackwardRunCache {
@@ -128,10 +114,8 @@ struct BackwardRunCache {
   const void* x = nullptr;
   const void* dx = nullptr;
   const void* dw = nullptr;
-  const void* dy = nullptr;     // dx_forms_da: dX's A is dy
-  const void* saved = nullptr;  // and its S saved
   std::int64_t rows = 0;
-  CUtensorMap dx_a{}, dx_b{}, dx_c{}, dx_s{}, dw_a{}, dw_b{}, dw_c{};
+  CUtensorMap dx_a{}, dx_b{}, dx_c{}, dw_a{}, dw_b{}, dw_c{};
 };
 
 // Enqueues the backward of `rows` rows. Tensors and workspace were checked by the caller.

@@ -8,7 +8,6 @@
 #include <future>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <set>
 
 #include "fusejit/config/candidates.hpp"
@@ -106,19 +105,11 @@ std::vector<BackwardConfig> backward_tuning_configs(const Problem& p, const Devi
   validate_backward_problem(p);
   const BackwardConfig heuristic = default_backward_config(p, d);
   std::vector<BackwardConfig> out{heuristic};
-  std::set<std::string> listed{heuristic.key()};
-  auto add = [&](const BackwardConfig& c) {
-    if (listed.insert(c.key()).second) out.push_back(c);
-  };
   const BackwardGemms g = backward_gemms(p);
-  // Each dx config as it is and, where it can, forming da (form_da_config's stages).
-  for (const KernelConfig& c : grad_gemm_candidates(p, g.dx, d)) {
-    add({c, heuristic.dw});
-    if (const std::optional<KernelConfig> f = form_da_config(p, c, d))
-      add({*f, heuristic.dw, true});
-  }
+  for (const KernelConfig& c : grad_gemm_candidates(p, g.dx, d))
+    if (c.key() != heuristic.dx.key()) out.push_back({c, heuristic.dw});
   for (const KernelConfig& c : grad_gemm_candidates(p, g.dw, d))
-    add({heuristic.dx, c, heuristic.dx_forms_da});
+    if (c.key() != heuristic.dw.key()) out.push_back({heuristic.dx, c});
   return out;
 }
 
@@ -257,11 +248,10 @@ TuneResult tune_backward(const Problem& p, const TunerOptions& o) {
   const BackwardConfig heuristic = cs.front().config;
   Contender* best_dx =
       fastest([&](const Contender& c) { return c.config.dw.key() == heuristic.dw.key(); });
-  Contender* best_dw = fastest([&](const Contender& c) {
-    return c.config.dx.key() == heuristic.dx.key() && c.config.dx_forms_da == heuristic.dx_forms_da;
-  });
+  Contender* best_dw =
+      fastest([&](const Contender& c) { return c.config.dx.key() == heuristic.dx.key(); });
   if (best_dx && best_dw) {
-    const BackwardConfig pair{best_dx->config.dx, best_dw->config.dw, best_dx->config.dx_forms_da};
+    const BackwardConfig pair{best_dx->config.dx, best_dw->config.dw};
     const bool listed = std::any_of(cs.begin(), cs.end(),
                                     [&](const Contender& c) { return c.out.key == pair.key(); });
     if (!listed) {

@@ -4,10 +4,9 @@
 // choose_backward).
 //
 //   1. candidates (backward_tuning_configs): the heuristic's pair first, then every other dx
-//      config grad_gemm_candidates lists beside the heuristic's dw, each also forming da where
-//      it can (BackwardConfig::dx_forms_da, form_da_config), then every other dw config beside
-//      the heuristic's dx. The two GEMMs are separate kernels on the same inputs, so the lists
-//      are searched one at a time: about 2 |dx| + |dw| kernel sets rather than |dx| x |dw|;
+//      config grad_gemm_candidates lists beside the heuristic's dw, then every other dw config
+//      beside the heuristic's dx. The two GEMMs are separate kernels on the same inputs, so the
+//      lists are searched one at a time: |dx| + |dw| - 1 kernel sets rather than |dx| x |dw|;
 //   2. compile them in parallel, time whole backward runs (every gradient, `saved` from a real
 //      forward run) the way tune() times the forward (measure.hpp);
 //   3. the pair of the fastest dx and the fastest dw, when it is not among them yet, is built
