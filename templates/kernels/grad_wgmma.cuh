@@ -147,11 +147,8 @@ struct GradWgmma {
   static_assert(G::SMEM_BYTES == kSmemBytes,
                 "grad wgmma: Spec::SMEM_BYTES (grad_wgmma_smem_bytes) disagrees with the layout");
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
-  // The budgets must add up to at most what the launch gave the CTA (__launch_bounds__(THREADS,
-  // 1): 168 a thread at 384), or setmaxnreg.inc waits for registers that never come (a kernel
-  // with 96 + 208 hung).
-  static_assert(CONSUMERS == 1 || 128 * kProducerRegs + 128 * CONSUMERS * kConsumerRegs <=
-                                      ((65536 / G::THREADS) & ~7) * G::THREADS,
+  static_assert(CONSUMERS == 1 ||
+                    register_budgets_fit(G::THREADS, kProducerRegs, kConsumerRegs, CONSUMERS),
                 "grad wgmma: the warpgroups' register budgets exceed the CTA's");
 
   __device__ static void run(const GemmParams& p, const TmaDescriptor& ta, const TmaDescriptor& tb,

@@ -291,6 +291,9 @@ struct WarpspecGemm {
   // fit 224 without spills at 128x256, and 128 x 56 + 256 x 224 is the same 64512 registers.
   static constexpr int kProducerRegs = kOverlap ? 56 : 40;
   static constexpr int kConsumerRegs = kOverlap ? 224 : 232;
+  static_assert(CONSUMERS == 1 ||
+                    register_budgets_fit(Spec::THREADS, kProducerRegs, kConsumerRegs, CONSUMERS),
+                "warpspec: the warpgroups' register budgets exceed the CTA's");
 
   // Cluster tiles of a run of m rows.
   __host__ __device__ static constexpr int cluster_tiles(int m) {

@@ -13,6 +13,7 @@
 #include "common/backward_shape.h"
 #include "common/split_k.h"
 #include "fusejit/codegen/backward_codegen.hpp"
+#include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/plan/backward_core.hpp"
@@ -320,6 +321,26 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
     }
   }
   const std::string failures = fusejit::test::compile_jobs(jobs, fusejit::test::Coverage::sampled);
+  CHECK_MESSAGE(failures.empty(), failures);
+}
+
+TEST_CASE("the warpgroups' register budgets: the kernels' splits fit a CTA, 96 + 208 does not") {
+  // register_budgets_fit (mainloop/wgmma.cuh) guards both warpspec kernels' setmaxnreg splits: a
+  // gradient GEMM at 96 + 208 registers hung on the GPU (setmaxnreg.inc waited for registers the
+  // launch never gave). Its own arithmetic, compiled by NVRTC: the splits the kernels use at 384
+  // threads fit, and the one that hung does not.
+  KernelSource src;
+  src.name = "register_budgets_fit";
+  src.text =
+      "#include \"mainloop/wgmma.cuh\"\n"
+      "static_assert(fj::register_budgets_fit(384, 40, 232, 2), \"40 + 232\");\n"
+      "static_assert(fj::register_budgets_fit(384, 56, 224, 2), \"56 + 224\");\n"
+      "static_assert(!fj::register_budgets_fit(384, 96, 208, 2), \"96 + 208\");\n"
+      "static_assert(!fj::register_budgets_fit(384, 40, 240, 2), \"40 + 240\");\n";
+  src.options = {"--std=c++17"};
+  src.headers = template_headers();
+  const std::string failures =
+      fusejit::test::compile_jobs({{"sm_90a", src}}, fusejit::test::Coverage::every);
   CHECK_MESSAGE(failures.empty(), failures);
 }
 
