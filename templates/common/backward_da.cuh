@@ -4,7 +4,7 @@
 //      = A dy + B c + C,  A = s g invstd, B = -A s invstd dgamma / m, C = -A dbeta / m.
 // Two fused multiply-adds per element, spelled out so the contraction does not depend on the
 // compiler. (A dX GEMM that formed da itself from this function in shared memory, for the same
-// bits, measured 1.6-2.1x slower than this pass plus the GEMM reading da: docs/performance.md.)
+// bits, measured 1.6-1.8x slower than this pass plus the GEMM reading da: docs/performance.md.)
 #pragma once
 
 namespace fj {

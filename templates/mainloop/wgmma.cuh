@@ -61,15 +61,6 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[R]) {
 
 // Per-warpgroup register budgets. The kernel starts with the cap __launch_bounds__(T, 1)
 // implies; the producer gives registers back so the consumers can hold large accumulators.
-// Whether a producer warpgroup at PRODUCER registers a thread and CONSUMERS warpgroups at CONSUMER
-// fit the registers a launch of THREADS threads, one CTA an SM, gives the CTA (ptxas's cap under
-// __launch_bounds__(THREADS, 1), a multiple of 8, for every thread): a setmaxnreg.inc beyond them
-// waits forever for registers no warpgroup gave back (a gradient GEMM at 96 + 208 hung).
-__host__ __device__ constexpr bool register_budgets_fit(int threads, int producer, int consumer,
-                                                        int consumers) {
-  return 128 * producer + 128 * consumers * consumer <= ((65536 / threads) & ~7) * threads;
-}
-
 template <int REGS>
 __device__ __forceinline__ void regs_release() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
@@ -77,6 +68,16 @@ __device__ __forceinline__ void regs_release() {
 template <int REGS>
 __device__ __forceinline__ void regs_acquire() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+
+// Whether a producer warpgroup at PRODUCER registers a thread and CONSUMERS warpgroups at CONSUMER
+// fit the registers a launch of THREADS threads, one CTA an SM, gives the CTA (ptxas's cap under
+// __launch_bounds__(THREADS, 1), a multiple of 8, for every thread; for more than 256 threads,
+// where that cap is below ptxas's 255): a setmaxnreg.inc beyond them waits forever for registers no
+// warpgroup gave back (a gradient GEMM at 96 + 208 hung).
+__host__ __device__ constexpr bool register_budgets_fit(int threads, int producer, int consumer,
+                                                        int consumers) {
+  return 128 * producer + 128 * consumers * consumer <= ((65536 / threads) & ~7) * threads;
 }
 
 // bar.sync on hardware barrier ID among COUNT threads (a multiple of 32): synchronizes a
