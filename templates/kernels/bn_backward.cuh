@@ -14,7 +14,6 @@
 // The reference beside it: verify/cpu_backward_reference.cpp computes the same quantities in
 // float64, straight from the formulas.
 #pragma once
-#include "common/backward_da.cuh"
 #include "common/backward_params.h"
 #include "common/backward_shape.h"
 #include "common/grid_dependency.cuh"
@@ -295,6 +294,17 @@ __device__ __forceinline__ void store_param(const BackwardParams& p, void* dst, 
   *e = from_float<P>(p.accumulate ? to_float(*e) + v : v);
 }
 
+// Train mode's da from one element of dy and of saved (c = a - mean_a), with the column's
+// coefficients {A, B, C, -} as bn_backward_coef writes them (BackwardParams::ws_coef):
+//   da = s dz = s g invstd (dy - dbeta / m - zh dgamma / m),  zh = s invstd c
+//      = A dy + B c + C,  A = s g invstd, B = -A s invstd dgamma / m, C = -A dbeta / m.
+// Two fused multiply-adds, spelled out so the contraction does not depend on the compiler. (A dX
+// GEMM that formed da itself with this function in shared memory, for the same bits, measured
+// 1.6-1.8x slower than this pass plus the GEMM reading da: docs/performance.md.)
+__device__ __forceinline__ float backward_da(const float4& k, float dy, float saved) {
+  return __fmaf_rn(k.x, dy, __fmaf_rn(k.y, saved, k.z));
+}
+
 // Train, pass 2: dbeta, dgamma, dscale and dbias, and the coefficients of da. dbias is 0: in train
 // mode y does not depend on the bias at all (the batch mean absorbs any shift of z, and the
 // variance ignores it), so its gradient is 0 exactly, which a sum of the M values of dz would only
@@ -320,7 +330,7 @@ __device__ void bn_backward_coef(const BackwardParams& p) {
   if constexpr (Spec::HAS_SCALE)
     store_param<P>(p, p.dscale, n, col.g * p.eps * invstd * invstd * invstd * t.y);
   if constexpr (Spec::HAS_BIAS) store_param<P>(p, p.dbias, n, 0.f);
-  // da's coefficients (common/backward_da.cuh).
+  // da's coefficients (backward_da).
   const float inv_m = 1.f / static_cast<float>(p.m);
   const float a = col.s * col.g * invstd;
   reinterpret_cast<float4*>(p.ws_coef)[n] =
@@ -328,7 +338,7 @@ __device__ void bn_backward_coef(const BackwardParams& p) {
 }
 
 // Train, pass 3 (launched only when dx or dW is wanted): da = s dz = s g invstd (dy - dbeta / m
-// - zh dgamma / m) (common/backward_da.cuh). Slabs from the bottom up: fj_bwd_reduce read dy and
+// - zh dgamma / m) (backward_da). Slabs from the bottom up: fj_bwd_reduce read dy and
 // saved from the top down, so the last slabs it read are the likeliest to still be in L2 when this
 // pass starts; and the rows of da this pass writes last, the top ones, are the ones the dX GEMM's
 // raster reads first.
