@@ -18,14 +18,18 @@
 //    mbarrier; nobody touches a counter before. Zeroed in the kernel rather than by a memset
 //    per run: callers pass workspaces fresh from their allocators.
 //  - a stored tile: each consumer warp arrives on Shared::stored (release, CTA scope; TMA stores
-//    written and fenced first); the apply leader adds the CTA's stored tiles to their panels'
-//    counts (acq_rel, GPU scope).
-//  - one queue of items, claimed in order with an atomic add: per panel, kStrips merge strips of
-//    32 columns (runnable when the panel's count is complete; a team merges the strip's columns
-//    and counts the strip) and then one apply unit per row tile (runnable when every strip of
-//    the panel is counted). The last strip merged bumps num_batches_tracked (every merge read
-//    it before). The apply leader never waits on one thing: it counts its CTA's tiles while a
-//    claimed item waits, so no claim can hold up the tiles it waits for.
+//    written and fenced first, a few k-slices into the next tile's mainloop); the apply leader
+//    adds the CTA's stored tiles to their panels' counts (acq_rel, GPU scope), also while its
+//    team runs an item.
+//  - one queue of items in order: per panel, kStrips merge strips of 32 columns (runnable when
+//    the panel's count is complete; a team merges the strip's columns and counts the strip) and
+//    then one apply unit per row tile (runnable when every strip of the panel is counted). The
+//    last strip merged bumps num_batches_tracked (every merge read it before).
+//  - the apply leader claims the queue's head only once it is runnable (compare-and-swap), so
+//    its team never holds an item that waits; it leaves when its CTA's tiles are all counted,
+//    which is when its consumers join. The consumers claim with an atomic add and wait for
+//    their item: only tile counts and earlier items, all claimed by teams that run them, can
+//    hold it up.
 #pragma once
 #include "common/column_stats.h"
 #include "common/grid_barrier.cuh"
@@ -87,17 +91,36 @@ struct OverlapApplyOps {
   static_assert(32 % kGroups == 0, "overlap_apply: a column's groups share a warp");
   using Counters = OverlapCounters<kColTiles>;
 
+  // The apply warps' rows travel by bulk copies (apply_tile_bulk): per warp kSlotsPerWarp slots
+  // of kSlotBytes, a tile row (or several) each. 6 KiB is what the 128x256 tiles' four stages
+  // leave of 227 KiB; KernelConfig::why_invalid refuses configs they do not fit.
+  static constexpr int kApplyWarps = 3, kSlotsPerWarp = 2, kSlotBytes = 1024;
+  static constexpr int kRowBytes = BN * static_cast<int>(sizeof(T));
+  static constexpr bool kBulkRows = kRowBytes <= kSlotBytes && kSlotBytes % kRowBytes == 0;
+  static constexpr int kSlotRows = kBulkRows ? kSlotBytes / kRowBytes : 1;
+
   // What the kernel's SharedStorage holds for this (sizeof: KernelConfig::smem_bytes adds it).
   struct alignas(16) Shared {
+    char slot[kApplyWarps][kSlotsPerWarp][kSlotBytes];
+    MbarrierSlot slot_full[kApplyWarps][kSlotsPerWarp];  // a slot's rows have landed
+    unsigned slot_loads[kApplyWarps];  // fills each warp has issued: its slots' phases
     MbarrierSlot ready;  // the counters are zeroed (one arrival: this CTA's apply leader)
     unsigned stored;     // consumer warps' arrivals, one per warp and stored tile
     int task;            // the apply warps' next item (their leader's pick), -1: done
     int tail_item;       // the item the consumers' tail claimed
     // The apply leader's state, here rather than in registers (the apply warps have 56):
     int counted;  // this CTA's tiles counted so far
-    int claimed;  // the claimed item not yet run; -1 none; -2 none left to claim
   };
-  static_assert(sizeof(Shared) == 32, "overlap_apply: KernelConfig::smem_bytes counts 32 bytes");
+  static_assert(sizeof(Shared) == 6240,
+                "overlap_apply: KernelConfig::smem_bytes counts 6240 bytes");
+
+  // The kernel's first thread, with the other barriers: the slots' barriers and counts.
+  __device__ static void init_slots(Shared& sh) {
+    for (int w = 0; w < kApplyWarps; ++w) {
+      sh.slot_loads[w] = 0u;
+      for (int i = 0; i < kSlotsPerWarp; ++i) mbar_init(shared_addr(&sh.slot_full[w][i]), 1u);
+    }
+  }
 
   __device__ __forceinline__ static Counters counters(const Params& p) { return {p.ws_overlap}; }
 
@@ -121,53 +144,44 @@ struct OverlapApplyOps {
     if (tid % 32 == 0) {
       if constexpr (TMA_STORE) {
         bulk_wait<0>();
-        asm volatile("fence.proxy.async.global;" ::: "memory");
+        fence_async_global();
       }
       asm volatile("red.release.cta.shared::cta.add.u32 [%0], 1;" ::"r"(shared_addr(&sh.stored))
                    : "memory");
     }
   }
 
-  // The producer warpgroup's warps 1-3 (THREADS threads from tid 0, barrier BAR) until the queue
-  // is empty and every tile of this CTA counted. The leader counts the CTA's stored tiles
-  // (TILE_WARPS arrivals each; `panel_of(k)` is the column tile of its k-th of `own_tiles`
-  // tiles), claims the next item and hands it to the team once runnable, and otherwise waits a
-  // little, never on one thing (see the header).
+  // The producer warpgroup's warps 1-3 (THREADS threads from tid 0, barrier BAR) until every
+  // tile of this CTA is counted. The leader counts the CTA's stored tiles (TILE_WARPS arrivals
+  // each; `panel_of(k)` is the column tile of its k-th of `own_tiles` tiles), claims the queue's
+  // head when it can run and hands it to the team, and otherwise waits a little (see the header).
   template <int THREADS, int BAR, int IN_FLIGHT, int TILE_WARPS, class PanelOf>
   __device__ static void apply_warps(const Params& p, Shared& sh, PanelOf panel_of, int own_tiles,
                                      int tid) {
     const Counters ctr = counters(p);
     const int row_tiles = row_tiles_of<Spec>(p);
     const int items = queue_items(row_tiles);
-    if (tid == 0) sh.counted = 0, sh.claimed = -1;
+    if (tid == 0) sh.counted = 0;
     for (;;) {
       sync<BAR, THREADS>();  // the team has read the previous item (and run it)
       if (tid == 0) {
         int task = -1;
         for (;;) {
-          unsigned arrivals;
-          asm volatile("ld.acquire.cta.shared::cta.u32 %0, [%1];"
-                       : "=r"(arrivals)
-                       : "r"(shared_addr(&sh.stored))
-                       : "memory");
-          const int counted = sh.counted;
-          if (counted < own_tiles &&
-              arrivals >= static_cast<unsigned>((counted + 1) * TILE_WARPS)) {
-            sh.counted = counted + 1;
-            atom_add_acq_rel_gpu(ctr.tiles_done(panel_of(counted)), 1u);
+          count_stored<TILE_WARPS>(sh, ctr, panel_of, own_tiles);
+          // Every tile of this CTA counted: its consumers are in the queue, with far more bytes
+          // in flight than these warps, so what is left is theirs.
+          if (sh.counted == own_tiles) break;
+          // The queue's next item, claimed only once it can run: a claim that waited would run
+          // late, here, instead of by the consumers that are free by then.
+          const int i = static_cast<int>(*reinterpret_cast<volatile unsigned*>(ctr.next_item()));
+          if (i < items && runnable(ctr, i, row_tiles)) {
+            if (atomicCAS(ctr.next_item(), static_cast<unsigned>(i),
+                          static_cast<unsigned>(i + 1)) == static_cast<unsigned>(i)) {
+              task = i;
+              break;
+            }
             continue;
           }
-          int claimed = sh.claimed;
-          if (claimed == -1) {
-            const int i = static_cast<int>(atomicAdd(ctr.next_item(), 1u));
-            claimed = sh.claimed = i < items ? i : -2;
-          }
-          if (claimed >= 0 && runnable(ctr, claimed, row_tiles)) {
-            task = claimed;
-            sh.claimed = -1;
-            break;
-          }
-          if (claimed == -2 && counted == own_tiles) break;  // done
           __nanosleep(128);
         }
         sh.task = task;
@@ -175,7 +189,11 @@ struct OverlapApplyOps {
       sync<BAR, THREADS>();
       const int task = sh.task;
       if (task < 0) return;
-      run_item<THREADS, BAR, IN_FLIGHT>(p, task, row_tiles, tid);
+      // The leader keeps counting while its team runs the item: a tile left uncounted holds up
+      // its panel's merges and applies on every CTA.
+      run_item<THREADS, BAR, IN_FLIGHT, true>(p, sh, task, row_tiles, tid, [&] {
+        count_stored<TILE_WARPS>(sh, ctr, panel_of, own_tiles);
+      });
     }
   }
 
@@ -200,11 +218,30 @@ struct OverlapApplyOps {
       sync<BAR, THREADS>();
       const int i = sh.tail_item;
       if (i < 0) return;
-      run_item<THREADS, BAR, IN_FLIGHT>(p, i, row_tiles, tid);
+      run_item<THREADS, BAR, IN_FLIGHT, false>(p, sh, i, row_tiles, tid, [] {});
     }
   }
 
  private:
+  // The apply leader: counts every stored tile of its CTA that has arrived (TILE_WARPS arrivals
+  // each) into its panel's count; `panel_of(k)` is the column tile of its k-th of `own_tiles`.
+  template <int TILE_WARPS, class PanelOf>
+  __device__ __forceinline__ static void count_stored(Shared& sh, const Counters& ctr,
+                                                      PanelOf panel_of, int own_tiles) {
+    for (;;) {
+      unsigned arrivals;
+      asm volatile("ld.acquire.cta.shared::cta.u32 %0, [%1];"
+                   : "=r"(arrivals)
+                   : "r"(shared_addr(&sh.stored))
+                   : "memory");
+      const int counted = sh.counted;
+      if (counted >= own_tiles || arrivals < static_cast<unsigned>((counted + 1) * TILE_WARPS))
+        return;
+      sh.counted = counted + 1;
+      atom_add_acq_rel_gpu(ctr.tiles_done(panel_of(counted)), 1u);
+    }
+  }
+
   template <int BAR, int COUNT>
   __device__ __forceinline__ static void sync() {
     asm volatile("bar.sync %0, %1;\n" ::"n"(BAR), "n"(COUNT) : "memory");
@@ -231,11 +268,17 @@ struct OverlapApplyOps {
                     : ld_acquire_gpu(ctr.strips_done(it.panel)) == static_cast<unsigned>(kStrips);
   }
 
-  template <int THREADS, int BAR, int IN_FLIGHT>
-  __device__ __forceinline__ static void run_item(const Params& p, int i, int row_tiles, int tid) {
+  // BULK: the apply warps, whose rows go through their slots (apply_tile_bulk) where it can.
+  // `poll`: what the team's first thread does between a bulk apply's slot fills.
+  template <int THREADS, int BAR, int IN_FLIGHT, bool BULK, class Poll>
+  __device__ __forceinline__ static void run_item(const Params& p, Shared& sh, int i, int row_tiles,
+                                                  int tid, Poll poll) {
     const Item it = item(i, row_tiles);
     if (it.merge) {
       merge_strip<THREADS, BAR>(p, it.panel, it.index, tid);
+    } else if (BULK && bulk_rows(p, it.panel)) {
+      static_assert(!BULK || THREADS == 32 * kApplyWarps, "overlap_apply: a slot pair per warp");
+      apply_tile_bulk(p, sh, it.panel, it.index, tid, poll);
     } else {
       apply_tile<THREADS, IN_FLIGHT>(p, it.panel, it.index, tid);
     }
@@ -303,6 +346,126 @@ struct OverlapApplyOps {
     }
   }
 
+  // y = a d + b of column n in row tile `row`: bn_apply's A and B' = A tile_mean + B, the same
+  // expressions (hence bits); 0 past N.
+  __device__ __forceinline__ static void unit_affine(const Params& p, int row, int n, int n_here,
+                                                     float (&a)[kVec], float (&b)[kVec]) {
+    const float4* coef = reinterpret_cast<const float4*>(p.ws_coef);
+    const float2* tile_stats =
+        reinterpret_cast<const float2*>(p.ws_partials) + static_cast<long long>(row) * Spec::N;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      a[j] = b[j] = 0.f;
+      if (j < n_here) {
+        const float4 abm = coef[n + j];
+        a[j] = abm.x;
+        b[j] = abm.x * tile_stats[n + j].x + abm.y;
+      }
+    }
+  }
+
+  // Whether panel's rows can go through the slots: whole 16-byte units (a bulk copy's size
+  // granule; y's rows are 16-byte aligned, Spec::VEC_BYTES), and no `saved`, which the register
+  // path writes from the same d in a pass of its own.
+  __device__ __forceinline__ static bool bulk_rows(const Params& p, int panel) {
+    if constexpr (!kBulkRows) {
+      return false;
+    } else {
+      const int cols = min(BN, Spec::N - panel * BN);
+      return !p.saved && (cols * static_cast<int>(sizeof(T))) % 16 == 0;
+    }
+  }
+
+  // apply_tile for the apply warps: rows reach shared memory by bulk copies instead of
+  // registers. Why: the apply warps have 56 registers, which left a 16-byte unit of one row in
+  // flight per thread, 1-1.5 KiB per SM: far too few bytes for DRAM's latency, so the applies
+  // fell behind the panels and ended up in the tail (docs/performance.md, "The apply warps' rows
+  // by bulk copies"). A slot in flight costs no registers: each warp's other slot loads while
+  // it rewrites the rows of the one that landed, up to 6 KiB per SM. Warp w takes slot fills
+  // w, w + 3, ... of the tile (kSlotRows rows each); lane l rewrites the slot's 16-byte units l
+  // and l + 32 (kSlotBytes = 64 units) and stores them itself, so a slot is free again once the
+  // warp has read it.
+  template <class Poll>
+  __device__ static void apply_tile_bulk(const Params& p, Shared& sh, int panel, int row, int tid,
+                                         Poll poll) {
+    constexpr int kUnits = kSlotBytes / 16, kRowUnits = kRowBytes / 16;
+    static_assert(kUnits == 64, "overlap_apply: a lane rewrites two units of a slot");
+    const int warp = tid / 32, lane = tid % 32;
+    const int n0 = panel * BN, m0 = row * BM;
+    const int rows = min(BM, rows_of<Spec>(p) - m0);
+    const int cols = min(BN, Spec::N - n0);
+    const unsigned row_bytes = static_cast<unsigned>(cols) * sizeof(T);
+    const int fills = (rows + kSlotRows - 1) / kSlotRows;
+    T* y = static_cast<T*>(p.y) + static_cast<long long>(m0) * Spec::LDY + n0;
+    // Unit u of a slot is row u / kRowUnits of the fill, columns (u % kRowUnits) kVec + [0, kVec).
+    // When a row is at most 32 units, a lane's two units share their columns.
+    constexpr bool kSameCols = 32 % kRowUnits == 0;
+    const int c0 = (lane % kRowUnits) * kVec, c1 = ((lane + 32) % kRowUnits) * kVec;
+    float a0[kVec], b0[kVec];
+    unit_affine(p, row, n0 + c0, min(kVec, cols - c0), a0, b0);
+    float a1[kSameCols ? 1 : kVec], b1[kSameCols ? 1 : kVec];
+    if constexpr (!kSameCols) unit_affine(p, row, n0 + c1, min(kVec, cols - c1), a1, b1);
+
+    const unsigned slots = shared_addr(&sh.slot[warp][0][0]);
+    const unsigned bars = shared_addr(&sh.slot_full[warp][0]);
+    unsigned done = sh.slot_loads[warp];  // fills this warp has waited for, over all tiles
+    unsigned issued = done;
+    int next = warp;  // the next fill to issue
+    // The panel's stores (other CTAs' TMA stores included) were acquired in the generic proxy.
+    if (lane == 0) fence_async_global();
+    auto issue = [&]() {
+      if (lane == 0) {
+        const unsigned slot = issued % kSlotsPerWarp;
+        const unsigned bar = bars + slot * static_cast<unsigned>(sizeof(MbarrierSlot));
+        const int r0 = next * kSlotRows;
+        const int n = min(kSlotRows, rows - r0);
+        mbar_arrive_expect_tx(bar, static_cast<unsigned>(n) * row_bytes);
+        for (int r = 0; r < n; ++r)
+          bulk_load_1d(slots + slot * kSlotBytes + r * kRowBytes,
+                       y + static_cast<long long>(r0 + r) * Spec::LDY, row_bytes, bar);
+      }
+      ++issued;
+      next += kApplyWarps;
+    };
+    for (int i = 0; i < kSlotsPerWarp && next < fills; ++i) issue();
+    for (int f = warp; f < fills; f += kApplyWarps, ++done) {
+      const unsigned slot = done % kSlotsPerWarp;
+      mbar_wait(bars + slot * static_cast<unsigned>(sizeof(MbarrierSlot)),
+                (done / kSlotsPerWarp) & 1u);
+      const char* src = sh.slot[warp][slot];
+      const int r0 = f * kSlotRows;
+      // One unit at a time (56 registers); the slot is refilled once both are read.
+      const int ra = r0 + lane / kRowUnits;
+      if (ra < rows && c0 < cols) {
+        Packed<T, kVec> d;
+        d.load(reinterpret_cast<const T*>(src + 16 * lane));
+        float v[kVec];
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) v[j] = a0[j] * d.get(j) + b0[j];
+        store_vec<T, kVec>(y + static_cast<long long>(ra) * Spec::LDY + c0, v);
+      }
+      const int rb = r0 + (lane + 32) / kRowUnits;
+      if (rb < rows && c1 < cols) {
+        Packed<T, kVec> d;
+        d.load(reinterpret_cast<const T*>(src + 16 * (lane + 32)));
+        float v[kVec];
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          if constexpr (kSameCols)
+            v[j] = a0[j] * d.get(j) + b0[j];
+          else
+            v[j] = a1[j] * d.get(j) + b1[j];
+        }
+        store_vec<T, kVec>(y + static_cast<long long>(rb) * Spec::LDY + c1, v);
+      }
+      __syncwarp();  // every lane has read the slot: refill it
+      if (next < fills) issue();
+      if (tid == 0) poll();
+    }
+    __syncwarp();
+    if (lane == 0) sh.slot_loads[warp] = done;
+  }
+
   // Tile (row tile `row`, column tile `panel`) of y: d -> A d + (A tile_mean + B), and `saved`
   // c = d + (tile_mean - mean_a): bn_apply's expressions, hence its bits. A thread keeps one
   // 16-byte column unit and walks rows; `saved` goes first, in a pass of its own (it needs d,
@@ -333,15 +496,7 @@ struct OverlapApplyOps {
                                    [&](int j, float d) { return d + off[j]; });
     }
     float a[kVec], b[kVec];
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      a[j] = b[j] = 0.f;
-      if (j < n_here) {
-        const float4 abm = coef[n + j];
-        a[j] = abm.x;
-        b[j] = abm.x * tile_stats[n + j].x + abm.y;
-      }
-    }
+    unit_affine(p, row, n, n_here, a, b);
     rewrite<IN_FLIGHT, kRowStep>(y, y, rows, r0, n_here,
                                  [&](int j, float d) { return a[j] * d + b[j]; });
   }

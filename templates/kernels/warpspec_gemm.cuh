@@ -161,6 +161,9 @@ struct WarpspecGemm {
   static constexpr int kASlab = BM * 128;  // bytes of one K slab of the x tile
   static constexpr int kBSlab = BN * 128;
   static constexpr int kKTiles = (Spec::K + BK - 1) / BK;
+  // overlap_apply with TMA stores: the k-slice of a tile's mainloop at which the previous tile's
+  // stores are counted (a few slices after they were issued, so they have landed).
+  static constexpr int kCountAtSlice = kKTiles > 4 ? 4 : kKTiles - 1;
   static constexpr int kWBoxRows = BN / CLUSTER;  // rows of W one CTA's TMA box covers
 
   static constexpr int kColTiles = (Spec::N + BN - 1) / BN;
@@ -289,6 +292,8 @@ struct WarpspecGemm {
   // overlap_apply: the apply warps hold a 16-byte column unit's coefficients and a row, and the
   // queue's bookkeeping, which do not fit 40 registers (ptxas spilled 140 bytes); the consumers
   // fit 224 without spills at 128x256, and 128 x 56 + 256 x 224 is the same 64512 registers.
+  // The apply warps' bulk path (two units' coefficients) spills 4 bytes at tf32 and 12 at bf16
+  // (ptxas, 128x256); 64 + 216 would not, but would take the registers from the consumers.
   static constexpr int kProducerRegs = kOverlap ? 56 : 40;
   static constexpr int kConsumerRegs = kOverlap ? 224 : 232;
   static_assert(CONSUMERS == 1 ||
@@ -329,6 +334,7 @@ struct WarpspecGemm {
       if constexpr (kOverlap) {
         c.overlap_ready.init(1);
         c.s.overlap.stored = 0u;
+        Overlap::init_slots(c.s.overlap);
       }
       for (int b = 0; b < 2; ++b) {
         c.coef_full[b].init(32);            // every lane of the coefficient warp
@@ -558,7 +564,8 @@ struct WarpspecGemm {
     // turn[g] completes a phase each time the other group has issued a mainloop.
     const Mbarrier turn_mine = c.turn[group];
     const Mbarrier turn_other = c.turn[group ^ 1];
-    int loops = 0;  // mainloops this group ran
+    int loops = 0;           // mainloops this group ran
+    bool uncounted = false;  // overlap_apply, TMA stores: the last tile's stores not yet counted
     Acc acc;
     for (int ct = first_tile(); ct < c.cluster_tiles; ct += tile_stride(c), ++local) {
       if (kPingpong && (local & 1) != group) {
@@ -579,6 +586,16 @@ struct WarpspecGemm {
         split3_mainloop(c, slice, a_row0, ctid, acc);  // waits for every slice
       } else {
         for (int kt = 0; kt < kKTiles; ++kt, slice.advance()) {
+          // overlap_apply with TMA stores: the previous tile's stores have had a few slices'
+          // time to land. Counted now rather than at the next epilogue, a panel is complete when
+          // its last tile's wave ends, not a tile later (which left the last panels but one for
+          // the tail).
+          if constexpr (kOverlap && kTmaStore) {
+            if (uncounted && kt == kCountAtSlice) {
+              Overlap::template tile_stored<true>(c.s.overlap, etid);
+              uncounted = false;
+            }
+          }
           const unsigned i = slice.index();
           c.full[i].wait(slice.phase());
           const StageAddr stage = c.stage(i);
@@ -618,9 +635,10 @@ struct WarpspecGemm {
           c.coef_full[slot.buf].wait(slot.use & 1);
           coef = &c.s.coef[slot.buf][0][0];
         }
-        // overlap_apply with TMA stores: the previous tile is counted now, its stores long done.
+        // overlap_apply with TMA stores: the previous tile, if its mainloop did not count it.
         if constexpr (kOverlap && kTmaStore) {
-          if (p.overlap && runs > 0) Overlap::template tile_stored<true>(c.s.overlap, etid);
+          if (uncounted) Overlap::template tile_stored<true>(c.s.overlap, etid);
+          uncounted = false;
         }
         if (kPingpong && group == 1) {
           FragEpiOf<kPingpong ? 1 : 0>::run(p, acc, c.s.scratch.team[kPingpong ? 1 : 0], t.m0, t.n0,
@@ -628,6 +646,7 @@ struct WarpspecGemm {
         } else {
           FragEpi::run(p, acc, c.s.scratch.team[0], t.m0, t.n0, t.row, etid, coef, ty);
         }
+        if constexpr (kOverlap && kTmaStore) uncounted = p.overlap;
         if constexpr (kOverlap && !kTmaStore) {
           if (p.overlap) Overlap::template tile_stored<false>(c.s.overlap, etid);
         }
@@ -644,7 +663,7 @@ struct WarpspecGemm {
     }
     if constexpr (kFragment) FragEpi::drain(etid);
     if constexpr (kOverlap && kTmaStore) {
-      if (p.overlap && runs > 0) Overlap::template tile_stored<true>(c.s.overlap, etid);
+      if (uncounted) Overlap::template tile_stored<true>(c.s.overlap, etid);
     }
     // Single-pass train with a fixed momentum: nobody reads num_batches_tracked, so one thread
     // bumps it here (cumulative mode launches bump_batches after the GEMM instead).

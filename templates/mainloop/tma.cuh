@@ -46,6 +46,24 @@ __device__ __forceinline__ void tma_store_2d(const TmaDescriptor* map, unsigned 
       : "memory");
 }
 
+// `bytes` (a multiple of 16) of global memory at `src` (16-byte aligned) into this CTA's shared
+// memory at `dst`, completing `bytes` of transaction on the barrier at `bar`: a TMA copy that
+// needs no tensor map, for rows of a tensor whose shape the kernel knows.
+__device__ __forceinline__ void bulk_load_1d(unsigned dst, const void* src, unsigned bytes,
+                                             unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
+// Orders this thread's earlier generic-proxy accesses of global memory (e.g. an acquire that
+// says another CTA's stores are done) before its later async-proxy ones (a bulk load).
+__device__ __forceinline__ void fence_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
 __device__ __forceinline__ void bulk_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }

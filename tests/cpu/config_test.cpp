@@ -522,6 +522,13 @@ TEST_CASE(
           "warpspec.128x256x64.c2.s4.g4.cl1.p1.oa", "more rows than one tile");
   refused(problem(DType::tf32x3, Mode::train, 4096, 4096, 4096),
           "warpspec.128x128x32.c2.s3.g4.cl1.p1.oa", "tf32x3");
+  // The apply warps' 6 KiB of row slots fit beside four 48 KiB stages of 128x256 tiles with the
+  // TMA stores' boxes (exactly: 232448 bytes), not with the thread stores' larger staging.
+  CHECK(KernelConfig::parse("warpspec.128x256x64.c2.s4.g4.cl1.p1.ts.oa").smem_bytes(train) ==
+        232448);
+  CHECK(KernelConfig::parse("warpspec.128x256x32.c2.s4.g1.cl1.p1.ts.oa")
+            .valid_for(problem(DType::tf32, Mode::train, 4096, 4096, 4096), h100));
+  refused(train, "warpspec.128x256x64.c2.s4.g4.cl1.p1.oa", "above 227 KiB");
   // Measured slower than the two-pass schedule on H100 (docs/performance.md): not a candidate.
   for (const Problem& p : {train, problem(DType::bf16, Mode::train, 16384, 4096, 4096)})
     for (const KernelConfig& c : candidate_configs(p, h100)) CHECK(!c.overlap_apply);

@@ -149,8 +149,9 @@ int KernelConfig::smem_bytes(const Problem& p) const {
     const int epilogue = pingpong ? 2 * ((4 * bn + 2 * bn) * 4 + staging)
                                   : (4 * warps_m * bn + 2 * bn) * 4 + staging;
     const int coef = p.mode == Mode::eval ? 16 * bn : 0;
-    // overlap_apply: OverlapApplyOps::Shared (its barrier and claims) after the epilogue's.
-    const int overlap = overlap_apply ? 32 : 0;
+    // overlap_apply: OverlapApplyOps::Shared (the apply warps' six 1 KiB row slots and their
+    // barriers, its barrier and claims) after the epilogue's.
+    const int overlap = overlap_apply ? 6240 : 0;
     const int align = tma_store ? 1024 : 16;
     const int epi_offset = (ring + bars + align - 1) / align * align;
     const int storage = epi_offset + up16(epilogue) + coef + overlap;
