@@ -75,7 +75,9 @@ struct KernelConfig {
   // y while later panels are still multiplied (the consumers join after their last tile); a
   // cooperative launch, no fj_finalize or fj_apply unless the driver refuses it (then the
   // two-pass passes run). y, saved and the statistics are the two-pass schedule's bit for bit
-  // (key suffix ".oa"). Opt-in: measured slower than two-pass (docs/performance.md).
+  // (key suffix ".oa"). It takes 6 KiB of shared memory beside the stages (with 128x256 tiles,
+  // four stages fit only with TMA stores of y). Opt-in: measured slower than two-pass
+  // (docs/performance.md).
   bool overlap_apply = false;
 
   int threads() const;
