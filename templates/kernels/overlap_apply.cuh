@@ -92,8 +92,8 @@ struct OverlapApplyOps {
   using Counters = OverlapCounters<kColTiles>;
 
   // The apply warps' rows travel by bulk copies (apply_tile_bulk): per warp kSlotsPerWarp slots
-  // of kSlotBytes, a tile row (or several) each. 6 KiB is what the 128x256 tiles' four stages
-  // leave of 227 KiB; KernelConfig::why_invalid refuses configs they do not fit.
+  // of kSlotBytes, a tile row (or several) each. 6 KiB fits in the ~7 KiB that the 128x256
+  // tiles' four stages leave of 227 KiB; KernelConfig::why_invalid refuses configs it does not.
   static constexpr int kApplyWarps = 3, kSlotsPerWarp = 2, kSlotBytes = 1024;
   static constexpr int kRowBytes = BN * static_cast<int>(sizeof(T));
   static constexpr bool kBulkRows = kRowBytes <= kSlotBytes && kSlotBytes % kRowBytes == 0;
@@ -137,7 +137,7 @@ struct OverlapApplyOps {
   // arrival per warp on Shared::stored (release, CTA scope), which the apply leader turns into
   // the panel's count. TMA_STORE: the warp's stores of y must have been written, not only read
   // from shared memory, and ordered before the generic-proxy release; the kernel calls this for
-  // the previous tile at the start of the next epilogue, when they have had a mainloop's time.
+  // the previous tile a few k-slices into the next mainloop (WarpspecGemm::kCountAtSlice).
   template <bool TMA_STORE>
   __device__ __forceinline__ static void tile_stored(Shared& sh, int tid) {
     __syncwarp();
@@ -189,8 +189,8 @@ struct OverlapApplyOps {
       sync<BAR, THREADS>();
       const int task = sh.task;
       if (task < 0) return;
-      // The leader keeps counting while its team runs the item: a tile left uncounted holds up
-      // its panel's merges and applies on every CTA.
+      // The leader keeps counting between a bulk apply's fills (merges and the register path do
+      // not poll): a tile left uncounted holds up its panel's merges and applies on every CTA.
       run_item<THREADS, BAR, IN_FLIGHT, true>(p, sh, task, row_tiles, tid, [&] {
         count_stored<TILE_WARPS>(sh, ctr, panel_of, own_tiles);
       });

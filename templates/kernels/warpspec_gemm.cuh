@@ -292,7 +292,7 @@ struct WarpspecGemm {
   // overlap_apply: the apply warps hold a 16-byte column unit's coefficients and a row, and the
   // queue's bookkeeping, which do not fit 40 registers (ptxas spilled 140 bytes); the consumers
   // fit 224 without spills at 128x256, and 128 x 56 + 256 x 224 is the same 64512 registers.
-  // The apply warps' bulk path (two units' coefficients) spills 4 bytes at tf32 and 12 at bf16
+  // The apply warps' bulk path (16 floats of coefficients) spills 4 bytes at tf32 and 12 at bf16
   // (ptxas, 128x256); 64 + 216 would not, but would take the registers from the consumers.
   static constexpr int kProducerRegs = kOverlap ? 56 : 40;
   static constexpr int kConsumerRegs = kOverlap ? 224 : 232;
@@ -635,7 +635,9 @@ struct WarpspecGemm {
           c.coef_full[slot.buf].wait(slot.use & 1);
           coef = &c.s.coef[slot.buf][0][0];
         }
-        // overlap_apply with TMA stores: the previous tile, if its mainloop did not count it.
+        // overlap_apply with TMA stores: the previous tile, if its mainloop did not count it
+        // (never today: every mainloop reaches kCountAtSlice; kept so that one that did not
+        // still counts).
         if constexpr (kOverlap && kTmaStore) {
           if (uncounted) Overlap::template tile_stored<true>(c.s.overlap, etid);
           uncounted = false;
