@@ -19,8 +19,8 @@
 //    per run: callers pass workspaces fresh from their allocators.
 //  - a stored tile: each consumer warp arrives on Shared::stored (release, CTA scope; TMA stores
 //    written and fenced first, a few k-slices into the next tile's mainloop); the apply leader
-//    adds the CTA's stored tiles to their panels' counts (acq_rel, GPU scope), also while its
-//    team runs an item.
+//    adds the CTA's stored tiles to their panels' counts (acq_rel, GPU scope), also between
+//    its team's bulk fills.
 //  - one queue of items in order: per panel, kStrips merge strips of 32 columns (runnable when
 //    the panel's count is complete; a team merges the strip's columns and counts the strip) and
 //    then one apply unit per row tile (runnable when every strip of the panel is counted). The
