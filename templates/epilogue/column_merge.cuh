@@ -14,26 +14,30 @@ namespace fj {
 
 template <class Spec>
 struct FinalizeShape {
-  static constexpr int kCols = 32;
-  // Narrow layers (N < 1024: fewer than 32 blocks) take 32 groups instead of 8, so that a
-  // thread's chain of dependent merges over many row tiles is 4x shorter (65536x256x64 has 512
-  // row tiles on 8 blocks). Not timed on its own: two device calls before and after measured
-  // 0.0515 and 0.0483 ms for the whole two-pass train op there (docs/performance.md), which
-  // calls' drift could also explain.
-  static constexpr int kGroups = (Spec::N + kCols - 1) / kCols < 32 ? 32 : 8;
+  // Narrow layers (N < 1024: fewer than 32 blocks of 32 columns) take 32 groups instead of 8, so
+  // that a thread's chain of dependent merges over many row tiles is 4x shorter (65536x256x64
+  // has 512 row tiles), and blocks of 8 columns instead of 32, so that the merges spread over
+  // 4x the SMs: with 8 blocks of 1,024 threads at 65536x256x64 bf16, fj_finalize issued ~17,000
+  // warp instructions on each of its 8 SMs and took 8.7 us; with 32 blocks (and merge_row_tiles'
+  // loads 8 deep) 7.6 us (ncu on H200, one call). The groups set the merge order (and so the
+  // bits); the column count per block does not.
+  static constexpr bool kNarrow = (Spec::N + 31) / 32 < 32;
+  static constexpr int kCols = kNarrow ? 8 : 32;
+  static constexpr int kGroups = kNarrow ? 32 : 8;
   static constexpr int kThreads = kCols * kGroups;
   static constexpr int kGridX = (Spec::N + kCols - 1) / kCols;
 };
 
 // Chan-merges column n's partials of row tiles first, first + step, ... into (cnt, mean, m2).
-// The loads of UNROLL tiles go out before their merges, so a thread waits on memory once per
-// UNROLL tiles rather than once per tile.
+// The loads of kUnroll tiles go out before their merges, so a thread waits on memory once per
+// kUnroll tiles rather than once per tile: twice for the 16 tiles of a narrow layer's group at
+// 65536 rows.
 template <class Spec>
 __device__ __forceinline__ void merge_row_tiles(const Params& p, int n, int first, int step,
                                                 float& cnt, float& mean, float& m2) {
   const int m = rows_of<Spec>(p);
   const int row_tiles = row_tiles_of<Spec>(p);
-  constexpr int kUnroll = 4;
+  constexpr int kUnroll = 8;
   const float2* partials = reinterpret_cast<const float2*>(p.ws_partials);
   for (int t0 = first; t0 < row_tiles; t0 += kUnroll * step) {
     float2 pm[kUnroll];

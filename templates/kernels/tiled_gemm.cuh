@@ -89,6 +89,9 @@ struct TiledGemm {
   template <int NT>
   __device__ static void finish(const Params& p, char* smem, int linear) {
     const auto t = raster(p).tile(linear);
+    // Recompute's affine pass is a programmatic dependent launch of fj_finalize: its mainloop
+    // (x and W only) may run beside the finalize; its coefficients and the counter may not.
+    if constexpr (WsAffine<Spec>::value) wait_for_prior_grid();
     BnEpilogue<Spec, NT>::run(p, Tile{reinterpret_cast<float*>(smem)},
                               reinterpret_cast<float*>(smem + Tile::kBytes), t.row * Spec::BM,
                               t.col * Spec::BN, t.row, threadIdx.x, CtaBarrier{});

@@ -47,6 +47,7 @@
 //   block.x = THREADS, dynamic shared memory = kSmemBytes, cluster (CLUSTER_M, 1, 1) when > 1.
 // With CLUSTER_M = 1 that is the plain "one CTA per tile" (or min(tiles, sm_count)) grid.
 #pragma once
+#include "common/grid_dependency.cuh"
 #include "common/limits.h"
 #include "common/math_kind.cuh"
 #include "common/mma.cuh"
@@ -355,7 +356,10 @@ struct WarpspecGemm {
       if (threadIdx.x == 0) {
         produce(tx, tw, c);
       } else if (threadIdx.x / 32 == 1) {
-        if constexpr (kCoefWarp) coefficients(p, c, threadIdx.x % 32);
+        if constexpr (kCoefWarp) {
+          if constexpr (WsAffine<Spec>::value) wait_for_prior_grid();  // see consume()
+          coefficients(p, c, threadIdx.x % 32);
+        }
       } else if (threadIdx.x >= 128 - kSplitters) {
         if constexpr (kSplit3) split_ring(c, threadIdx.x - (128 - kSplitters));
       }
@@ -628,6 +632,12 @@ struct WarpspecGemm {
 
       // A CTA of the last cluster row may sit past M when row_tiles is odd: it only fed W.
       if (CLUSTER > 1 && t.m0 >= c.m) continue;
+      // Recompute's affine pass is a programmatic dependent launch of fj_finalize, which lets it
+      // start at once: its producer and mainloops (x and W only) run beside the finalize, and
+      // the consumers wait for it here, before the first epilogue reads its coefficients.
+      if constexpr (WsAffine<Spec>::value) {
+        if (runs == 0) wait_for_prior_grid();
+      }
       if constexpr (kFragment) {
         const CoefSlot slot = coef_slot(local, runs, runs);
         const float* coef = nullptr;
@@ -675,8 +685,12 @@ struct WarpspecGemm {
     if constexpr ((Spec::TRAIN && Spec::SINGLE_PASS && !Spec::CUMULATIVE) ||
                   WsAffine<Spec>::value || GridSync<Spec>::value) {
       const bool bumps = !GridSync<Spec>::value || p.grid_sync;
-      if (bumps && blockIdx.x == 0 && ctid == 0 && p.num_batches_tracked)
+      if (bumps && blockIdx.x == 0 && ctid == 0 && p.num_batches_tracked) {
+        // The affine pass: after fj_finalize, which reads the counter (a CTA whose tiles all
+        // sat past M has not waited yet).
+        if constexpr (WsAffine<Spec>::value) wait_for_prior_grid();
         *p.num_batches_tracked += 1;
+      }
     }
   }
 

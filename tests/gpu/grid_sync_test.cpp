@@ -11,6 +11,8 @@
 //    the barrier every CTA read it before);
 //  - strided x, columns whose mean is far above their spread, and two resident plans on two
 //    streams at once.
+// And recompute's own kernels: its affine pass, a programmatic dependent launch of fj_finalize,
+// reads only its own run's coefficients when runs follow each other on one workspace.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -251,5 +253,43 @@ TEST_CASE("grid_sync: resident runs on two streams at once each meet only their 
     sb.synchronize();
     CHECK(first_different_output(da.download(), alone_a.out) == "");
     CHECK(first_different_output(db.download(), alone_b.out) == "");
+  }
+}
+
+TEST_CASE(
+    "recompute: back-to-back runs on one workspace each normalize with their own statistics") {
+  // fj_gemm_affine is a programmatic dependent launch of fj_finalize, which lets it start at
+  // once: its mainloops run beside the finalize, and it must wait for it before reading the
+  // coefficients. Two runs of different data, queued back to back on one stream and one
+  // workspace, would show an affine pass that did not wait: the second run's would read the
+  // first run's coefficients, still in the workspace. Both runs must give what each gives alone.
+  const SweepCase a = parse_sweep_line("8192x256x64 bf16 train");
+  const SweepCase b = parse_sweep_line("8192x256x64 bf16 train non_centred");
+  const CaseInputs in_a = make_case_inputs(a), in_b = make_case_inputs(b);
+  std::vector<const char*> keys = {"tiled.64x64x64.w2x2.s3.g8.rc"};
+  if (on_hopper()) {
+    keys.push_back("warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc");
+    keys.push_back("warpspec.128x128x64.c2.s5.g8.cl2.p1.ts.rc");  // cluster and dependent launch
+  }
+  for (const char* key : keys) {
+    CAPTURE(key);
+    const Plan plan = forced_plan(a.problem, KernelConfig::parse(key));
+    const Outcome alone_a = run_rows(plan, in_a, a.problem.M, true);
+    const Outcome alone_b = run_rows(plan, in_b, b.problem.M, true);
+    REQUIRE(alone_a.coef_written);
+    // Different statistics, so reading the other run's coefficients would change y.
+    REQUIRE(first_different_output(alone_a.out, alone_b.out) != "");
+    DeviceBuffer ws(plan.workspace_size());
+    ws.fill_bytes(0xFF);
+    const Stream st;
+    for (int i = 0; i < 10; ++i) {
+      CAPTURE(i);
+      DeviceCase da(in_a, true), db(in_b, true);
+      plan.run(st, da.tensors(), ws.get(), plan.workspace_size());
+      plan.run(st, db.tensors(), ws.get(), plan.workspace_size());
+      st.synchronize();
+      CHECK(first_different_output(da.download(), alone_a.out) == "");
+      CHECK(first_different_output(db.download(), alone_b.out) == "");
+    }
   }
 }

@@ -54,8 +54,8 @@ KernelSchedule schedule_flags(const Problem& p, const KernelConfig& c, std::int6
   s.fold_finalize = !s.single_pass && !c.recompute && (rows + c.bm - 1) / c.bm <= kFoldMaxRowTiles;
   s.finalize = !s.single_pass && !s.fold_finalize;
   s.apply = !s.single_pass && !c.recompute;
-  // The affine GEMM is an ordinary launch after fj_finalize, the last reader of the counter, so
-  // it bumps it itself.
+  // The affine GEMM runs after fj_finalize, the last reader of the counter (a dependent launch
+  // that waits for the finalize before it bumps), so it bumps it itself.
   s.affine = !s.single_pass && c.recompute;
   const std::int64_t tiles = (rows + c.bm - 1) / c.bm * ((p.N + c.bn - 1) / c.bn);
   if (s.affine && c.grid_sync && tiles <= static_cast<std::int64_t>(resident_tiles)) {

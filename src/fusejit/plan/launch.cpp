@@ -225,9 +225,18 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
     gemm_tensors.x = ws + shape.workspace.padded_x_offset;
   }
   // fj_gemm, or recompute's fj_gemm_affine: the same grid, x, W and y (tensor maps included).
-  auto gemm = [&](CUfunction f, int smem_bytes, const char* name) {
+  // `dependent_what` (non-null): a programmatic dependent launch (sm_90+), which the kernel
+  // waits out itself; the string names the call in an error.
+  auto gemm = [&](CUfunction f, int smem_bytes, const char* name,
+                  const char* dependent_what = nullptr) {
     if (c.config.variant == Variant::warpspec) {
-      launch_warpspec(c, shape, stream, prm, gemm_tensors, cache, f, smem_bytes, name);
+      launch_warpspec(c, shape, stream, prm, gemm_tensors, cache, f, smem_bytes, name, false,
+                      dependent_what != nullptr);
+      return;
+    }
+    if (dependent_what) {
+      launch_dependent(c.device, f, shape.gemm_grid, shape.gemm_splits, threads,
+                       static_cast<unsigned>(smem_bytes), stream, args, dependent_what);
       return;
     }
     const CUresult r = d.cuLaunchKernel(f, shape.gemm_grid, shape.gemm_splits, 1, threads, 1, 1,
@@ -285,9 +294,13 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   if (finalize)
     dependent(c.finalize, c.finalize_shape.grid_x, c.finalize_shape.threads,
               "cuLaunchKernelEx(fj_finalize)");
-  // An ordinary launch: the GEMM's CTAs must not take SMs while waiting for the finalize, and
-  // in stream order it is the counter's last reader's successor (it bumps it).
-  if (affine) gemm(c.gemm_affine, c.gemm_affine_smem_bytes, "fj_gemm_affine");
+  // A programmatic dependent launch: fj_finalize lets it start at once, so its CTAs take the SMs
+  // the finalize's few blocks leave idle and run their loads and mainloops there; they wait for
+  // the finalize before their epilogues read its coefficients, and before one of them bumps the
+  // counter, which the finalize reads.
+  if (affine)
+    gemm(c.gemm_affine, c.gemm_affine_smem_bytes, "fj_gemm_affine",
+         "cuLaunchKernelEx(fj_gemm_affine)");
   if (apply) dependent(apply, apply_blocks, c.apply_shape.threads, "cuLaunchKernelEx(fj_apply)");
   if (shape.bump) dependent(c.bump, 1, 1, "cuLaunchKernelEx(fj_bump)");
 }

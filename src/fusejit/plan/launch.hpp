@@ -123,9 +123,12 @@ void launch(const PlanCore&, const RunShape& shape, CUstream stream, const Tenso
 // `gemm`/`smem_bytes`/`name`: fj_gemm's, or (recompute) fj_gemm_affine's, on the same tensor
 // maps. `cooperative` (grid_sync, overlap_apply): a cooperative launch; false when the driver
 // refuses it as too large for the device as it is now (nothing enqueued: the caller falls back),
-// true when launched. Every other failure throws.
+// true when launched. `dependent` (recompute's fj_gemm_affine): a programmatic dependent launch
+// on sm_90+, which the kernel waits out before it reads the previous kernel's results. Every
+// other failure throws.
 bool launch_warpspec(const PlanCore&, const RunShape& shape, CUstream stream,
                      const fj::Params& params, const Tensors&, RunCache* cache, CUfunction gemm,
-                     int smem_bytes, const char* name, bool cooperative = false);
+                     int smem_bytes, const char* name, bool cooperative = false,
+                     bool dependent = false);
 
 }  // namespace fusejit

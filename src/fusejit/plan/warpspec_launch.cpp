@@ -9,7 +9,7 @@ namespace fusejit {
 
 bool launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
                      const fj::Params& params, const Tensors& t, RunCache* cache, CUfunction gemm,
-                     int smem_bytes, const char* name, bool cooperative) {
+                     int smem_bytes, const char* name, bool cooperative, bool dependent) {
   WarpspecTensorMaps fresh;
   const WarpspecTensorMaps* maps = &fresh;
   // The cache is taken only when free: a concurrent run of the same plan encodes its own.
@@ -33,21 +33,29 @@ bool launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
   const auto threads = static_cast<unsigned>(c.config.threads());
   const auto smem = static_cast<unsigned>(smem_bytes);
   const Driver& d = driver();
-  if (c.config.cluster_m == 1 && !cooperative) {
+  if (c.config.cluster_m == 1 && !cooperative && !dependent) {
     const CUresult r =
         d.cuLaunchKernel(gemm, shape.gemm_grid, 1, 1, threads, 1, 1, smem, stream, args, nullptr);
     if (r != CUDA_SUCCESS) check(r, fmt::format("cuLaunchKernel({})", name).c_str());
     return true;
   }
-  CUlaunchAttribute attr{};
+  CUlaunchAttribute attrs[2]{};
+  unsigned n_attrs = 0;
   if (cooperative) {
-    attr.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-    attr.value.cooperative = 1;
-  } else {
-    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim.x = static_cast<unsigned>(c.config.cluster_m);
-    attr.value.clusterDim.y = 1;
-    attr.value.clusterDim.z = 1;
+    CUlaunchAttribute& a = attrs[n_attrs++];
+    a.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    a.value.cooperative = 1;
+  } else if (c.config.cluster_m > 1) {
+    CUlaunchAttribute& a = attrs[n_attrs++];
+    a.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    a.value.clusterDim.x = static_cast<unsigned>(c.config.cluster_m);
+    a.value.clusterDim.y = 1;
+    a.value.clusterDim.z = 1;
+  }
+  if (dependent) {
+    CUlaunchAttribute& a = attrs[n_attrs++];
+    a.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    a.value.programmaticStreamSerializationAllowed = 1;
   }
   CUlaunchConfig cfg{};
   cfg.gridDimX = shape.gemm_grid;
@@ -56,15 +64,16 @@ bool launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
   cfg.blockDimY = cfg.blockDimZ = 1;
   cfg.sharedMemBytes = smem;
   cfg.hStream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = n_attrs;
   // Test-only (util/fault.hpp): the driver's refusal, without asking it.
   const CUresult r = cooperative && fault::fire(Fault::cooperative_too_large)
                          ? CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
                          : d.cuLaunchKernelEx(&cfg, gemm, args, nullptr);
   if (r == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE && cooperative) return false;
   if (r != CUDA_SUCCESS)
-    check(r, fmt::format("cuLaunchKernelEx({}, {})", name, cooperative ? "cooperative" : "cluster")
+    check(r, fmt::format("cuLaunchKernelEx({}, {})", name,
+                         cooperative ? "cooperative" : (dependent ? "dependent" : "cluster"))
                  .c_str());
   return true;
 }
