@@ -13,9 +13,11 @@ __device__ __forceinline__ void wait_for_prior_grid() {
 }
 
 // Lets the next programmatic dependent launch start once every CTA of this grid has called this
-// (or exited), instead of when the last one exits: its CTAs then sit in wait_for_prior_grid, which
-// still waits for this whole grid and its writes, so calling it early is always safe; it only
-// decides when the dependent's CTAs may take SM resources. No-op before sm_90.
+// (or exited), instead of when the last one exits: its CTAs then run up to wait_for_prior_grid,
+// which still waits for this whole grid and its writes. Calling it early is safe as long as the
+// dependent, before its wait, touches only memory that neither this grid nor any later one writes
+// (recompute's affine GEMM loads x and W there; every other dependent waits first); it decides
+// when the dependent's CTAs may take SM resources. No-op before sm_90.
 __device__ __forceinline__ void allow_dependent_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

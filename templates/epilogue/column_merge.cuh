@@ -1,8 +1,8 @@
 // How the per-(row tile, column) partials (mean, M2) that the two-pass GEMM epilogues write merge
-// into a column's batch statistics, and in which order: fj_finalize merges them with a block per
-// 32 columns, and a resident GEMM (Spec::GRID_SYNC) merges them in its own epilogue, one thread
-// per column, in the same order. Chan's merge is not associative in floating point, so the order
-// is part of the result; keeping it in one place is what makes the resident schedule's
+// into a column's batch statistics, and in which order: fj_finalize merges them in blocks of
+// FinalizeShape's columns, and a resident GEMM (Spec::GRID_SYNC) merges them in its own epilogue,
+// one thread per column, in the same order. Chan's merge is not associative in floating point, so
+// the order is part of the result; keeping it in one place is what makes the resident schedule's
 // statistics the recompute schedule's bit for bit. (kernels/overlap_apply.cuh's merge_strip runs
 // the same order with a lane per group; its test compares it with fj_finalize's bits.)
 #pragma once
@@ -14,7 +14,7 @@ namespace fj {
 
 template <class Spec>
 struct FinalizeShape {
-  // Narrow layers (N < 1024: fewer than 32 blocks of 32 columns) take 32 groups instead of 8, so
+  // Narrow layers (N <= 992: fewer than 32 blocks of 32 columns) take 32 groups instead of 8, so
   // that a thread's chain of dependent merges over many row tiles is 4x shorter (65536x256x64
   // has 512 row tiles), and blocks of 8 columns instead of 32, so that the merges spread over
   // 4x the SMs: with 8 blocks of 1,024 threads at 65536x256x64 bf16, fj_finalize issued ~17,000

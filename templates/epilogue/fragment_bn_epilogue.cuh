@@ -264,9 +264,11 @@ struct FragmentBnEpilogue {
   // on H200: ~60% of the statistics-only pass's warp samples, nearly all "selected" or "not
   // selected", ~1,400 instructions per warp and tile), and the selects were a fifth of them:
   // without them the pass issued 4.96M instructions instead of 6.26M and took 15.2 us instead of
-  // 15.9. Both instances add a lane's rows in the same order; where the square may fuse with the
-  // add differs, so a full tile's sums need not match the select form's bits, but every schedule
-  // takes the same instance for the same tile and their partials stay equal.
+  // 15.9 (measured before the rounding below was made explicit). Both instances add a lane's rows
+  // in the same order with the same explicitly rounded operations (__fadd_rn, and __fmaf_rn for the
+  // squares), so their bits for a row agree, and no kernel's sums depend on whether its compiler
+  // chose to fuse a multiply with an add: the schedules that compare partials bit for bit
+  // (two-pass, recompute, grid_sync, overlap_apply) compile this in different kernels.
   template <bool CENTERED>
   __device__ __forceinline__ static void column_partials(const Acc& acc, float* red,
                                                          const float* ref, int rows, int tid) {
@@ -303,12 +305,13 @@ struct FragmentBnEpilogue {
         for (int ma = 0; ma < M_ATOMS; ++ma)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            float a = acc[ma][4 * j + 2 * h + e];
-            if constexpr (CENTERED) a = (a - mean) * (a - mean);
-            if constexpr (FULL)
-              s += a;
-            else
-              s += valid[ma][h] ? a : 0.f;
+            const float a = acc[ma][4 * j + 2 * h + e];
+            if (FULL || valid[ma][h]) {
+              if constexpr (CENTERED)
+                s = __fmaf_rn(a - mean, a - mean, s);
+              else
+                s = __fadd_rn(s, a);
+            }
           }
         v[i] = s;
       }

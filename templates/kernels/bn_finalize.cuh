@@ -2,9 +2,9 @@
 // with Chan's formula, update the running stats once per column, write the saved stats and the
 // folded (A, B) that bn_apply uses, with the column's batch mean of a (the forward's `saved`
 // output, train c = a - mean_a, needs it there). Block = FinalizeShape's kCols columns x kGroups
-// row-tile groups: the groups merge disjoint sets of tiles in parallel, then one warp merges the
-// groups. When a run has few row tiles, bn_apply<Spec, true> does this merge itself and this
-// kernel is not launched: see finalize_column.
+// row-tile groups: the groups merge disjoint sets of tiles in parallel, then group 0's threads
+// merge the groups. When a run has few row tiles, bn_apply<Spec, true> does this merge itself and
+// this kernel is not launched: see finalize_column.
 #pragma once
 #include "common/grid_dependency.cuh"
 #include "common/params.h"
@@ -56,8 +56,9 @@ template <class Spec>
 __device__ void bn_finalize(const Params& p) {
   wait_for_prior_grid();
   // The next kernel (fj_apply, or recompute's fj_gemm_affine) waits for this grid before it
-  // reads what it writes; letting it launch now lets the affine GEMM's loads and mainloop run
-  // on the SMs this small grid leaves idle.
+  // reads what it writes, and before that reads only what neither this grid nor a later one
+  // writes (fj_apply nothing; the affine GEMM x and W): letting it launch now lets the affine
+  // GEMM's loads and mainloop run on the SMs this small grid leaves idle.
   allow_dependent_launch();
   int n;
   float cnt, mean, m2;

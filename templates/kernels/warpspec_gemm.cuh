@@ -634,7 +634,9 @@ struct WarpspecGemm {
       if (CLUSTER > 1 && t.m0 >= c.m) continue;
       // Recompute's affine pass is a programmatic dependent launch of fj_finalize, which lets it
       // start at once: its producer and mainloops (x and W only) run beside the finalize, and
-      // the consumers wait for it here, before the first epilogue reads its coefficients.
+      // the consumers wait for it here, before the first epilogue reads its coefficients (the
+      // fragment epilogue counts `runs`; the shared-memory one, which codegen does not emit,
+      // does not, so it waits before every tile).
       if constexpr (WsAffine<Spec>::value) {
         if (runs == 0) wait_for_prior_grid();
       }
@@ -686,8 +688,8 @@ struct WarpspecGemm {
                   WsAffine<Spec>::value || GridSync<Spec>::value) {
       const bool bumps = !GridSync<Spec>::value || p.grid_sync;
       if (bumps && blockIdx.x == 0 && ctid == 0 && p.num_batches_tracked) {
-        // The affine pass: after fj_finalize, which reads the counter (a CTA whose tiles all
-        // sat past M has not waited yet).
+        // The affine pass: after fj_finalize, which reads the counter. CTA 0's consumers waited
+        // before their first epilogue already; this keeps the order without relying on it.
         if constexpr (WsAffine<Spec>::value) wait_for_prior_grid();
         *p.num_batches_tracked += 1;
       }
