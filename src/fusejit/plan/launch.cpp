@@ -23,12 +23,17 @@ unsigned apply_grid(const PlanCore& c, std::int64_t rows) {
 
 }  // namespace
 
-void launch_dependent(const Device& device, CUfunction f, unsigned grid_x, unsigned grid_y,
-                      unsigned threads, unsigned smem, CUstream stream, void** args,
-                      const char* what) {
+CUlaunchAttribute programmatic_dependent_attribute() {
   CUlaunchAttribute pdl{};
   pdl.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
   pdl.value.programmaticStreamSerializationAllowed = 1;
+  return pdl;
+}
+
+void launch_dependent(const Device& device, CUfunction f, unsigned grid_x, unsigned grid_y,
+                      unsigned threads, unsigned smem, CUstream stream, void** args,
+                      const char* what) {
+  CUlaunchAttribute pdl = programmatic_dependent_attribute();
   CUlaunchConfig cfg{};
   cfg.gridDimX = grid_x;
   cfg.gridDimY = grid_y;

@@ -55,6 +55,10 @@ struct RunShape {
 // `rows` must lie within what `workspace` was laid out for (Plan::run checks).
 RunShape run_shape(const PlanCore&, std::int64_t rows, const WorkspaceLayout& workspace);
 
+// The launch attribute that makes a launch a programmatic dependent launch (sm_90+): the one
+// place both launch_dependent and launch_warpspec (beside its cluster attribute) take it from.
+CUlaunchAttribute programmatic_dependent_attribute();
+
 // Enqueues `f` on `stream` as a programmatic dependent launch of the kernel before it in the
 // stream (on sm_90+; an ordinary launch before): grid_x x grid_y blocks of `threads`, `smem`
 // bytes of dynamic shared memory. The kernel must wait for its predecessor itself before it

@@ -52,11 +52,7 @@ bool launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
     a.value.clusterDim.y = 1;
     a.value.clusterDim.z = 1;
   }
-  if (dependent) {
-    CUlaunchAttribute& a = attrs[n_attrs++];
-    a.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    a.value.programmaticStreamSerializationAllowed = 1;
-  }
+  if (dependent) attrs[n_attrs++] = programmatic_dependent_attribute();
   CUlaunchConfig cfg{};
   cfg.gridDimX = shape.gemm_grid;
   cfg.gridDimY = cfg.gridDimZ = 1;
