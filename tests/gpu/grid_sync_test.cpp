@@ -98,6 +98,23 @@ Outcome check_same_as_recompute(const KernelConfig& gs, const CaseInputs& in, bo
   return one;
 }
 
+// `rounds` times, from the same starting state: fresh device cases of `a` and `b` (with saved),
+// `enqueue(da, db)` queues a run of each, `wait()` waits for both; each must give the outputs it
+// gave alone.
+template <class Enqueue, class Wait>
+void check_rounds_give_alone(int rounds, const CaseInputs& a, const CaseOutputs& alone_a,
+                             const CaseInputs& b, const CaseOutputs& alone_b, Enqueue enqueue,
+                             Wait wait) {
+  for (int i = 0; i < rounds; ++i) {
+    CAPTURE(i);
+    DeviceCase da(a, true), db(b, true);
+    enqueue(da, db);
+    wait();
+    CHECK(first_different_output(da.download(), alone_a) == "");
+    CHECK(first_different_output(db.download(), alone_b) == "");
+  }
+}
+
 struct Keyed {
   const char* dtype;
   const char* key;
@@ -244,16 +261,16 @@ TEST_CASE("grid_sync: resident runs on two streams at once each meet only their 
   // Then 20 times each, interleaved on two streams, from the same starting state every time.
   DeviceBuffer ws_a(plan_a.workspace_size()), ws_b(plan_b.workspace_size());
   const Stream sa, sb;
-  for (int i = 0; i < 20; ++i) {
-    CAPTURE(i);
-    DeviceCase da(in_a, true), db(in_b, true);
-    plan_a.run(sa, da.tensors(), ws_a.get(), plan_a.workspace_size());
-    plan_b.run(sb, db.tensors(), ws_b.get(), plan_b.workspace_size());
-    sa.synchronize();
-    sb.synchronize();
-    CHECK(first_different_output(da.download(), alone_a.out) == "");
-    CHECK(first_different_output(db.download(), alone_b.out) == "");
-  }
+  check_rounds_give_alone(
+      20, in_a, alone_a.out, in_b, alone_b.out,
+      [&](DeviceCase& da, DeviceCase& db) {
+        plan_a.run(sa, da.tensors(), ws_a.get(), plan_a.workspace_size());
+        plan_b.run(sb, db.tensors(), ws_b.get(), plan_b.workspace_size());
+      },
+      [&] {
+        sa.synchronize();
+        sb.synchronize();
+      });
 }
 
 TEST_CASE(
@@ -285,14 +302,12 @@ TEST_CASE(
     DeviceBuffer ws(plan.workspace_size());
     ws.fill_bytes(0xFF);
     const Stream st;
-    for (int i = 0; i < 10; ++i) {
-      CAPTURE(i);
-      DeviceCase da(in_a, true), db(in_b, true);
-      plan.run(st, da.tensors(), ws.get(), plan.workspace_size());
-      plan.run(st, db.tensors(), ws.get(), plan.workspace_size());
-      st.synchronize();
-      CHECK(first_different_output(da.download(), alone_a.out) == "");
-      CHECK(first_different_output(db.download(), alone_b.out) == "");
-    }
+    check_rounds_give_alone(
+        10, in_a, alone_a.out, in_b, alone_b.out,
+        [&](DeviceCase& da, DeviceCase& db) {
+          plan.run(st, da.tensors(), ws.get(), plan.workspace_size());
+          plan.run(st, db.tensors(), ws.get(), plan.workspace_size());
+        },
+        [&] { st.synchronize(); });
   }
 }
