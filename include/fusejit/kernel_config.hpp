@@ -79,6 +79,15 @@ struct KernelConfig {
   // four stages fit only with TMA stores of y). Opt-in: measured slower than two-pass
   // (docs/performance.md).
   bool overlap_apply = false;
+  // With recompute, K <= 64: the column statistics come from x before the GEMM, as
+  // mean_a = W xbar and var_a[n] = w_n^T S w_n with S x's centred K x K covariance, reduced in
+  // one read of x by a cooperative kernel (fj_input_stats) instead of recompute's statistics
+  // GEMM. Where a column's quadratic form cancels more than its dtype allows (correlated
+  // features and a weight row that takes their difference), the run falls back on the device,
+  // with no host sync, to the statistics GEMM, whose results are recompute's bit for bit
+  // (key suffix ".cv" after ".rc"). Opt-in: measured slower than recompute
+  // (docs/performance.md), so neither the heuristic nor the tuner offers it.
+  bool input_stats = false;
 
   int threads() const;
   // Dynamic shared memory bytes the GEMM kernel needs (stages and the epilogue's tile).
@@ -94,7 +103,7 @@ struct KernelConfig {
   // for split_k = 8 (nothing for 1, so keys from before split-K are unchanged); warpspec keys
   // put ".k8" after ".p<0|1>" and end in ".pp" for pingpong and ".ts" for tma_store; then
   // pad_operands appends ".pad",
-  // recompute ".rc", grid_sync ".gs", overlap_apply ".oa", exact_m ".xm".
+  // recompute ".rc", input_stats ".cv", grid_sync ".gs", overlap_apply ".oa", exact_m ".xm".
   std::string key() const;
   // Inverse of key(); throws InvalidArgument("config", ...).
   static KernelConfig parse(std::string_view key);

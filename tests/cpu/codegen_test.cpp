@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <tuple>
 
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
@@ -342,5 +343,41 @@ TEST_CASE("overlap_apply: fj_gemm alone, the two-pass passes kept for a refused 
     CHECK(src.text.find("static constexpr bool OVERLAP_APPLY = true;") != std::string::npos);
     CHECK(generate(p, two).text.find("OVERLAP_APPLY") == std::string::npos);
     CHECK(compile(src, "sm_90a").binary.size() > 0);
+  }
+}
+
+TEST_CASE(
+    "input_stats: fj_input_stats first, the statistics kernels kept for the fallback, compiles") {
+  for (const auto& [dtype, key, arch] :
+       {std::tuple{DType::bf16, "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv", "sm_90a"},
+        std::tuple{DType::tf32x3, "warpspec.128x128x32.c2.s3.g8.cl1.p1.rc.cv", "sm_90a"},
+        std::tuple{DType::fp32, "tiled.128x128x32.w2x4.s3.g8.rc.cv", "sm_80"},
+        std::tuple{DType::fp16, "tiled.128x128x32.w2x4.s3.g8.rc.cv.xm", "sm_86"}}) {
+    CAPTURE(key);
+    // K = 40 pads to 64; K = 8 (16-bit) or 12 (fp32) to 16, rows of 16 or 48 bytes (TMA's
+    // 16-byte alignment).
+    const std::int64_t small_k = storage_bytes(dtype) == 2 ? 8 : 12;
+    for (const std::int64_t k : {std::int64_t{40}, small_k}) {
+      CAPTURE(k);
+      Problem p = problem();
+      p.dtype = dtype, p.mode = Mode::train, p.M = 3000, p.K = k;
+      const KernelConfig cv = KernelConfig::parse(key);
+      REQUIRE_MESSAGE(cv.valid_for(p, Device::for_arch(arch)),
+                      cv.why_invalid(p, Device::for_arch(arch)));
+      KernelConfig rc = cv;
+      rc.input_stats = false;
+      const std::vector<std::string> want{"fj_input_stats", "fj_gemm", "fj_finalize",
+                                          "fj_gemm_affine"};
+      CHECK(schedule(p, cv, p.M).kernels == want);
+      CHECK(kernel_set(p, cv) == want);
+      CHECK(schedule_flags(p, cv, 500).input_stats);
+      CHECK(!schedule_flags(p, rc, p.M).input_stats);
+      // Only input_stats sets name INPUT_STATS; their statistics GEMM asks first.
+      const KernelSource src = generate(p, cv);
+      CHECK(src.text.find("static constexpr bool INPUT_STATS = true;") != std::string::npos);
+      CHECK(src.text.find("if (fj::statistics_from_input<Spec>(p)) return;") != std::string::npos);
+      CHECK(generate(p, rc).text.find("INPUT_STATS") == std::string::npos);
+      CHECK(compile(src, arch).binary.size() > 0);
+    }
   }
 }

@@ -533,3 +533,31 @@ TEST_CASE(
   for (const Problem& p : {train, problem(DType::bf16, Mode::train, 16384, 4096, 4096)})
     for (const KernelConfig& c : candidate_configs(p, h100)) CHECK(!c.overlap_apply);
 }
+
+TEST_CASE("input_stats: recompute with K <= 64 only, key suffix .cv after .rc, not a candidate") {
+  const Device h100 = Device::for_arch("sm_90a");
+  const Problem train = problem(DType::bf16, Mode::train, 65536, 256, 64);
+  const KernelConfig cv = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv.xm");
+  CHECK((cv.input_stats && cv.recompute && cv.exact_m && !cv.grid_sync));
+  CHECK(cv.key() == "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv.xm");
+  CHECK(cv.valid_for(train, h100));
+  CHECK(KernelConfig::parse("tiled.128x128x32.w2x4.s3.g8.rc.cv")
+            .valid_for(problem(DType::fp32, Mode::train, 1000, 130, 1), Device::for_arch("sm_80")));
+  // .cv goes between .rc and .gs: a key in another order is not a key.
+  CHECK_THROWS_AS(KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.cv.rc"),
+                  InvalidArgument);
+  auto refused = [&](const Problem& p, const char* key, const char* why) {
+    CAPTURE(key);
+    const std::string got = KernelConfig::parse(key).why_invalid(p, h100);
+    CHECK_MESSAGE(got.find(why) != std::string::npos, got);
+  };
+  refused(train, "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.cv", "only with recompute");
+  refused(train, "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv.gs", "not with grid_sync");
+  refused(problem(DType::bf16, Mode::train, 65536, 256, 72),
+          "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv", "K = 72 above 64");
+  refused(problem(DType::bf16, Mode::eval, 65536, 256, 64),
+          "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv", "train mode only");
+  // Measured slower than recompute on H200 (docs/performance.md): opt-in, never offered.
+  for (const Problem& p : {train, problem(DType::bf16, Mode::train, 16384, 1024, 64)})
+    for (const KernelConfig& c : candidate_configs(p, h100)) CHECK(!c.input_stats);
+}

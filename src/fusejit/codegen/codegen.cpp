@@ -57,6 +57,7 @@ KernelSchedule schedule_flags(const Problem& p, const KernelConfig& c, std::int6
   // The affine GEMM runs after fj_finalize, the last reader of the counter (a dependent launch
   // that waits for the finalize before it bumps), so it bumps it itself.
   s.affine = !s.single_pass && c.recompute;
+  s.input_stats = s.affine && c.input_stats;
   const std::int64_t tiles = (rows + c.bm - 1) / c.bm * ((p.N + c.bn - 1) / c.bn);
   if (s.affine && c.grid_sync && tiles <= static_cast<std::int64_t>(resident_tiles)) {
     s.grid_sync = true;
@@ -77,6 +78,7 @@ KernelSchedule schedule(const Problem& p, const KernelConfig& c, std::int64_t ro
                         unsigned resident_tiles) {
   KernelSchedule s = schedule_flags(p, c, rows, resident_tiles);
   if (s.pad) s.kernels.push_back("fj_pad_operands");
+  if (s.input_stats) s.kernels.push_back("fj_input_stats");
   if (s.gemm) s.kernels.push_back("fj_gemm");
   if (s.gemm && s.split_k) s.kernels.push_back("fj_splitk_reduce");
   // The all-gather between them is NCCL's kernel, not one of the set's.
@@ -177,6 +179,9 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   // Likewise only recompute sets name STATS_ONLY (fj_gemm stores no y) and SpecAffine, the
   // second pass: eval mode's GEMM with the finalize's coefficients (WS_AFFINE).
   if (c.recompute) t += "  static constexpr bool STATS_ONLY = true;\n";
+  // And only input_stats sets name INPUT_STATS: fj_gemm and fj_finalize first ask whether
+  // fj_input_stats' statistics stand.
+  if (c.input_stats) t += "  static constexpr bool INPUT_STATS = true;\n";
   // And only grid_sync sets name GRID_SYNC: their fj_gemm may finish a run alone.
   if (c.grid_sync) t += "  static constexpr bool GRID_SYNC = true;\n";
   // And only overlap_apply sets name OVERLAP_APPLY: their fj_gemm applies y itself.
@@ -207,6 +212,7 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   if (bn_passes) t += "#include \"kernels/bn_apply.cuh\"\n";
   if (has("fj_rank_stats")) t += "#include \"kernels/bn_ranks.cuh\"\n";
   if (has("fj_pad_operands")) t += "#include \"kernels/pad_operands.cuh\"\n";
+  if (has("fj_input_stats")) t += "#include \"kernels/input_stats.cuh\"\n";
   // The host reads the exact dynamic shared memory size and the launch shapes of the BatchNorm
   // passes from the module: the templates are their one source of truth. Grids that grow with
   // M are given per unit (launch[0]): the split-K reduce's per output tile, fj_apply's per slab
@@ -235,18 +241,22 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   // A GEMM kernel (fj_gemm, or recompute's fj_gemm_affine) running `type`: warpspec takes the
   // TMA descriptors of x, W and y beside the parameters.
   const auto gemm_kernel = [&](const std::string& name, const char* type) {
+    // input_stats: the statistics GEMM returns at once when fj_input_stats' statistics stand.
+    const std::string skip = c.input_stats && name == "fj_gemm"
+                                 ? "if (fj::statistics_from_input<Spec>(p)) return; "
+                                 : "";
     if (!ws)
       return fmt::format(
           "extern \"C\" __global__ void __launch_bounds__(Spec::THREADS)\n"
-          "{}(const fj::Params p) {{ {}::run(p); }}\n",
-          name, type);
+          "{}(const fj::Params p) {{ {}{}::run(p); }}\n",
+          name, skip, type);
     const std::string indent(name.size() + 1, ' ');
     return fmt::format(
         "extern \"C\" __global__ void __launch_bounds__(Spec::THREADS, 1)\n"
         "{}(const __grid_constant__ fj::Params p, const __grid_constant__ fj::TmaDescriptor tx,\n"
         "{}const __grid_constant__ fj::TmaDescriptor tw,\n"
-        "{}const __grid_constant__ fj::TmaDescriptor ty) {{ {}::run(p, tx, tw, &ty); }}\n",
-        name, indent, indent, type);
+        "{}const __grid_constant__ fj::TmaDescriptor ty) {{ {}{}::run(p, tx, tw, &ty); }}\n",
+        name, indent, indent, skip, type);
   };
   for (const auto& k : kernels) {
     if (k == "fj_gemm" || k == "fj_gemm_affine") {
@@ -272,6 +282,9 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
     } else if (k == "fj_pad_operands") {
       t += "extern \"C\" __global__ void __launch_bounds__(fj::kPadThreads)\n"
            "fj_pad_operands(const fj::Params p) { fj::pad_operands<Spec>(p); }\n";
+    } else if (k == "fj_input_stats") {
+      t += "extern \"C\" __global__ void __launch_bounds__(fj::kInputStatsThreads, 2)\n"
+           "fj_input_stats(const fj::Params p) { fj::InputStats<Spec>::run(p); }\n";
     } else if (k == "fj_bump") {
       t += "extern \"C\" __global__ void fj_bump(const fj::Params p) { fj::bump_batches(p); }\n";
     }

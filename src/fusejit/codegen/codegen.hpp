@@ -36,6 +36,10 @@ struct KernelSchedule {
   // KernelConfig::recompute: fj_gemm stores no y (statistics only), fj_finalize folds them, and
   // fj_gemm_affine, the GEMM again, stores y = A a + B and bumps num_batches_tracked.
   bool affine = false;
+  // KernelConfig::input_stats (with `affine`): fj_input_stats goes out first as a cooperative
+  // launch, and the statistics GEMM and fj_finalize take its statistics unless it flagged a
+  // column (then they run as recompute's).
+  bool input_stats = false;
   // KernelConfig::grid_sync, and the run's tiles number at most `resident_tiles` (the device's,
   // config/candidates.hpp): fj_gemm goes out alone as a cooperative launch and finishes the
   // run; no fj_finalize, no fj_gemm_affine.

@@ -9,6 +9,7 @@
 #include <limits>
 #include <optional>
 
+#include "common/input_stats.h"
 #include "common/limits.h"
 #include "common/tma_store_box.h"
 #include "fusejit/error.hpp"
@@ -272,6 +273,13 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
     if (cluster_m != 1) return "grid_sync: not with clusters (cluster_m must be 1)";
     if (pingpong) return "grid_sync: not with pingpong (one tile per CTA)";
   }
+  if (input_stats) {
+    if (!recompute) return "input_stats: only with recompute (its statistics GEMM is the fallback)";
+    if (grid_sync) return "input_stats: not with grid_sync";
+    if (p.K > fj::kInputStatsMaxK)
+      return fmt::format("input_stats: K = {} above {} (x's K x K covariance)", p.K,
+                         fj::kInputStatsMaxK);
+  }
   if (overlap_apply) {
     if (variant != Variant::warpspec || !persistent)
       return "overlap_apply: warpspec with persistent CTAs only";
@@ -310,9 +318,9 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
 }
 
 std::string KernelConfig::key() const {
-  const std::string tail =
-      fmt::format("{}{}{}{}{}", pad_operands ? ".pad" : "", recompute ? ".rc" : "",
-                  grid_sync ? ".gs" : "", overlap_apply ? ".oa" : "", exact_m ? ".xm" : "");
+  const std::string tail = fmt::format(
+      "{}{}{}{}{}{}", pad_operands ? ".pad" : "", recompute ? ".rc" : "", input_stats ? ".cv" : "",
+      grid_sync ? ".gs" : "", overlap_apply ? ".oa" : "", exact_m ? ".xm" : "");
   if (variant == Variant::tiled)
     return fmt::format("tiled.{}x{}x{}.w{}x{}.s{}.g{}{}{}", bm, bn, bk, warps_m, warps_n, stages,
                        group_m, split_k != 1 ? fmt::format(".k{}", split_k) : "", tail);
@@ -360,6 +368,8 @@ KernelConfig KernelConfig::parse(std::string_view whole) {
   if (c.overlap_apply) key.remove_suffix(3);
   c.grid_sync = key.ends_with(".gs");
   if (c.grid_sync) key.remove_suffix(3);
+  c.input_stats = key.ends_with(".cv");
+  if (c.input_stats) key.remove_suffix(3);
   c.recompute = key.ends_with(".rc");
   if (c.recompute) key.remove_suffix(3);
   c.pad_operands = key.ends_with(".pad");
@@ -748,6 +758,7 @@ std::vector<KernelConfig> candidate_configs(const Problem& p, const Device& d) {
 
 KernelConfig synchronized_stats_config(KernelConfig c) {
   c.recompute = false;
+  c.input_stats = false;
   c.grid_sync = false;
   c.overlap_apply = false;
   c.exact_m = false;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/input_stats.h"
 #include "common/limits.h"
 #include "common/params.h"
 #include "fusejit/device/driver.hpp"
@@ -47,6 +48,31 @@ void launch_dependent(const Device& device, CUfunction f, unsigned grid_x, unsig
   check(driver().cuLaunchKernelEx(&cfg, f, args, nullptr), what);
 }
 
+bool launch_input_stats(const PlanCore& c, const RunShape& shape, CUstream stream,
+                        const fj::Params& params) {
+  fj::Params prm = params;
+  prm.input_stats = 1;
+  void* args[] = {&prm};
+  CUlaunchAttribute cooperative{};
+  cooperative.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+  cooperative.value.cooperative = 1;
+  CUlaunchConfig cfg{};
+  cfg.gridDimX = shape.input_stats_grid;
+  cfg.gridDimY = cfg.gridDimZ = 1;
+  cfg.blockDimX = fj::kInputStatsThreads;
+  cfg.blockDimY = cfg.blockDimZ = 1;
+  cfg.hStream = stream;
+  cfg.attrs = &cooperative;
+  cfg.numAttrs = 1;
+  // Test-only (util/fault.hpp): the driver's refusal, without asking it.
+  const CUresult r = fault::fire(Fault::cooperative_too_large)
+                         ? CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
+                         : driver().cuLaunchKernelEx(&cfg, c.input_stats, args, nullptr);
+  if (r == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) return false;
+  check(r, "cuLaunchKernelEx(fj_input_stats, cooperative)");
+  return true;
+}
+
 RunShape run_shape(const PlanCore& c, std::int64_t rows, const WorkspaceLayout& workspace) {
   RunShape r;
   r.rows = static_cast<int>(rows);
@@ -76,6 +102,9 @@ RunShape run_shape(const PlanCore& c, std::int64_t rows, const WorkspaceLayout& 
   r.affine = s.affine;
   r.grid_sync = s.grid_sync;
   r.overlap = s.overlap;
+  if (s.input_stats)
+    r.input_stats_grid = static_cast<unsigned>(std::min<std::int64_t>(
+        c.input_stats_ctas, (rows + fj::kInputStatsTileRows - 1) / fj::kInputStatsTileRows));
   if (s.pad) {
     // One thread per 16-byte unit of W's and x's padded rows, in at most 8 blocks per SM (the
     // kernel's grid-stride loop takes the rest).
@@ -215,6 +244,9 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   prm.ws_overlap =
       shape.overlap ? reinterpret_cast<unsigned*>(ws + shape.workspace.overlap_offset) : nullptr;
   prm.overlap = shape.overlap ? 1 : 0;
+  prm.ws_xstats = shape.input_stats_grid
+                      ? reinterpret_cast<float*>(ws + shape.workspace.xstats_offset)
+                      : nullptr;
   void* args[] = {&prm};
   const auto threads = static_cast<unsigned>(c.config.threads());
   // Test-only (util/fault.hpp): the first launch failing, so nothing of this run is enqueued.
@@ -273,6 +305,15 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
       gemm(c.gemm, c.smem_bytes, "fj_gemm");
       finalize = affine = true;
     }
+  } else if (shape.input_stats_grid) {
+    // The statistics GEMM is a programmatic dependent launch of fj_input_stats: it waits for it
+    // and returns at once unless a column was flagged. A refused cooperative launch (a device
+    // shared or partitioned in ways the occupancy query does not see) leaves recompute's run.
+    prm.input_stats = launch_input_stats(c, shape, stream, prm) ? 1 : 0;
+    if (prm.input_stats)
+      gemm(c.gemm, c.smem_bytes, "fj_gemm", "cuLaunchKernelEx(fj_gemm, dependent)");
+    else
+      gemm(c.gemm, c.smem_bytes, "fj_gemm");
   } else if (shape.gemm) {
     // A synchronized rank with no rows has nothing to multiply (a grid of 0 blocks would not
     // launch).

@@ -50,6 +50,9 @@ struct RunShape {
   bool grid_sync = false;
   // KernelSchedule::overlap: fj_gemm goes out alone as a cooperative launch and applies y itself.
   bool overlap = false;
+  // KernelSchedule::input_stats: fj_input_stats' cooperative grid (0: not launched), one CTA
+  // per row tile up to PlanCore::input_stats_ctas.
+  unsigned input_stats_grid = 0;
   WorkspaceLayout workspace;  // the plan's: sized for its M, of which a run uses a prefix
 };
 // `rows` must lie within what `workspace` was laid out for (Plan::run checks).
@@ -122,6 +125,11 @@ void validate_stream(CUcontext context, CUstream stream);
 // shape.exchange (the plan's communicator), else unused.
 void launch(const PlanCore&, const RunShape& shape, CUstream stream, const Tensors&,
             void* workspace, RunCache* cache = nullptr, const StatsExchange* exchange = nullptr);
+// fj_input_stats (KernelConfig::input_stats) as a cooperative launch of shape.input_stats_grid
+// CTAs: false when the driver refuses it as too large for the device as it is now (nothing
+// enqueued: the caller runs recompute's schedule), true when launched; other failures throw.
+bool launch_input_stats(const PlanCore&, const RunShape& shape, CUstream stream,
+                        const fj::Params& params);
 // The warpspec GEMM's launch: its TMA descriptors name the run's x, W and y and its rows, so
 // they are encoded on the host (a pure host call: no sync, no allocation) when those change.
 // `gemm`/`smem_bytes`/`name`: fj_gemm's, or (recompute) fj_gemm_affine's, on the same tensor

@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "common/column_stats.h"
+#include "common/input_stats.h"
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/config/candidates.hpp"
 #include "fusejit/device/driver.hpp"
@@ -68,6 +70,18 @@ std::shared_ptr<const PlanCore> build_plan_core(const Problem& problem, const Ke
       core->apply_shape = launch_shape("fj_apply_launch");
     }
     if (k == "fj_bump") core->bump = core->module->function(k);
+    if (k == "fj_input_stats") {
+      core->input_stats = core->module->function(k);
+      int per_sm = 0;
+      FJ_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, core->input_stats,
+                                                        fj::kInputStatsThreads, 0));
+      if (per_sm < 1)
+        throw Error(fmt::format("fj_input_stats of {} cannot run on {}: no block fits an SM",
+                                config.key(), core->device.name));
+      // Two CTAs per SM: one waits on its tile's loads while the other multiplies.
+      core->input_stats_ctas = static_cast<unsigned>(
+          std::min(fj::kInputStatsMaxCtas, std::min(per_sm, 2) * core->device.sm_count));
+    }
     if (k == "fj_pad_operands") core->pad_operands = core->module->function(k);
     if (k == "fj_gemm_affine") {
       core->gemm_affine = core->module->function(k);
@@ -144,6 +158,13 @@ WorkspaceLayout workspace_layout(const Problem& p, const KernelConfig& c) {
   // merged strips, and two words.
   region(c.overlap_apply && two_pass ? (2 * col_tiles + 2) * 4 : 0, w.overlap_offset,
          w.overlap_bytes);
+  const bool xstats = c.input_stats && two_pass && p.K <= fj::kInputStatsMaxK;
+  region(xstats
+             ? static_cast<std::size_t>(
+                   fj::input_stats_layout(p.N, fj::input_stats_kp(static_cast<int>(p.K))).total) *
+                   4
+             : 0,
+         w.xstats_offset, w.xstats_bytes);
   return w;
 }
 

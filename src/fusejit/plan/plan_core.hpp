@@ -36,6 +36,8 @@ struct WorkspaceLayout {
   std::size_t padded_offset = 0, padded_bytes = 0, padded_x_offset = 0;
   // KernelConfig::overlap_apply: the in-kernel apply's counters (Params::ws_overlap).
   std::size_t overlap_offset = 0, overlap_bytes = 0;
+  // KernelConfig::input_stats: fj_input_stats' region (Params::ws_xstats, InputStatsLayout).
+  std::size_t xstats_offset = 0, xstats_bytes = 0;
   std::size_t total = 0;
 };
 // For runs of up to p.M rows (a run of fewer rows uses a prefix of each region's layout).
@@ -58,11 +60,14 @@ struct PlanCore {
   std::shared_ptr<const Module> module;
   CUfunction gemm = nullptr, splitk_reduce = nullptr, finalize = nullptr, apply = nullptr,
              apply_fold = nullptr, bump = nullptr, rank_stats = nullptr, rank_finalize = nullptr,
-             gemm_affine = nullptr, pad_operands = nullptr;
+             gemm_affine = nullptr, pad_operands = nullptr, input_stats = nullptr;
   int smem_bytes = 0, gemm_affine_smem_bytes = 0;
   // KernelConfig::grid_sync: the most tiles a run may have to run as one kernel
   // (resident_tiles() from fj_gemm's occupancy); a run with more takes recompute's kernels.
   unsigned resident_tiles = 0;
+  // KernelConfig::input_stats: the most CTAs of fj_input_stats the device holds at once (its
+  // cooperative grid's bound), at most kInputStatsMaxCtas.
+  unsigned input_stats_ctas = 0;
   // From the module (templates/kernels/splitk_reduce.cuh, bn_*.cuh). grid_x of the split-K
   // reduce is per output tile and of fj_apply per kApplyBlockRows-row slab.
   LaunchShape splitk_reduce_shape, finalize_shape, apply_shape, rank_finalize_shape;

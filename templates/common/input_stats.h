@@ -1,0 +1,48 @@
+// KernelConfig::input_stats (kernels/input_stats.cuh): train's column statistics of a = x W^T
+// taken from x before the GEMM, mean_a = W xbar and var_a[n] = w_n^T S w_n with S x's centred
+// K x K covariance. The sizes and the workspace region's layout, shared by the host
+// (workspace_layout, the launch) and the kernel. Plain C++, like limits.h.
+#pragma once
+#include "common/host_device.h"
+
+namespace fj {
+
+// The kernel's block, and the rows of x it centres and multiplies at a time.
+constexpr int kInputStatsThreads = 256;
+constexpr int kInputStatsTileRows = 64;
+// The most CTAs a run's cooperative grid has: the workspace holds one partial per CTA.
+constexpr int kInputStatsMaxCtas = 264;
+// The largest K: S's products run in 16x16 tensor-core tiles that the block's eight warps
+// share, and the per-CTA partials grow as K^2.
+constexpr int kInputStatsMaxK = 64;
+
+// K padded to the kernel's tile (16, 32 or 64): S is computed as KP x KP with zero padding.
+FJ_HOST_DEVICE constexpr int input_stats_kp(int k) {
+  return k <= 16 ? 16 : (k <= 32 ? 32 : 64);
+}
+
+// The region (Params::ws_xstats), in floats from its start; every part 16-byte aligned.
+//  - flag: one word, nonzero when some column's quadratic form cancelled too much to trust
+//    (the run then takes the statistics GEMM's instead).
+//  - columns: [N] x {mean_a, var_a}.
+//  - merged: xbar [KP], then S [KP][KP].
+//  - partials: per CTA {rows, -, -, -}, its tiles' mean [KP], its centred sum of squares
+//    [KP][KP], `partial_stride` floats apart.
+struct InputStatsLayout {
+  long long flag, columns, merged, partials, partial_stride, total;
+};
+FJ_HOST_DEVICE constexpr long long input_stats_round4(long long v) {
+  return (v + 3) / 4 * 4;
+}
+FJ_HOST_DEVICE constexpr InputStatsLayout input_stats_layout(long long n, int kp) {
+  InputStatsLayout l{};
+  l.flag = 0;
+  l.columns = 4;
+  l.merged = input_stats_round4(l.columns + 2 * n);
+  l.partials = input_stats_round4(l.merged + kp + static_cast<long long>(kp) * kp);
+  l.partial_stride = 4 + kp + static_cast<long long>(kp) * kp;
+  l.total = l.partials + kInputStatsMaxCtas * l.partial_stride;
+  return l;
+}
+
+}  // namespace fj

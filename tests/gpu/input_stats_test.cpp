@@ -1,0 +1,245 @@
+// KernelConfig::input_stats (train): the column statistics from x's mean and covariance before
+// the GEMM (kernels/input_stats.cuh). What must hold:
+//  - y, saved, the running and saved stats pass float64 by the sweep's rule, on every dtype and
+//    variant, with tails in M and K, K = 1, momentum=None, no bias / no affine, strided x,
+//    columns whose mean is ~1000 times their spread and columns of near-zero variance; and the
+//    statistics GEMM really was skipped (the partials region, which only it writes, keeps its
+//    poison);
+//  - a column whose quadratic form cancels (two nearly equal features and a weight row that
+//    takes their difference) raises the flag, and the run then gives recompute's outputs bit
+//    for bit (its statistics GEMM ran);
+//  - a refused cooperative launch gives recompute's bits too;
+//  - runs of fewer rows than the plan's, and a captured run replayed with momentum=None.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/input_stats.h"
+#include "fusejit/device.hpp"
+#include "fusejit/device/device_memory.hpp"
+#include "fusejit/plan.hpp"
+#include "fusejit/plan/plan_core.hpp"
+#include "fusejit/util/fault.hpp"
+#include "fusejit/verify/verification.hpp"
+#include "gpu_required.hpp"
+#include "test_graph.hpp"
+#include "test_hopper.hpp"
+#include "test_inputs.hpp"
+
+FUSEJIT_GPU_TEST_EXECUTABLE;
+
+using namespace fusejit;
+using fusejit::test::first_different_output;
+using fusejit::test::make_x_large_mean;
+using fusejit::test::on_hopper;
+using fusejit::test::replay_captured;
+
+namespace {
+
+Plan forced_plan(const Problem& p, const KernelConfig& config) {
+  return fusejit::test::forced_plan(p, config, false);
+}
+
+KernelConfig recompute_twin(KernelConfig c) {
+  c.input_stats = false;
+  return c;
+}
+
+struct Outcome {
+  CaseOutputs out;
+  bool gemm_statistics = false;  // the statistics GEMM wrote partials (their poison is gone)
+  unsigned flag = 0;             // fj_input_stats' flag (input_stats plans)
+};
+
+// `rows` rows of `in` through `plan`, outputs and a caller workspace poisoned with 0xFF first.
+Outcome run_rows(const Plan& plan, const CaseInputs& in, std::int64_t rows) {
+  DeviceCase dc(in, true);
+  DeviceBuffer ws(plan.workspace_size());
+  ws.fill_bytes(0xFF);
+  const Stream st;
+  plan.run(st, dc.tensors(), rows, ws.get(), plan.workspace_size());
+  st.synchronize();
+  Outcome o;
+  o.out = dc.download(rows);
+  const WorkspaceLayout layout = workspace_layout(plan.problem(), plan.config());
+  REQUIRE(layout.partials_bytes > 0);
+  std::vector<unsigned char> partials(layout.partials_bytes);
+  ws.download(partials.data(), partials.size(), layout.partials_offset);
+  for (const unsigned char b : partials) o.gemm_statistics = o.gemm_statistics || b != 0xFF;
+  if (layout.xstats_bytes > 0) ws.download(&o.flag, sizeof(o.flag), layout.xstats_offset);
+  return o;
+}
+
+void check_against_float64(const CaseInputs& in, const CaseOutputs& got, std::int64_t rows) {
+  std::string why;
+  CHECK_MESSAGE(fusejit::test::rows_pass_float64(in, got, rows, &why), why);
+}
+
+// A run whose statistics came from x: no statistics GEMM, no flag, float64's results.
+void check_from_input(const Plan& plan, const CaseInputs& in, std::int64_t rows) {
+  const Outcome o = run_rows(plan, in, rows);
+  CHECK(o.flag == 0u);
+  CHECK_MESSAGE(!o.gemm_statistics, "the statistics GEMM ran");
+  check_against_float64(in, o.out, rows);
+}
+
+struct Keyed {
+  const char* dtype;
+  const char* key;
+  bool hopper;  // warpspec: runs on sm_90 only
+};
+// Two consumers with TMA stores, a cluster of two, tf32, 3xTF32, and the tiled variant in
+// strict fp32 and bf16.
+constexpr Keyed kConfigs[] = {
+    {"bf16", "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv", true},
+    {"fp16", "warpspec.128x128x64.c2.s5.g8.cl2.p1.rc.cv", true},
+    {"tf32", "warpspec.128x128x32.c2.s6.g8.cl1.p1.rc.cv", true},
+    {"tf32x3", "warpspec.128x128x32.c2.s3.g8.cl1.p1.rc.cv", true},
+    {"fp32", "tiled.128x128x32.w2x4.s3.g8.rc.cv", false},
+    {"bf16", "tiled.128x128x32.w2x4.s3.g8.rc.cv", false},
+};
+
+bool runs_here(const Keyed& k) {
+  return !k.hopper || on_hopper();
+}
+
+}  // namespace
+
+TEST_CASE("input_stats: statistics from x pass float64 and skip the statistics GEMM") {
+  const Device dev = Device::current();
+  for (const Keyed& k : kConfigs) {
+    if (!runs_here(k)) continue;
+    const bool four_byte =
+        std::string(k.dtype).starts_with("tf32") || k.dtype == std::string("fp32");
+    // K = 64 and a K tail (K = 40: whole 16-byte rows in every dtype); momentum=None; no bias
+    // and no affine.
+    for (const char* tail : {"", " momentum=none nobias noaffine"}) {
+      for (const int kdim : {64, four_byte ? 36 : 40}) {
+        const std::string line = fmt::format("3000x328x{} {} train{}", kdim, k.dtype, tail);
+        CAPTURE(line);
+        CAPTURE(k.key);
+        const SweepCase c = parse_sweep_line(line);
+        const KernelConfig cv = KernelConfig::parse(k.key);
+        REQUIRE_MESSAGE(cv.valid_for(c.problem, dev), cv.why_invalid(c.problem, dev));
+        const CaseInputs in = make_case_inputs(c);
+        CAPTURE(in.seed);
+        check_from_input(forced_plan(c.problem, cv), in, c.problem.M);
+      }
+    }
+  }
+}
+
+TEST_CASE("input_stats: adversarial inputs: large means, K = 1, near-zero variance, strided x") {
+  const Device dev = Device::current();
+  const char* key = on_hopper() ? "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv"
+                                : "tiled.128x128x32.w2x4.s3.g8.rc.cv";
+  const KernelConfig cv = KernelConfig::parse(key);
+  // x ~ 1000 + N(0, 1): every column's mean ~1000 times its spread. The statistics centre each
+  // tile before squaring, so nothing cancels; y is compared with float64 like the others.
+  {
+    const SweepCase c = parse_sweep_line("5000x256x64 bf16 train ldx=72");
+    REQUIRE(cv.valid_for(c.problem, dev));
+    CaseInputs in = make_case_inputs(c);
+    make_x_large_mean(in);
+    check_from_input(forced_plan(c.problem, cv), in, c.problem.M);
+  }
+  // Columns of near-zero variance: W's first rows scaled down by 1e-4 (var_a by 1e-8): eps
+  // then dominates their normalization, and their statistics must still be right.
+  {
+    const SweepCase c = parse_sweep_line("2000x256x64 bf16 train");
+    CaseInputs in = make_case_inputs(c);
+    for (std::int64_t n = 0; n < 16; ++n)
+      for (std::int64_t kk = 0; kk < c.problem.K; ++kk) {
+        const auto i = static_cast<std::size_t>(n * c.problem.lda_w() + kk);
+        in.w.set(i, in.w.get(i) * 1e-4f);
+      }
+    check_from_input(forced_plan(c.problem, cv), in, c.problem.M);
+  }
+  // K = 1 (a 16-bit row of 2 bytes: the tiled variant, or fp32 whose 4-byte rows TMA refuses
+  // too): S is one number.
+  {
+    const SweepCase c = parse_sweep_line("2000x130x1 fp32 train");
+    const KernelConfig tiled = KernelConfig::parse("tiled.128x128x32.w2x4.s3.g8.rc.cv");
+    REQUIRE_MESSAGE(tiled.valid_for(c.problem, dev), tiled.why_invalid(c.problem, dev));
+    check_from_input(forced_plan(c.problem, tiled), make_case_inputs(c), c.problem.M);
+  }
+}
+
+TEST_CASE("input_stats: a column that cancels takes recompute's statistics, bit for bit") {
+  const Device dev = Device::current();
+  for (const Keyed& k : kConfigs) {
+    if (!runs_here(k)) continue;
+    const std::string line = fmt::format("3000x200x64 {} train", k.dtype);
+    CAPTURE(line);
+    CAPTURE(k.key);
+    const SweepCase c = parse_sweep_line(line);
+    const KernelConfig cv = KernelConfig::parse(k.key);
+    REQUIRE(cv.valid_for(c.problem, dev));
+    // Feature 1 = feature 0 + 1e-3 noise, and W's column 7 = x0 - x1: a's column 7 has ~1e-6 of
+    // the variance its weights and features suggest (a cancellation factor ~1e5, above every
+    // dtype's limit).
+    CaseInputs in = make_case_inputs(c);
+    std::mt19937_64 rng(in.seed + 1);
+    std::normal_distribution<double> normal;
+    const std::int64_t ldx = c.problem.lda_x(), ldw = c.problem.lda_w();
+    for (std::int64_t m = 0; m < c.problem.M; ++m) {
+      const float x0 = in.x.get(static_cast<std::size_t>(m * ldx));
+      in.x.set(static_cast<std::size_t>(m * ldx + 1), x0 + static_cast<float>(1e-3 * normal(rng)));
+    }
+    for (std::int64_t kk = 0; kk < c.problem.K; ++kk)
+      in.w.set(static_cast<std::size_t>(7 * ldw + kk), kk == 0 ? 1.f : (kk == 1 ? -1.f : 0.f));
+    const Outcome cvo = run_rows(forced_plan(c.problem, cv), in, c.problem.M);
+    const Outcome rc = run_rows(forced_plan(c.problem, recompute_twin(cv)), in, c.problem.M);
+    CHECK(cvo.flag != 0u);
+    CHECK(cvo.gemm_statistics);
+    CHECK(rc.gemm_statistics);
+    CHECK(first_different_output(cvo.out, rc.out) == "");
+  }
+}
+
+TEST_CASE("input_stats: fewer rows than the plan's, a refused launch, a replayed graph") {
+  const Device dev = Device::current();
+  const char* key = on_hopper() ? "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv"
+                                : "tiled.128x128x32.w2x4.s3.g8.rc.cv";
+  const KernelConfig cv = KernelConfig::parse(key);
+  const SweepCase c = parse_sweep_line("20000x256x64 bf16 train momentum=none");
+  REQUIRE(cv.valid_for(c.problem, dev));
+  const CaseInputs in = make_case_inputs(c);
+  const Plan plan = forced_plan(c.problem, cv);
+  // 130 rows: three row tiles of 64, fewer than the cooperative grid's CTAs elsewhere.
+  for (const std::int64_t rows : {std::int64_t{130}, std::int64_t{2000}, c.problem.M}) {
+    CAPTURE(rows);
+    check_from_input(plan, in, rows);
+  }
+  // The driver refusing the cooperative launch: recompute's run, bit for bit, and says nothing.
+  fault::disarm_all();
+  const int before = fault::fired(Fault::cooperative_too_large);
+  fault::arm(Fault::cooperative_too_large, 1);
+  const Outcome refused = run_rows(plan, in, 2000);
+  fault::disarm_all();
+  CHECK(fault::fired(Fault::cooperative_too_large) == before + 1);
+  CHECK(refused.gemm_statistics);
+  const Outcome rc = run_rows(forced_plan(c.problem, recompute_twin(cv)), in, 2000);
+  CHECK(rc.gemm_statistics);
+  CHECK(first_different_output(refused.out, rc.out) == "");
+  // Captured and replayed: each replay reads the counter the last one bumped.
+  constexpr int kReplays = 3;
+  DeviceCase dc(in, true);
+  DeviceBuffer ws(plan.workspace_size());
+  const Stream st;
+  replay_captured(
+      st, [&] { plan.run(st, dc.tensors(), ws.get(), plan.workspace_size()); }, kReplays);
+  const CaseOutputs replayed = dc.download();
+  CHECK(replayed.num_batches_tracked == in.num_batches_tracked + kReplays);
+  // The same three runs eagerly give the same bits.
+  DeviceCase eager(in, true);
+  for (int i = 0; i < kReplays; ++i) plan.run(st, eager.tensors(), ws.get(), plan.workspace_size());
+  st.synchronize();
+  CHECK(first_different_output(replayed, eager.download()) == "");
+}
