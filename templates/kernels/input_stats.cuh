@@ -92,17 +92,21 @@ struct InputStats {
 
   using Acc = float[kTilesPerWarp][2][4];
 
-  // The tile's d^T d into `acc` from the three bf16 planes: warp w takes 16x16 output tiles
-  // w, w + 8, ...; A = d^T (rows j) and B = d (columns k) both come from the [row][column]
-  // planes through ldmatrix.trans.
-  __device__ static void tile_products(SharedStorage& sh, Acc& acc) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __device__ static void zero(Acc& a) {
 #pragma unroll
     for (int q = 0; q < kTilesPerWarp; ++q)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[q][h][i] = 0.f;
+        for (int i = 0; i < 4; ++i) a[q][h][i] = 0.f;
+  }
+
+  // The tile's d^T d into `acc` from the three bf16 planes: warp w takes 16x16 output tiles
+  // w, w + 8, ...; A = d^T (rows j) and B = d (columns k) both come from the [row][column]
+  // planes through ldmatrix.trans.
+  __device__ static void tile_products(SharedStorage& sh, Acc& acc) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    zero(acc);
     // The part products kept, small ones first: hi*lo, lo*hi, mid*mid, hi*mid, mid*hi, hi*hi.
     constexpr int kPairs[6][2] = {{0, 2}, {2, 0}, {1, 1}, {0, 1}, {1, 0}, {0, 0}};
 #pragma unroll
@@ -154,6 +158,20 @@ struct InputStats {
     return v;
   }
 
+  // f(q, h, i, j, k) for each accumulator register (q, h, i) of this thread that holds an entry
+  // (j, k) of d^T d (a warp past the output tiles holds none).
+  template <class F>
+  __device__ static void for_each_entry(F&& f) {
+#pragma unroll
+    for (int q = 0; q < kTilesPerWarp; ++q) {
+      if (threadIdx.x / 32 + q * kWarps >= kOutTiles) break;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) f(q, h, i, entry_j(q, i), entry_k(q, h, i));
+    }
+  }
+
   // The block's sum of (v0, v1, v2) in a fixed order (lanes by a butterfly, then warps in
   // order); valid in thread 0.
   __device__ static void block_sum3(SharedStorage& sh, float& v0, float& v1, float& v2) {
@@ -202,12 +220,7 @@ struct InputStats {
 
     // Phase 1: this CTA's row tiles.
     Acc run_c, acc;
-#pragma unroll
-    for (int q = 0; q < kTilesPerWarp; ++q)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) run_c[q][h][i] = 0.f;
+    zero(run_c);
     if (t < KP) sh.run_mean[t] = 0.f;
     float run_n = 0.f;
     T raw[kLoads];
@@ -258,19 +271,11 @@ struct InputStats {
         // Chan: C += C_t + (n n_t / (n + n_t)) delta delta^T, delta = mean_t - mean.
         const float tot = run_n + nt;
         const float w = run_n * nt / tot;
-#pragma unroll
-        for (int q = 0; q < kTilesPerWarp; ++q) {
-          if (threadIdx.x / 32 + q * kWarps >= kOutTiles) break;
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const int j = entry_j(q, i), k = entry_k(q, h, i);
-              const float dj = sh.tile_mean[j] - sh.run_mean[j];
-              const float dk = sh.tile_mean[k] - sh.run_mean[k];
-              run_c[q][h][i] += acc[q][h][i] + w * dj * dk;
-            }
-        }
+        for_each_entry([&](int q, int h, int i, int j, int k) {
+          const float dj = sh.tile_mean[j] - sh.run_mean[j];
+          const float dk = sh.tile_mean[k] - sh.run_mean[k];
+          run_c[q][h][i] += acc[q][h][i] + w * dj * dk;
+        });
         __syncthreads();  // every thread has read run_mean before it moves
         if (t < KP) sh.run_mean[t] += (sh.tile_mean[t] - sh.run_mean[t]) * (nt / tot);
       }
@@ -280,15 +285,8 @@ struct InputStats {
     float* mine = ws + L.partials + static_cast<long long>(blockIdx.x) * L.partial_stride;
     if (t == 0) mine[0] = run_n;
     if (t < KP) mine[4 + t] = sh.run_mean[t];
-#pragma unroll
-    for (int q = 0; q < kTilesPerWarp; ++q) {
-      if (threadIdx.x / 32 + q * kWarps >= kOutTiles) break;
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          mine[4 + KP + entry_j(q, i) * KP + entry_k(q, h, i)] = run_c[q][h][i];
-    }
+    for_each_entry(
+        [&](int q, int h, int i, int j, int k) { mine[4 + KP + j * KP + k] = run_c[q][h][i]; });
     // Phase 3 raises the flag; it is cleared here, before the barriers that order the two.
     if (blockIdx.x == 0 && t == 0) reinterpret_cast<unsigned*>(ws)[L.flag] = 0u;
     __syncthreads();

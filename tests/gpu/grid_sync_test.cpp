@@ -60,23 +60,13 @@ struct Outcome {
   bool coef_written = false;  // fj_finalize ran: the coefficient region lost its poison
 };
 
-// `rows` rows of `in` (a case of in.c.problem.M >= rows rows) through `plan`, outputs and a
-// caller workspace poisoned with 0xFF bytes first.
+// `rows` rows of `in` (a case of in.c.problem.M >= rows rows) through `plan` on a poisoned
+// caller workspace.
 Outcome run_rows(const Plan& plan, const CaseInputs& in, std::int64_t rows, bool with_saved) {
-  DeviceCase dc(in, with_saved);
-  DeviceBuffer ws(plan.workspace_size());
-  ws.fill_bytes(0xFF);
-  const Stream st;
-  plan.run(st, dc.tensors(), rows, ws.get(), plan.workspace_size());
-  st.synchronize();
-  Outcome o;
-  o.out = dc.download(rows);
+  const fusejit::test::PoisonedRun r = fusejit::test::run_poisoned(plan, in, rows, with_saved);
   const WorkspaceLayout layout = workspace_layout(plan.problem(), plan.config());
   REQUIRE(layout.coef_bytes > 0);
-  std::vector<unsigned char> coef(layout.coef_bytes);
-  ws.download(coef.data(), coef.size(), layout.coef_offset);
-  for (const unsigned char b : coef) o.coef_written = o.coef_written || b != 0xFF;
-  return o;
+  return {r.out, r.written(layout.coef_offset, layout.coef_bytes)};
 }
 
 // y (and saved) against float64 by the sweep's rule, for `rows` rows of the case.

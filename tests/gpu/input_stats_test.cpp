@@ -42,10 +42,6 @@ using fusejit::test::replay_captured;
 
 namespace {
 
-Plan forced_plan(const Problem& p, const KernelConfig& config) {
-  return fusejit::test::forced_plan(p, config, false);
-}
-
 KernelConfig recompute_twin(KernelConfig c) {
   c.input_stats = false;
   return c;
@@ -57,22 +53,15 @@ struct Outcome {
   unsigned flag = 0;             // fj_input_stats' flag (input_stats plans)
 };
 
-// `rows` rows of `in` through `plan`, outputs and a caller workspace poisoned with 0xFF first.
+// `rows` rows of `in` through `plan` on a poisoned caller workspace.
 Outcome run_rows(const Plan& plan, const CaseInputs& in, std::int64_t rows) {
-  DeviceCase dc(in, true);
-  DeviceBuffer ws(plan.workspace_size());
-  ws.fill_bytes(0xFF);
-  const Stream st;
-  plan.run(st, dc.tensors(), rows, ws.get(), plan.workspace_size());
-  st.synchronize();
-  Outcome o;
-  o.out = dc.download(rows);
+  const fusejit::test::PoisonedRun r = fusejit::test::run_poisoned(plan, in, rows, true);
   const WorkspaceLayout layout = workspace_layout(plan.problem(), plan.config());
   REQUIRE(layout.partials_bytes > 0);
-  std::vector<unsigned char> partials(layout.partials_bytes);
-  ws.download(partials.data(), partials.size(), layout.partials_offset);
-  for (const unsigned char b : partials) o.gemm_statistics = o.gemm_statistics || b != 0xFF;
-  if (layout.xstats_bytes > 0) ws.download(&o.flag, sizeof(o.flag), layout.xstats_offset);
+  Outcome o;
+  o.out = r.out;
+  o.gemm_statistics = r.written(layout.partials_offset, layout.partials_bytes);
+  if (layout.xstats_bytes > 0) o.flag = r.region<unsigned>(layout.xstats_offset, 4)[0];
   return o;
 }
 
@@ -105,6 +94,12 @@ constexpr Keyed kConfigs[] = {
     {"bf16", "tiled.128x128x32.w2x4.s3.g8.rc.cv", false},
 };
 
+// The bf16 config of the cases that take one: warpspec on Hopper, tiled elsewhere.
+KernelConfig this_gpus_config() {
+  return KernelConfig::parse(on_hopper() ? "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv"
+                                         : "tiled.128x128x32.w2x4.s3.g8.rc.cv");
+}
+
 bool runs_here(const Keyed& k) {
   return !k.hopper || on_hopper();
 }
@@ -129,7 +124,7 @@ TEST_CASE("input_stats: statistics from x pass float64 and skip the statistics G
         REQUIRE_MESSAGE(cv.valid_for(c.problem, dev), cv.why_invalid(c.problem, dev));
         const CaseInputs in = make_case_inputs(c);
         CAPTURE(in.seed);
-        check_from_input(forced_plan(c.problem, cv), in, c.problem.M);
+        check_from_input(fusejit::test::forced_plan(c.problem, cv, false), in, c.problem.M);
       }
     }
   }
@@ -137,9 +132,7 @@ TEST_CASE("input_stats: statistics from x pass float64 and skip the statistics G
 
 TEST_CASE("input_stats: adversarial inputs: large means, K = 1, near-zero variance, strided x") {
   const Device dev = Device::current();
-  const char* key = on_hopper() ? "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv"
-                                : "tiled.128x128x32.w2x4.s3.g8.rc.cv";
-  const KernelConfig cv = KernelConfig::parse(key);
+  const KernelConfig cv = this_gpus_config();
   // x ~ 1000 + N(0, 1): every column's mean ~1000 times its spread. The statistics centre each
   // tile before squaring, so nothing cancels; y is compared with float64 like the others.
   {
@@ -147,7 +140,7 @@ TEST_CASE("input_stats: adversarial inputs: large means, K = 1, near-zero varian
     REQUIRE(cv.valid_for(c.problem, dev));
     CaseInputs in = make_case_inputs(c);
     make_x_large_mean(in);
-    check_from_input(forced_plan(c.problem, cv), in, c.problem.M);
+    check_from_input(fusejit::test::forced_plan(c.problem, cv, false), in, c.problem.M);
   }
   // Columns of near-zero variance: W's first rows scaled down by 1e-4 (var_a by 1e-8): eps
   // then dominates their normalization, and their statistics must still be right.
@@ -159,7 +152,7 @@ TEST_CASE("input_stats: adversarial inputs: large means, K = 1, near-zero varian
         const auto i = static_cast<std::size_t>(n * c.problem.lda_w() + kk);
         in.w.set(i, in.w.get(i) * 1e-4f);
       }
-    check_from_input(forced_plan(c.problem, cv), in, c.problem.M);
+    check_from_input(fusejit::test::forced_plan(c.problem, cv, false), in, c.problem.M);
   }
   // K = 1 (a 16-bit row of 2 bytes: the tiled variant, or fp32 whose 4-byte rows TMA refuses
   // too): S is one number.
@@ -167,7 +160,8 @@ TEST_CASE("input_stats: adversarial inputs: large means, K = 1, near-zero varian
     const SweepCase c = parse_sweep_line("2000x130x1 fp32 train");
     const KernelConfig tiled = KernelConfig::parse("tiled.128x128x32.w2x4.s3.g8.rc.cv");
     REQUIRE_MESSAGE(tiled.valid_for(c.problem, dev), tiled.why_invalid(c.problem, dev));
-    check_from_input(forced_plan(c.problem, tiled), make_case_inputs(c), c.problem.M);
+    check_from_input(fusejit::test::forced_plan(c.problem, tiled, false), make_case_inputs(c),
+                     c.problem.M);
   }
 }
 
@@ -194,8 +188,9 @@ TEST_CASE("input_stats: a column that cancels takes recompute's statistics, bit 
     }
     for (std::int64_t kk = 0; kk < c.problem.K; ++kk)
       in.w.set(static_cast<std::size_t>(7 * ldw + kk), kk == 0 ? 1.f : (kk == 1 ? -1.f : 0.f));
-    const Outcome cvo = run_rows(forced_plan(c.problem, cv), in, c.problem.M);
-    const Outcome rc = run_rows(forced_plan(c.problem, recompute_twin(cv)), in, c.problem.M);
+    const Outcome cvo = run_rows(fusejit::test::forced_plan(c.problem, cv, false), in, c.problem.M);
+    const Outcome rc =
+        run_rows(fusejit::test::forced_plan(c.problem, recompute_twin(cv), false), in, c.problem.M);
     CHECK(cvo.flag != 0u);
     CHECK(cvo.gemm_statistics);
     CHECK(rc.gemm_statistics);
@@ -205,13 +200,11 @@ TEST_CASE("input_stats: a column that cancels takes recompute's statistics, bit 
 
 TEST_CASE("input_stats: fewer rows than the plan's, a refused launch, a replayed graph") {
   const Device dev = Device::current();
-  const char* key = on_hopper() ? "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv"
-                                : "tiled.128x128x32.w2x4.s3.g8.rc.cv";
-  const KernelConfig cv = KernelConfig::parse(key);
+  const KernelConfig cv = this_gpus_config();
   const SweepCase c = parse_sweep_line("20000x256x64 bf16 train momentum=none");
   REQUIRE(cv.valid_for(c.problem, dev));
   const CaseInputs in = make_case_inputs(c);
-  const Plan plan = forced_plan(c.problem, cv);
+  const Plan plan = fusejit::test::forced_plan(c.problem, cv, false);
   // 130 rows: three row tiles of 64, fewer than the cooperative grid's CTAs elsewhere.
   for (const std::int64_t rows : {std::int64_t{130}, std::int64_t{2000}, c.problem.M}) {
     CAPTURE(rows);
@@ -225,7 +218,8 @@ TEST_CASE("input_stats: fewer rows than the plan's, a refused launch, a replayed
   fault::disarm_all();
   CHECK(fault::fired(Fault::cooperative_too_large) == before + 1);
   CHECK(refused.gemm_statistics);
-  const Outcome rc = run_rows(forced_plan(c.problem, recompute_twin(cv)), in, 2000);
+  const Outcome rc =
+      run_rows(fusejit::test::forced_plan(c.problem, recompute_twin(cv), false), in, 2000);
   CHECK(rc.gemm_statistics);
   CHECK(first_different_output(refused.out, rc.out) == "");
   // Captured and replayed: each replay reads the counter the last one bumped.

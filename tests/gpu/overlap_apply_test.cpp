@@ -56,22 +56,11 @@ struct Outcome {
   std::vector<unsigned> counters;  // the overlap region after the run (empty: none)
 };
 
-// `rows` rows of `in` through `plan`; outputs and a caller workspace poisoned with 0xFF first.
+// `rows` rows of `in` through `plan` on a poisoned caller workspace.
 Outcome run_rows(const Plan& plan, const CaseInputs& in, std::int64_t rows, bool with_saved) {
-  DeviceCase dc(in, with_saved);
-  DeviceBuffer ws(plan.workspace_size());
-  ws.fill_bytes(0xFF);
-  const Stream st;
-  plan.run(st, dc.tensors(), rows, ws.get(), plan.workspace_size());
-  st.synchronize();
-  Outcome o;
-  o.out = dc.download(rows);
+  const fusejit::test::PoisonedRun r = fusejit::test::run_poisoned(plan, in, rows, with_saved);
   const WorkspaceLayout layout = workspace_layout(plan.problem(), plan.config());
-  if (layout.overlap_bytes > 0) {
-    o.counters.resize(layout.overlap_bytes / 4);
-    ws.download(o.counters.data(), layout.overlap_bytes, layout.overlap_offset);
-  }
-  return o;
+  return {r.out, r.region<unsigned>(layout.overlap_offset, layout.overlap_bytes)};
 }
 
 // The counters a run that applied in the kernel leaves (OverlapCounters): per column tile its
