@@ -1,7 +1,6 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <tuple>
 
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
@@ -348,11 +347,21 @@ TEST_CASE("overlap_apply: fj_gemm alone, the two-pass passes kept for a refused 
 
 TEST_CASE(
     "input_stats: fj_input_stats first, the statistics kernels kept for the fallback, compiles") {
-  for (const auto& [dtype, key, arch] :
-       {std::tuple{DType::bf16, "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv", "sm_90a"},
-        std::tuple{DType::tf32x3, "warpspec.128x128x32.c2.s3.g8.cl1.p1.rc.cv", "sm_90a"},
-        std::tuple{DType::fp32, "tiled.128x128x32.w2x4.s3.g8.rc.cv", "sm_80"},
-        std::tuple{DType::fp16, "tiled.128x128x32.w2x4.s3.g8.rc.cv.xm", "sm_86"}}) {
+  struct Case {
+    DType dtype;
+    const char* key;
+    const char* arch;
+  };
+  for (const Case& one :
+       {Case{DType::bf16, "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv", "sm_90a"},
+        Case{DType::tf32x3, "warpspec.128x128x32.c2.s3.g8.cl1.p1.rc.cv", "sm_90a"},
+        Case{DType::fp32, "tiled.128x128x32.w2x4.s3.g8.rc.cv", "sm_80"},
+        Case{DType::fp16, "tiled.128x128x32.w2x4.s3.g8.rc.cv.xm", "sm_86"}}) {
+    // Plain names: doctest's CAPTURE is a lambda, which a structured binding cannot be captured
+    // by before C++20 compilers agree on it.
+    const DType dtype = one.dtype;
+    const char* key = one.key;
+    const char* arch = one.arch;
     CAPTURE(key);
     // K = 40 pads to 64; K = 8 (16-bit) or 12 (fp32) to 16, rows of 16 or 48 bytes (TMA's
     // 16-byte alignment).
