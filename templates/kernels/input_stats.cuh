@@ -21,8 +21,9 @@
 //     that factor (the study above), which no plan-time rule can bound (it depends on the data:
 //     correlated features and a weight row that takes their difference). Above the dtype's
 //     limit the column is not trusted: the kernel raises the region's flag, and the run's
-//     statistics GEMM and fj_finalize, which otherwise return at once, take the statistics from
-//     the GEMM's accumulators instead, as recompute does (bit for bit recompute's then).
+//     statistics GEMM (which otherwise returns at once) and fj_finalize (which otherwise only
+//     records what this kernel left) take the statistics from the GEMM's accumulators instead,
+//     as recompute does (bit for bit recompute's then).
 #pragma once
 #include "common/cp_async.cuh"
 #include "common/grid_barrier.cuh"
@@ -37,9 +38,11 @@
 namespace fj {
 
 // The largest cancellation factor a column's var_a is trusted with. At 2^-24 per unit of factor
-// (bench/stats_before_gemm_study.py), 1024 leaves var_a within ~6e-5 and invstd within ~3e-5:
-// under a sixtieth of tf32's 2e-3 tolerance and far under the 16-bit types'. Strict fp32 and
-// 3xTF32 are held to 2e-5, so they get 128 (~4e-6 on invstd).
+// (bench/stats_before_gemm_study.py, one rounding, M = 8192), 1024 leaves var_a within ~6e-5
+// and invstd within ~3e-5: under a sixtieth of tf32's 2e-3 tolerance and far under the 16-bit
+// types'. Strict fp32 and 3xTF32 are held to 2e-5, so they get 128 (~4e-6 on invstd). This
+// kernel rounds more often than that model (Chan merges per CTA, a merge over the CTAs), so
+// these margins are estimates, checked by the tests up to 40000 rows.
 template <class Spec>
 __device__ __forceinline__ constexpr float input_stats_cancellation_limit() {
   return Spec::MATH == kMathSimtFp32 || Spec::MATH == kMathTf32x3 ? 128.f : 1024.f;

@@ -555,8 +555,6 @@ TEST_CASE("input_stats: recompute with K <= 64 only, key suffix .cv after .rc, n
   refused(train, "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv.gs", "not with grid_sync");
   refused(problem(DType::bf16, Mode::train, 65536, 256, 72),
           "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv", "K = 72 above 64");
-  refused(problem(DType::bf16, Mode::eval, 65536, 256, 64),
-          "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv", "train mode only");
   // Measured slower than recompute on H200 (docs/performance.md): opt-in, never offered.
   for (const Problem& p : {train, problem(DType::bf16, Mode::train, 16384, 1024, 64)})
     for (const KernelConfig& c : candidate_configs(p, h100)) CHECK(!c.input_stats);

@@ -116,7 +116,9 @@ TEST_CASE("input_stats: statistics from x pass float64 and skip the statistics G
     // and no affine.
     for (const char* tail : {"", " momentum=none nobias noaffine"}) {
       for (const int kdim : {64, four_byte ? 36 : 40}) {
-        const std::string line = fmt::format("3000x328x{} {} train{}", kdim, k.dtype, tail);
+        // 40000 rows: 625 row tiles, so every CTA of the cooperative grid (at most 264) merges
+        // several with Chan's formula.
+        const std::string line = fmt::format("40000x328x{} {} train{}", kdim, k.dtype, tail);
         CAPTURE(line);
         CAPTURE(k.key);
         const SweepCase c = parse_sweep_line(line);
@@ -175,9 +177,9 @@ TEST_CASE("input_stats: a column that cancels takes recompute's statistics, bit 
     const SweepCase c = parse_sweep_line(line);
     const KernelConfig cv = KernelConfig::parse(k.key);
     REQUIRE(cv.valid_for(c.problem, dev));
-    // Feature 1 = feature 0 + 1e-3 noise, and W's column 7 = x0 - x1: a's column 7 has ~1e-6 of
-    // the variance its weights and features suggest (a cancellation factor ~1e5, above every
-    // dtype's limit).
+    // Feature 1 = feature 0 + 1e-3 noise (in 16-bit storage mostly rounded back to feature 0),
+    // and W's row 7 = e0 - e1: a's column 7 has almost none of the variance its weights and
+    // features suggest (a cancellation factor above 1e6, past every dtype's limit).
     CaseInputs in = make_case_inputs(c);
     std::mt19937_64 rng(in.seed + 1);
     std::normal_distribution<double> normal;
@@ -193,6 +195,8 @@ TEST_CASE("input_stats: a column that cancels takes recompute's statistics, bit 
         run_rows(fusejit::test::forced_plan(c.problem, recompute_twin(cv), false), in, c.problem.M);
     CHECK(cvo.flag != 0u);
     CHECK(cvo.gemm_statistics);
+    // The recompute plan really is recompute's: Plan's recipe key once served a forced .rc
+    // plan the .rc.cv recipe of the same problem, which skipped the statistics GEMM.
     CHECK(rc.gemm_statistics);
     CHECK(first_different_output(cvo.out, rc.out) == "");
   }
@@ -205,8 +209,9 @@ TEST_CASE("input_stats: fewer rows than the plan's, a refused launch, a replayed
   REQUIRE(cv.valid_for(c.problem, dev));
   const CaseInputs in = make_case_inputs(c);
   const Plan plan = fusejit::test::forced_plan(c.problem, cv, false);
-  // 130 rows: three row tiles of 64, fewer than the cooperative grid's CTAs elsewhere.
-  for (const std::int64_t rows : {std::int64_t{130}, std::int64_t{2000}, c.problem.M}) {
+  // 40 rows: one partial tile (one CTA); 130: three tiles of 64, fewer than the grid's CTAs.
+  for (const std::int64_t rows :
+       {std::int64_t{40}, std::int64_t{130}, std::int64_t{2000}, c.problem.M}) {
     CAPTURE(rows);
     check_from_input(plan, in, rows);
   }

@@ -89,10 +89,24 @@ std::string recipe_key(const Problem& p, const PlanOptions& o, CUcontext ctx) {
   for (const int v : {o.variant ? static_cast<int>(*o.variant) : -1, int(o.autotune),
                       int(o.use_tuning_db), int(o.config.has_value())})
     append_bytes(key, v);
-  // A forced config by its key, which names every field (it is the cache and tuning key): listing
-  // the fields here instead missed recompute once and input_stats later, and a forced config that
-  // differed in that flag alone was served the other's recipe.
-  if (o.config) key += o.config->key() + '|';
+  if (o.config) {
+    // Every field: a forced config that differs in one flag is another recipe (recompute, and
+    // later input_stats, were missing here, so a forced .rc config could be served the plain
+    // one's recipe, and a forced .rc one the .rc.cv one's). Not KernelConfig::key(): it leaves
+    // out the fields a variant ignores, and a forced config that sets one of them must still get
+    // why_invalid's refusal rather than its valid twin's recipe. The static_assert makes a new
+    // field fail to compile until it is listed (a bool that fits the padding does not change the
+    // size: grid_sync and input_stats did not; check the list by hand too).
+    const KernelConfig& c = *o.config;
+    static_assert(sizeof(KernelConfig) == 52,
+                  "KernelConfig changed: list every field in recipe_key, then update the size");
+    for (const int v :
+         {static_cast<int>(c.variant), c.bm, c.bn, c.bk, c.warps_m, c.warps_n, c.stages, c.group_m,
+          c.cluster_m, int(c.persistent), int(c.pingpong), int(c.tma_store), c.split_k,
+          int(c.exact_m), int(c.recompute), int(c.pad_operands), int(c.grid_sync),
+          int(c.overlap_apply), int(c.input_stats)})
+      append_bytes(key, v);
+  }
   key += o.cache_dir;
   return key;
 }
