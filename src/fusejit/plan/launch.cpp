@@ -48,14 +48,20 @@ void launch_dependent(const Device& device, CUfunction f, unsigned grid_x, unsig
   check(driver().cuLaunchKernelEx(&cfg, f, args, nullptr), what);
 }
 
-bool launch_input_stats(const PlanCore& c, const RunShape& shape, CUstream stream,
-                        const fj::Params& params) {
-  fj::Params prm = params;
-  prm.input_stats = 1;
-  void* args[] = {&prm};
-  CUlaunchAttribute cooperative{};
-  cooperative.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-  cooperative.value.cooperative = 1;
+CUlaunchAttribute cooperative_attribute() {
+  CUlaunchAttribute a{};
+  a.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+  a.value.cooperative = 1;
+  return a;
+}
+
+CUresult launch_cooperative(const CUlaunchConfig& cfg, CUfunction f, void** args) {
+  if (fault::fire(Fault::cooperative_too_large)) return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+  return driver().cuLaunchKernelEx(&cfg, f, args, nullptr);
+}
+
+bool launch_input_stats(const PlanCore& c, const RunShape& shape, CUstream stream, void** args) {
+  CUlaunchAttribute cooperative = cooperative_attribute();
   CUlaunchConfig cfg{};
   cfg.gridDimX = shape.input_stats_grid;
   cfg.gridDimY = cfg.gridDimZ = 1;
@@ -64,10 +70,7 @@ bool launch_input_stats(const PlanCore& c, const RunShape& shape, CUstream strea
   cfg.hStream = stream;
   cfg.attrs = &cooperative;
   cfg.numAttrs = 1;
-  // Test-only (util/fault.hpp): the driver's refusal, without asking it.
-  const CUresult r = fault::fire(Fault::cooperative_too_large)
-                         ? CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
-                         : driver().cuLaunchKernelEx(&cfg, c.input_stats, args, nullptr);
+  const CUresult r = launch_cooperative(cfg, c.input_stats, args);
   if (r == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) return false;
   check(r, "cuLaunchKernelEx(fj_input_stats, cooperative)");
   return true;
@@ -309,7 +312,8 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
     // The statistics GEMM is a programmatic dependent launch of fj_input_stats: it waits for it
     // and returns at once unless a column was flagged. A refused cooperative launch (a device
     // shared or partitioned in ways the occupancy query does not see) leaves recompute's run.
-    prm.input_stats = launch_input_stats(c, shape, stream, prm) ? 1 : 0;
+    prm.input_stats = 1;
+    if (!launch_input_stats(c, shape, stream, args)) prm.input_stats = 0;
     if (prm.input_stats)
       gemm(c.gemm, c.smem_bytes, "fj_gemm", "cuLaunchKernelEx(fj_gemm, dependent)");
     else

@@ -62,6 +62,15 @@ RunShape run_shape(const PlanCore&, std::int64_t rows, const WorkspaceLayout& wo
 // place both launch_dependent and launch_warpspec (beside its cluster attribute) take it from.
 CUlaunchAttribute programmatic_dependent_attribute();
 
+// The attribute of a cooperative launch (grid_sync, overlap_apply, input_stats): the driver
+// starts the grid only if all of its CTAs can be resident at once.
+CUlaunchAttribute cooperative_attribute();
+// cuLaunchKernelEx of `cfg`, a cooperative launch: the driver's result, or under the test-only
+// fault cooperative_too_large (util/fault.hpp) its refusal,
+// CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, without asking it. The one place every cooperative
+// launch goes out, so the fault reaches them all.
+CUresult launch_cooperative(const CUlaunchConfig& cfg, CUfunction f, void** args);
+
 // Enqueues `f` on `stream` as a programmatic dependent launch of the kernel before it in the
 // stream (on sm_90+; an ordinary launch before): grid_x x grid_y blocks of `threads`, `smem`
 // bytes of dynamic shared memory. The kernel must wait for its predecessor itself before it
@@ -126,10 +135,10 @@ void validate_stream(CUcontext context, CUstream stream);
 void launch(const PlanCore&, const RunShape& shape, CUstream stream, const Tensors&,
             void* workspace, RunCache* cache = nullptr, const StatsExchange* exchange = nullptr);
 // fj_input_stats (KernelConfig::input_stats) as a cooperative launch of shape.input_stats_grid
-// CTAs: false when the driver refuses it as too large for the device as it is now (nothing
-// enqueued: the caller runs recompute's schedule), true when launched; other failures throw.
-bool launch_input_stats(const PlanCore&, const RunShape& shape, CUstream stream,
-                        const fj::Params& params);
+// CTAs with `args` (the run's fj::Params, input_stats set): false when the driver refuses it as
+// too large for the device as it is now (nothing enqueued: the caller runs recompute's
+// schedule), true when launched; other failures throw.
+bool launch_input_stats(const PlanCore&, const RunShape& shape, CUstream stream, void** args);
 // The warpspec GEMM's launch: its TMA descriptors name the run's x, W and y and its rows, so
 // they are encoded on the host (a pure host call: no sync, no allocation) when those change.
 // `gemm`/`smem_bytes`/`name`: fj_gemm's, or (recompute) fj_gemm_affine's, on the same tensor

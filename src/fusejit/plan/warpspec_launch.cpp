@@ -3,7 +3,6 @@
 #include "fusejit/device/driver.hpp"
 #include "fusejit/plan/launch.hpp"
 #include "fusejit/plan/tma_descriptor.hpp"
-#include "fusejit/util/fault.hpp"
 
 namespace fusejit {
 
@@ -42,9 +41,7 @@ bool launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
   CUlaunchAttribute attrs[2]{};
   unsigned n_attrs = 0;
   if (cooperative) {
-    CUlaunchAttribute& a = attrs[n_attrs++];
-    a.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-    a.value.cooperative = 1;
+    attrs[n_attrs++] = cooperative_attribute();
   } else if (c.config.cluster_m > 1) {
     CUlaunchAttribute& a = attrs[n_attrs++];
     a.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
@@ -62,10 +59,8 @@ bool launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
   cfg.hStream = stream;
   cfg.attrs = attrs;
   cfg.numAttrs = n_attrs;
-  // Test-only (util/fault.hpp): the driver's refusal, without asking it.
-  const CUresult r = cooperative && fault::fire(Fault::cooperative_too_large)
-                         ? CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
-                         : d.cuLaunchKernelEx(&cfg, gemm, args, nullptr);
+  const CUresult r = cooperative ? launch_cooperative(cfg, gemm, args)
+                                 : d.cuLaunchKernelEx(&cfg, gemm, args, nullptr);
   if (r == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE && cooperative) return false;
   if (r != CUDA_SUCCESS)
     check(r, fmt::format("cuLaunchKernelEx({}, {})", name,
