@@ -74,8 +74,6 @@ struct InputStats {
   // The loads: thread t always takes column t % KP, in rows t / KP + i * kColGroups.
   static constexpr int kColGroups = kThreads / KP;
   static constexpr int kLoads = R * KP / kThreads;
-  // Phase 2: threads per entry of S, each summing every kParts-th CTA's term.
-  static constexpr int kParts = 8;
   static_assert(K <= kInputStatsMaxK, "input_stats: K above kInputStatsMaxK");
   static_assert(kThreads % KP == 0 && (R * KP) % kThreads == 0 && R % 16 == 0,
                 "input_stats: the block must tile the rows and columns");
@@ -178,12 +176,7 @@ struct InputStats {
   // The block's sum of (v0, v1, v2) in a fixed order (lanes by a butterfly, then warps in
   // order); valid in thread 0.
   __device__ static void block_sum3(SharedStorage& sh, float& v0, float& v1, float& v2) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      v0 += __shfl_xor_sync(0xffffffffu, v0, o);
-      v1 += __shfl_xor_sync(0xffffffffu, v1, o);
-      v2 += __shfl_xor_sync(0xffffffffu, v2, o);
-    }
+    v0 = warp_sum(v0), v1 = warp_sum(v1), v2 = warp_sum(v2);
     const int warp = threadIdx.x / 32;
     if (threadIdx.x % 32 == 0) sh.red[0][warp] = v0, sh.red[1][warp] = v1, sh.red[2][warp] = v2;
     __syncthreads();
