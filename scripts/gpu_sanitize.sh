@@ -2,8 +2,11 @@
 # compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over the small sweep in
 # tests/sanitize/small.sweep, for each variant the GPU has, for a forced split-K config (its
 # slice stores and fj_splitk_reduce), on Hopper for a forced TMA-store config and for the apply
-# inside the GEMM (`.oa`, bf16 and tf32 configs over tests/sanitize/overlap_small.sweep), and for
-# the backward pass over tests/sanitize/backward_small.sweep ("backward"). Run on the GPU machine
+# inside the GEMM (`.oa`, bf16 and tf32 configs over tests/sanitize/overlap_small.sweep), for the
+# grid-synchronized train kernel (`.rc.gs`, over tests/sanitize/resident_small.sweep: one round
+# and several) and the statistics taken from x before the GEMM
+# (`.rc.cv`: a bf16 and a tf32 warpspec config, and a tiled one; the sweep's K = 64 is within its
+# limit), and for the backward pass over tests/sanitize/backward_small.sweep ("backward"). Run on the GPU machine
 # after a build:
 #   scripts/gpu_sanitize.sh [/path/to/fusejit]    -> one line per (tool, variant), exit 1 on errors
 set -uo pipefail
@@ -11,14 +14,18 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 fj=${1:-${BUILD_DIR:-$here/build}/fusejit}
 out=${OUT:-/tmp}
 sweep=$here/tests/sanitize/small.sweep
-variants="tiled splitk backward"
-"$fj" info | grep -q "sm_90" && variants="tiled splitk warpspec ts oa_bf16 oa_tf32 backward"
+variants="tiled splitk cv_tiled backward"
+"$fj" info | grep -q "sm_90" && variants="tiled splitk cv_tiled warpspec ts oa_bf16 oa_tf32 gs cv_bf16 cv_tf32 backward"
 variants=${SANITIZE_VARIANTS:-$variants}
 # K = 64 everywhere in the sweep: 4 k tiles of 16, one per split.
 splitk_config=tiled.64x64x16.w2x1.s3.g8.k4
 ts_config=warpspec.128x256x64.c2.s4.g8.cl1.p1.ts
 oa_bf16_config=warpspec.128x256x64.c2.s4.g1.cl1.p1.ts.oa
 oa_tf32_config=warpspec.128x256x32.c2.s4.g1.cl1.p1.ts.oa
+gs_config=warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.gs
+cv_bf16_config=warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv
+cv_tf32_config=warpspec.128x128x32.c2.s6.g8.cl1.p1.rc.cv
+cv_tiled_config=tiled.128x128x32.w2x4.s3.g8.rc.cv
 status=0
 printf '%-10s %-9s %s\n' tool variant result
 for tool in memcheck racecheck initcheck synccheck; do
@@ -29,12 +36,17 @@ for tool in memcheck racecheck initcheck synccheck; do
       ts) pick=(--config "$ts_config") ;;
       oa_bf16) pick=(--config "$oa_bf16_config") ;;
       oa_tf32) pick=(--config "$oa_tf32_config") ;;
+      gs) pick=(--config "$gs_config") ;;
+      cv_bf16) pick=(--config "$cv_bf16_config") ;;
+      cv_tf32) pick=(--config "$cv_tf32_config") ;;
+      cv_tiled) pick=(--config "$cv_tiled_config") ;;
       backward) pick=(--backward) ;;
       *) pick=(--variant "$v") ;;
     esac
     case $v in
       backward) cases=$here/tests/sanitize/backward_small.sweep ;;
       oa_*) cases=$here/tests/sanitize/overlap_small.sweep ;;
+      gs) cases=$here/tests/sanitize/resident_small.sweep ;;
       *) cases=$sweep ;;
     esac
     compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \

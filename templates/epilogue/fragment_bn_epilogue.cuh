@@ -197,13 +197,15 @@ struct FragmentBnEpilogue {
   }
 
  private:
-  // Spec::GRID_SYNC with p.grid_sync (a cooperative launch, one CTA per tile): this tile's
-  // partials are written; once every CTA's are, each CTA merges its columns over all row tiles
+  // Spec::GRID_SYNC with p.grid_sync (a cooperative launch, one tile per CTA per round; a round
+  // holds whole column panels, WarpspecGemm::make_raster): this tile's partials are written;
+  // once every CTA's of the round are, each CTA merges its columns over all row tiles
   // itself, in fj_finalize's order (column_merge.cuh), and stores y = A a + B and `saved`
   // straight from its accumulators, as recompute's second pass would from the same ones. The
   // results are then recompute's bit for bit, without its second mainloop, the finalize launch
   // and the GEMM's relaunch. The CTAs of row tile 0 record the running and saved stats; CTA 0
-  // bumps num_batches_tracked after the barrier (consume()), which every CTA read before it.
+  // bumps num_batches_tracked after its last round (consume()): every CTA read it before the
+  // barrier of each round, the last included.
   __device__ static void finish_resident(const Params& p, Acc& acc, float* coef_a, float* coef_b,
                                          float* saved_b, char* staging, int m0, int n0,
                                          int row_tile, int tid, const TmaDescriptor* ty) {

@@ -23,17 +23,22 @@ __device__ __forceinline__ GroupedWalk grouped_walk(int linear, int group, int e
 
 // The row tile count is the run's (M is a run-time value, common/rows.cuh); the host checks
 // that row tiles x COL_TILES fits int for the largest M a plan accepts (KernelConfig::why_invalid).
+// `group` is GROUP_M unless a kernel sets it per run: a resident grid_sync run of several rounds
+// takes group = row_tiles, so that consecutive indices fill whole column panels (every row tile
+// of a column tile), which is what each round's grid barrier must see complete; group x
+// COL_TILES is then the run's tiles, which fit int.
 template <int COL_TILES, int GROUP_M>
 struct GroupedRaster {
   static_assert(fits_int(static_cast<long long>(GROUP_M) * COL_TILES),
                 "GroupedRaster: GROUP_M x column tiles must fit int (KernelConfig::why_invalid)");
   int row_tiles;
+  int group = GROUP_M;
   struct Tile {
     int row, col;
   };
   __device__ __forceinline__ int tiles() const { return row_tiles * COL_TILES; }
   __device__ __forceinline__ Tile tile(int linear) const {
-    const GroupedWalk w = grouped_walk(linear, GROUP_M, row_tiles, COL_TILES);
+    const GroupedWalk w = grouped_walk(linear, group, row_tiles, COL_TILES);
     return {w.along, w.across};
   }
 };

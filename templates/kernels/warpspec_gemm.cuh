@@ -138,9 +138,9 @@ struct WarpspecGemm {
   static_assert(BM <= 256, "warpspec: a TMA box has at most 256 rows");
   static_assert(BN % (8 * CLUSTER) == 0,
                 "warpspec: the multicast W half must be whole 8-row groups");
-  // A resident run's CTAs each own one tile and meet at a grid barrier: no cluster (a CTA past
-  // M would skip the epilogue that arrives), no pingpong (tiles alternate between groups), and
-  // only the fragment epilogue finishes resident.
+  // A resident run's CTAs each own one tile per round and meet at a grid barrier each round: no
+  // cluster (a CTA past M would skip the epilogue that arrives), no pingpong (tiles alternate
+  // between groups), and only the fragment epilogue finishes resident.
   static_assert(!GridSync<Spec>::value ||
                     (StatsOnly<Spec>::value && CLUSTER == 1 && !WarpspecPingpong<Spec>::value &&
                      WarpspecFragmentEpilogue<Spec>::value),
@@ -320,7 +320,8 @@ struct WarpspecGemm {
     const unsigned base = (raw + kAlign - 1u) & ~(kAlign - 1u);
     SharedStorage& s = *reinterpret_cast<SharedStorage*>(fj_warpspec_smem + (base - raw));
     const int warpgroup = threadIdx.x / 128;
-    const Ctx c(s, base, CLUSTER > 1 ? cluster_rank() : 0u, rows_of<Spec>(p));
+    const Ctx c(s, base, CLUSTER > 1 ? cluster_rank() : 0u, rows_of<Spec>(p),
+                GridSync<Spec>::value && p.grid_sync);
 
     if (threadIdx.x == 0) {
       tma_prefetch(&tx);
@@ -423,14 +424,15 @@ struct WarpspecGemm {
     int cluster_tiles;       // the tiles every role walks, as cluster tiles
     Raster raster;
 
+    // column_panels: a resident run (GRID_SYNC), whose CTAs take their tiles a round at a time.
     __device__ __forceinline__ Ctx(SharedStorage& storage, unsigned shared_base, unsigned cta_rank,
-                                   int rows)
+                                   int rows, bool column_panels)
         : s(storage),
           base(shared_base),
           rank(cta_rank),
           m(rows),
           cluster_tiles(WarpspecGemm::cluster_tiles(rows)),
-          raster{((rows + BM - 1) / BM + CLUSTER - 1) / CLUSTER},
+          raster(make_raster(((rows + BM - 1) / BM + CLUSTER - 1) / CLUSTER, column_panels)),
           full{shared_base + FJ_OFFSETOF(SharedStorage, bar.full)},
           empty{shared_base + FJ_OFFSETOF(SharedStorage, bar.empty)},
           split{shared_base + split_barriers_offset()},
@@ -443,6 +445,20 @@ struct WarpspecGemm {
       return {base + FJ_OFFSETOF(SharedStorage, ring) + i * static_cast<unsigned>(sizeof(Stage))};
     }
   };
+
+  // A resident run (Spec::GRID_SYNC with Params::grid_sync) is a grid of row_tiles x R CTAs
+  // (R dividing the column tiles; the host's resident_grid), persistent when it has more tiles
+  // than CTAs: each CTA takes one tile per round, and every round ends at the grid barrier in
+  // the epilogue, after which each CTA merges its tile's columns over every row tile. So a round
+  // must hold whole column panels: the raster walks all row tiles of a column tile before the
+  // next (group = row_tiles), and round r covers column tiles r R .. r R + R - 1. Any other run
+  // walks GROUP_M row tiles at a time, which shares W's tiles in L2.
+  __device__ __forceinline__ static Raster make_raster(int cluster_rows, bool column_panels) {
+    if constexpr (kOverlap)
+      return Raster{cluster_rows};
+    else
+      return Raster{cluster_rows, column_panels ? cluster_rows : kGroupM};
+  }
 
   __host__ __device__ static constexpr unsigned split_barriers_offset() {
     if constexpr (kSplit3)

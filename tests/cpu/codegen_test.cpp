@@ -298,6 +298,29 @@ TEST_CASE("grid_sync: recompute's kernel set, its fj_gemm alone names GRID_SYNC,
   gs_p0.persistent = false;
   CHECK(resident_tiles(gs_p0, 2, 132) == 264);
   CHECK(resident_tiles(rc, 2, 132) == 0);
+  // The resident grid: every tile when they fit; otherwise (persistent) every row tile of R
+  // column panels, R the largest divisor of the column tiles that fits, so that every CTA has a
+  // tile in every round. 128x256 tiles.
+  CHECK(resident_grid(gs, 2048, 2048, 132) == 128);     // 16 x 8 tiles: one round
+  CHECK(resident_grid(gs, 2048, 2048, 100) == 64);      // 16 x 4, two rounds
+  CHECK(resident_grid(gs, 8 * 256, 1920, 100) == 60);   // 15 x 4: 15 x 6 would fit, 6 !| 8
+  CHECK(resident_grid(gs, 7 * 256, 2048, 100) == 16);   // 7 column tiles, prime: 7 rounds
+  CHECK(resident_grid(gs, 4096, 4096, 132) == 128);     // 32 x 4, four rounds
+  CHECK(resident_grid(gs, 4096, 16384, 132) == 128);    // 128 x 1, 16 rounds
+  CHECK(resident_grid(gs, 4096, 16385, 132) == 129);    // 129 row tiles x 1, 16 rounds
+  CHECK(resident_grid(gs, 4096, 20000, 132) == 0);      // 157 row tiles do not fit
+  CHECK(resident_grid(gs_p0, 2048, 2048, 264) == 128);  // not persistent: one round only
+  CHECK(resident_grid(gs_p0, 2048, 4096, 100) == 0);
+  CHECK(resident_grid(rc, 2048, 2048, 132) == 0);
+  CHECK(resident_grid(gs, 2048, 0, 132) == 0);
+  // A run whose tiles do not all fit goes resident in rounds (fj_gemm alone) when a panel's
+  // row tiles do, recompute's kernels when they do not.
+  Problem wide = p;
+  wide.N = 2048;
+  wide.ldw = wide.ldy = 0;
+  wide.M = 20000;
+  CHECK(schedule(wide, gs, 9000, 132).kernels == std::vector<std::string>{"fj_gemm"});
+  CHECK(schedule(wide, gs, 20000, 132).kernels == schedule(wide, rc, 20000).kernels);
   const KernelSource src = generate(p, gs);
   // Spec says GRID_SYNC; SpecAffine, the fallback's second pass, must not inherit it.
   const auto spec = src.text.find("struct Spec {");

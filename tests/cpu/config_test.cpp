@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include <array>
 
 #include <set>
@@ -62,11 +64,12 @@ TEST_CASE(
   for (const auto& s : shapes) {
     const std::int64_t M = s[0];
     CAPTURE(M);
-    // K = 64: the recompute twin (the GEMM twice instead of y's round trip), grid_sync as every
-    // warpspec twin without cluster or pingpong is.
+    // The recompute twin, grid_sync as every warpspec twin without cluster or pingpong is: at
+    // K = 64 the GEMM twice instead of y's round trip (65536 rows do not fit at once), and at
+    // 1024 and 4096 rows one resident kernel in two and four rounds of column panels instead
+    // of the round trip of 32 and 64 MB of fp32 y.
     CHECK(default_config(problem(DType::tf32, Mode::train, M, s[1], s[2]), h100).key() ==
-          (s[2] == 64 ? "warpspec.128x256x32.c2.s4.g16.cl1.p1.ts.rc.gs"
-                      : "warpspec.128x256x32.c2.s4.g16.cl1.p1.ts"));
+          "warpspec.128x256x32.c2.s4.g16.cl1.p1.ts.rc.gs");
     CHECK(default_config(problem(DType::tf32, Mode::eval, M, s[1], s[2]), h100).key() ==
           (s[2] >= 2048 ? "warpspec.128x256x32.c2.s4.g16.cl1.p1.ts"
                         : "warpspec.128x128x32.c2.s6.g8.cl1.p1"));
@@ -79,10 +82,11 @@ TEST_CASE(
     CHECK(cl2);
   }
   // Where TMA stores cannot run (N % 4 != 0: y's rows end inside a 16-byte unit) train falls
-  // to the thread-store 128x256 (3 stages) and long eval to 128x128 in clusters of two.
+  // to the thread-store 128x256 (3 stages; its resident twin) and long eval to 128x128 in
+  // clusters of two.
   Problem odd_n = problem(DType::tf32, Mode::train, 4096, 4094, 4096);
   odd_n.ldy = 4096;
-  CHECK(default_config(odd_n, h100).key() == "warpspec.128x256x32.c2.s3.g16.cl1.p1");
+  CHECK(default_config(odd_n, h100).key() == "warpspec.128x256x32.c2.s3.g16.cl1.p1.rc.gs");
   odd_n.mode = Mode::eval;
   CHECK(default_config(odd_n, h100).key() == "warpspec.128x128x32.c2.s6.g8.cl2.p1");
   // ...and its recompute twin stays a candidate where K is short (the first three configs of
@@ -136,13 +140,31 @@ TEST_CASE("recompute: train's two-pass class only; the heuristic takes it where 
   // H100, bf16 (measured, docs/performance.md): at K = 64 the second mainloop costs less than
   // y's round trip; at K = 512 and above it does not. 2048x2048x512 fits the GPU at once
   // (128 tiles of 128x256): its recompute twin runs as one kernel (grid_sync), no second pass.
+  // So do 1024x8192x8192 and 2048x4096x4096, in two rounds of column panels (H200: 1.6-2% and
+  // 3% faster than two-pass). In four rounds (4096x4096x4096) two-pass stays 1-2% faster in
+  // bf16, and at 16384 rows a round of 128 row tiles re-reads x's 128 MB from DRAM, 16 times
+  // (H200: 1.07 against 0.80-0.86 ms). 16384x1024x256 keeps plain recompute: four rounds of one
+  // panel would cost more than its second mainloop.
   CHECK(default_config(problem(DType::bf16, Mode::train, 65536, 256, 64), h100).recompute);
   CHECK(default_config(problem(DType::bf16, Mode::train, 2048, 2048, 512), h100).grid_sync);
-  for (const auto& s : {std::array<std::int64_t, 3>{4096, 4096, 4096},
+  for (const auto& s : {std::array<std::int64_t, 3>{2048, 4096, 4096},
                         std::array<std::int64_t, 3>{1024, 8192, 8192}}) {
+    CAPTURE(s[0]);
+    const KernelConfig c =
+        default_config(problem(DType::bf16, Mode::train, s[0], s[1], s[2]), h100);
+    CHECK(c.grid_sync);
+    const unsigned grid = resident_grid(c, s[1], s[0], 132);
+    CHECK((grid > 0 && grid < (s[0] / c.bm) * (s[1] / c.bn)));
+  }
+  for (const auto& s : {std::array<std::int64_t, 3>{4096, 4096, 4096},
+                        std::array<std::int64_t, 3>{16384, 4096, 4096},
+                        std::array<std::int64_t, 3>{8192, 12288, 3072}}) {
     CAPTURE(s[0]);
     CHECK(!default_config(problem(DType::bf16, Mode::train, s[0], s[1], s[2]), h100).recompute);
   }
+  const KernelConfig narrow =
+      default_config(problem(DType::bf16, Mode::train, 16384, 1024, 256), h100);
+  CHECK((narrow.recompute && !narrow.grid_sync));
   // The tuner weighs the twins in train's two-pass class only.
   for (Mode m : {Mode::train, Mode::eval})
     for (std::int64_t M : {64, 4096}) {
@@ -173,21 +195,43 @@ TEST_CASE("grid_sync: recompute's warpspec twins without cluster or pingpong, ke
   refused("warpspec.128x256x64.c2.s4.g16.cl2.p1.rc.gs", "cluster");
   refused("warpspec.128x128x64.c2.s5.g8.cl1.p1.pp.rc.gs", "pingpong");
   CHECK(!gs.valid_for(problem(DType::bf16, Mode::train, 128, 2048, 512), h100));  // one pass
-  // The twins: every warpspec recompute candidate that can be grid_sync is; none other is.
+  // The twins: every warpspec recompute candidate that can be grid_sync comes both ways, the
+  // grid_sync one first; no other candidate is grid_sync.
   for (const Problem& p : {train, problem(DType::bf16, Mode::train, 65536, 256, 64),
-                           problem(DType::tf32, Mode::train, 4096, 4096, 4096)})
-    for (const KernelConfig& c : candidate_configs(p, h100)) {
+                           problem(DType::tf32, Mode::train, 4096, 4096, 4096)}) {
+    const std::vector<KernelConfig> list = candidate_configs(p, h100);
+    for (const KernelConfig& c : list) {
       CAPTURE(c.key());
-      CHECK(c.grid_sync ==
-            (c.recompute && c.variant == Variant::warpspec && c.cluster_m == 1 && !c.pingpong));
+      const bool can =
+          c.recompute && c.variant == Variant::warpspec && c.cluster_m == 1 && !c.pingpong;
+      CHECK((!c.grid_sync || can));
+      if (!can) continue;
+      KernelConfig other = c;
+      other.grid_sync = !c.grid_sync;
+      CHECK(std::count_if(list.begin(), list.end(),
+                          [&](const KernelConfig& x) { return x.key() == other.key(); }) == 1);
     }
+  }
   // The time model: one kernel where every tile fits at once (1024x4096: 8 x 16 tiles of
-  // 128x256 on 132 SMs), recompute's cost where they do not (4096x4096: 512 tiles).
+  // 128x256 on 132 SMs) or every row tile of a column panel does (4096x4096: 32 x 16 tiles, four
+  // rounds of 4 panels), a few microseconds more per round; recompute's cost where a panel's row
+  // tiles do not fit (20000 rows: 157 row tiles).
   const KernelConfig rc = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc");
   const KernelConfig one = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.gs");
   const Problem fits = problem(DType::bf16, Mode::train, 1024, 4096, 4096);
-  const Problem big = problem(DType::bf16, Mode::train, 4096, 4096, 4096);
+  const Problem rounds = problem(DType::bf16, Mode::train, 4096, 4096, 4096);
+  const Problem big = problem(DType::bf16, Mode::train, 20000, 4096, 4096);
   CHECK(estimated_us(fits, h100, one) < estimated_us(fits, h100, rc));
+  CHECK(estimated_us(rounds, h100, one) < estimated_us(rounds, h100, rc));
+  // What train adds over eval's GEMM grows with the rounds.
+  auto train_cost = [&](const Problem& p) {
+    Problem e = p;
+    e.mode = Mode::eval;
+    KernelConfig base = one;
+    base.recompute = base.grid_sync = false;
+    return estimated_us(p, h100, one) - estimated_us(e, h100, base);
+  };
+  CHECK(train_cost(rounds) > train_cost(fits));
   CHECK(estimated_us(big, h100, one) == estimated_us(big, h100, rc));
 }
 

@@ -1,11 +1,13 @@
-// KernelConfig::grid_sync (train, warpspec): when a run's tiles all fit on the GPU at once, fj_gemm
-// goes out alone as a cooperative launch, meets at a grid barrier, merges the column partials
-// in fj_finalize's order and stores y itself. It must give the recompute schedule's outputs bit
-// for bit (same partials, same merge order, same affine on the same accumulators), whichever way
-// a run goes:
-//  - resident: proven to be the one-kernel path by the workspace's coefficient region, which
-//    only fj_finalize writes and which must keep its poison;
-//  - a run whose tiles do not fit (a plan made for more rows) and a cooperative launch the
+// KernelConfig::grid_sync (train, warpspec): when a run's tiles all fit on the GPU at once, or (a
+// persistent config) its row tiles do, fj_gemm goes out alone as a cooperative launch and takes
+// its tiles in rounds of whole column panels; each round meets at a grid barrier, merges the
+// column partials in fj_finalize's order and stores y itself. It must give the recompute
+// schedule's outputs bit for bit (same partials, same merge order, same affine on the same
+// accumulators), whichever way a run goes:
+//  - resident, in one round or several (a prime number of column tiles: one panel a round):
+//    proven to be the one-kernel path by the workspace's coefficient region, which only
+//    fj_finalize writes and which must keep its poison;
+//  - a run whose row tiles do not fit (a plan made for more rows) and a cooperative launch the
 //    driver refuses (fault injection): recompute's kernels, coefficients written;
 //  - captured in a CUDA graph and replayed, with momentum=None (the counter CTA 0 bumps after
 //    the barrier every CTA read it before);
@@ -143,6 +145,30 @@ TEST_CASE("grid_sync: one kernel gives recompute's outputs bit for bit") {
         check_against_float64(in, one.out, c.problem.M);
       }
     }
+    // Several rounds (persistent configs): more tiles than SMs, tails in M and N. 128x256
+    // tiles: 17 row tiles x 12 column tiles, rounds of 6 panels; 128x128: 17 x 23, and 23 is
+    // prime, so one panel a round; 3xTF32 at 128x128 likewise.
+    if (!KernelConfig::parse(k.key).persistent) continue;
+    for (const char* tail : {"", " momentum=none"}) {
+      const std::string line =
+          fmt::format("2100x2904x{} {} train{}",
+                      std::string(k.dtype).starts_with("tf32") ? 100 : 72, k.dtype, tail);
+      CAPTURE(line);
+      CAPTURE(k.key);
+      const SweepCase c = parse_sweep_line(line);
+      const KernelConfig gs = KernelConfig::parse(k.key);
+      REQUIRE_MESSAGE(gs.valid_for(c.problem, dev), gs.why_invalid(c.problem, dev));
+      const std::int64_t tiles =
+          (c.problem.M + gs.bm - 1) / gs.bm * ((c.problem.N + gs.bn - 1) / gs.bn);
+      const unsigned grid =
+          resident_grid(gs, c.problem.N, c.problem.M, static_cast<unsigned>(dev.sm_count));
+      CAPTURE(grid);
+      REQUIRE((grid > 0 && grid < tiles && tiles % grid == 0));
+      const CaseInputs in = make_case_inputs(c);
+      CAPTURE(in.seed);
+      const Outcome one = check_same_as_recompute(gs, in, true);
+      check_against_float64(in, one.out, c.problem.M);
+    }
   }
   // Strided x (ldx > K), and columns whose mean is ~1000 times their spread (x ~ 1000 + N(0,1),
   // where a lost digit in the merge would show): still recompute's bits, and no NaN.
@@ -176,10 +202,11 @@ TEST_CASE("grid_sync: one kernel gives recompute's outputs bit for bit") {
 TEST_CASE("grid_sync: runs that cannot be resident take recompute's kernels, same bits") {
   if (!on_hopper()) return;  // grid_sync runs the warpspec kernel
   const Device dev = Device::current();
-  // A plan for 9000 rows of N = 512 in 128x256 tiles: 71 x 2 = 142 tiles. The config is
-  // persistent, so a resident run has at most one tile per SM (resident_tiles()): 142 is more
-  // than an H100's 132 SMs or an H200's; 2000 rows (32 tiles) fit.
-  const std::string line = "9000x512x64 bf16 train momentum=none";
+  // A plan for 20000 rows of N = 512 in 128x256 tiles: 157 row tiles x 2. The config is
+  // persistent, so a resident run has at most one CTA per SM (resident_tiles()), and a round
+  // needs every row tile of a column panel: 157 are more than an H100's 132 SMs or an H200's.
+  // 9000 rows (71 row tiles) run in two rounds of one panel, 2000 rows (16 x 2 tiles) in one.
+  const std::string line = "20000x512x64 bf16 train momentum=none";
   CAPTURE(line);
   const SweepCase c = parse_sweep_line(line);
   const KernelConfig gs = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.gs");
@@ -187,8 +214,8 @@ TEST_CASE("grid_sync: runs that cannot be resident take recompute's kernels, sam
   const Plan one = forced_plan(c.problem, gs);
   const Plan three = forced_plan(c.problem, without_grid_sync(gs));
   const CaseInputs in = make_case_inputs(c);
-  REQUIRE((gs.persistent && 142 > dev.sm_count));
-  for (const std::int64_t rows : {std::int64_t{2000}, c.problem.M}) {
+  REQUIRE((gs.persistent && 157 > dev.sm_count && 71 <= dev.sm_count));
+  for (const std::int64_t rows : {std::int64_t{2000}, std::int64_t{9000}, c.problem.M}) {
     CAPTURE(rows);
     const Outcome a = run_rows(one, in, rows, true);
     const Outcome b = run_rows(three, in, rows, true);

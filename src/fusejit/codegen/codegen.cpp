@@ -58,8 +58,7 @@ KernelSchedule schedule_flags(const Problem& p, const KernelConfig& c, std::int6
   // that waits for the finalize before it bumps), so it bumps it itself.
   s.affine = !s.single_pass && c.recompute;
   s.input_stats = s.affine && c.input_stats;
-  const std::int64_t tiles = (rows + c.bm - 1) / c.bm * ((p.N + c.bn - 1) / c.bn);
-  if (s.affine && c.grid_sync && tiles <= static_cast<std::int64_t>(resident_tiles)) {
+  if (s.affine && resident_grid(c, p.N, rows, resident_tiles) > 0) {
     s.grid_sync = true;
     s.finalize = s.affine = false;
   }

@@ -40,9 +40,9 @@ struct KernelSchedule {
   // launch, and the statistics GEMM and fj_finalize take its statistics unless it flagged a
   // column (then they run as recompute's).
   bool input_stats = false;
-  // KernelConfig::grid_sync, and the run's tiles number at most `resident_tiles` (the device's,
-  // config/candidates.hpp): fj_gemm goes out alone as a cooperative launch and finishes the
-  // run; no fj_finalize, no fj_gemm_affine.
+  // KernelConfig::grid_sync, and the run can be resident (resident_grid, config/candidates.hpp,
+  // from the device's `resident_tiles`): fj_gemm goes out alone as a cooperative launch and
+  // finishes the run, in one round or several; no fj_finalize, no fj_gemm_affine.
   bool grid_sync = false;
   // KernelConfig::overlap_apply, two-pass class: fj_gemm goes out alone as a cooperative launch,
   // merges and applies each column panel itself and bumps num_batches_tracked; no fj_finalize,

@@ -45,11 +45,20 @@ struct MClass {
 MClass m_class(std::int64_t M);
 inline constexpr int kMaxMClassesUpTo8192 = 7;
 
-// KernelConfig::grid_sync: the most tiles a run may have and still run as one kernel. Each CTA
-// must own one tile and all must be resident at once: `ctas_per_sm` x `sm_count`, and for a
-// persistent grid (at most one CTA per SM) `sm_count`. 0 for other configs. The plan passes the
-// module's occupancy (PlanCore::resident_tiles), the time model its estimate of it.
+// KernelConfig::grid_sync: the most CTAs of fj_gemm that are resident at once, each holding one
+// tile: `ctas_per_sm` x `sm_count`, and for a persistent grid (at most one CTA per SM)
+// `sm_count`. 0 for other configs. The plan passes the module's occupancy
+// (PlanCore::resident_tiles), the time model its estimate of it.
 unsigned resident_tiles(const KernelConfig&, int ctas_per_sm, int sm_count);
+
+// The grid of a resident (grid_sync) run of `rows` rows of an N-column layer, 0 when it cannot
+// run resident. Every tile fits at once: one CTA per tile, one round. Otherwise a persistent
+// config takes the tiles in rounds of whole column panels, R column tiles x every row tile, with
+// R the largest divisor of the column tiles whose panels fit `resident_tiles`; every CTA then
+// has one tile per round and meets the others at each round's grid barrier, so no CTA may run
+// out of tiles before the last round. 0 when one column panel's row tiles do not fit.
+unsigned resident_grid(const KernelConfig&, std::int64_t n, std::int64_t rows,
+                       unsigned resident_tiles);
 
 // BK-deep slices of p.K a mainloop walks (the last may be partial): what split-K divides.
 std::int64_t k_tiles(const Problem& p, int bk);

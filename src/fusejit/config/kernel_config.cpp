@@ -591,6 +591,19 @@ unsigned resident_tiles(const KernelConfig& c, int ctas_per_sm, int sm_count) {
   return c.persistent ? sms : static_cast<unsigned>(ctas_per_sm) * sms;
 }
 
+unsigned resident_grid(const KernelConfig& c, std::int64_t n, std::int64_t rows,
+                       unsigned resident_tiles) {
+  if (!c.grid_sync || rows < 1 || n < 1) return 0;
+  const std::int64_t row_tiles = (rows + c.bm - 1) / c.bm;
+  const std::int64_t col_tiles = (n + c.bn - 1) / c.bn;
+  const auto fit = static_cast<std::int64_t>(resident_tiles);
+  if (row_tiles * col_tiles <= fit) return static_cast<unsigned>(row_tiles * col_tiles);
+  if (!c.persistent || row_tiles > fit) return 0;
+  std::int64_t panels = fit / row_tiles;
+  while (col_tiles % panels != 0) --panels;
+  return static_cast<unsigned>(row_tiles * panels);
+}
+
 namespace {
 
 // The gradient GEMMs' tiles alone on an SM (GemmKind::gradient_one_wave): the FLOP/s each tile
@@ -698,12 +711,23 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c, Ge
     us += 3.0 + 2.0 * double(p.M + p.N) * double(p.K) * storage_bytes(p.dtype) / 2.5e12 * 1e6;
   }
   if (p.mode == Mode::train && p.M > c.bm) {
-    // grid_sync with every tile resident: one kernel, whose grid barrier and per-column merge of
-    // the partials cost a few microseconds. Otherwise recompute: the finalize's launch and the
-    // GEMM again, whose statistics epilogue costs about what storing a tile does (~2 us per tile
-    // and CTA on H100, docs/performance.md)
-    if (tiles <= resident_tiles(c, per_sm_ctas, sms))
-      us += 3.0;
+    // grid_sync resident: one kernel, whose grid barrier and per-column merge cost a few
+    // microseconds (3 us: the H100 fit that places the one-round runs); in rounds of whole
+    // column panels, each further round adds its barrier, merge and idle epilogue: measured ~6
+    // us over eval a round on H200, charged 10.5 here because the two-pass term below (H100's
+    // rate) overstates the H200's y round trip by about as much, and the choice must fall where
+    // the H200 measured it: two rounds resident (2048x4096x4096, 1024x8192x8192: 2-5% faster),
+    // four rounds two-pass in bf16 (4096^3: 1-2% faster) and resident in tf32 (3% faster). Each
+    // further round also reads all of x again: where x is larger than ~2/3 of the L2 those
+    // reads come from DRAM beside the mainloop's (~x / 12 TB/s a round, fitted on
+    // 16384x4096x4096 and 8192x12288x3072, where two-pass stays). Otherwise recompute: the
+    // finalize's launch and the GEMM again, whose statistics epilogue costs about what storing a
+    // tile does (~2 us per tile and CTA on H100, docs/performance.md)
+    const unsigned resident = resident_grid(c, p.N, p.M, resident_tiles(c, per_sm_ctas, sms));
+    const double x_bytes = double(p.M) * double(p.K) * storage_bytes(p.dtype);
+    if (resident > 0)
+      us += 3.0 + (std::ceil(tiles / resident) - 1.0) *
+                      (10.5 + (x_bytes > 40e6 ? x_bytes / 12e12 * 1e6 : 0.0));
     else if (c.recompute)
       us += 3.0 + waves * (wave_us + 2.0 * sharing) + 3.0;
     else  // two more launches and one read + write of y (fj_apply)
@@ -716,9 +740,11 @@ namespace {
 
 // Train's two-pass class: recompute twins (KernelConfig::recompute) of the first `count`
 // configs of `list`, for the time model and the tuner to weigh against storing y twice. Those
-// that can (warpspec, no cluster, no pingpong) are grid_sync as well: such a set runs
-// recompute's kernels whenever a run's tiles do not all fit at once, and one kernel when they
-// do.
+// that can (warpspec, no cluster, no pingpong) come grid_sync first: such a set runs one
+// kernel when a run's tiles fit at once, or in rounds when a column panel's row tiles do, and
+// recompute's kernels otherwise; then the plain twin, for the layers where recompute beats
+// those rounds (many row tiles and a short K, e.g. 16384x1024x256: four rounds of one panel).
+// The grid_sync twin comes first, so a tie (no resident run possible) keeps it.
 std::vector<KernelConfig> recompute_twins(const std::vector<KernelConfig>& list,
                                           std::size_t count) {
   std::vector<KernelConfig> out;
@@ -727,6 +753,10 @@ std::vector<KernelConfig> recompute_twins(const std::vector<KernelConfig>& list,
     c.recompute = true;
     c.grid_sync = c.variant == Variant::warpspec && c.cluster_m == 1 && !c.pingpong;
     out.push_back(c);
+    if (c.grid_sync) {
+      c.grid_sync = false;
+      out.push_back(c);
+    }
   }
   return out;
 }

@@ -104,6 +104,9 @@ RunShape run_shape(const PlanCore& c, std::int64_t rows, const WorkspaceLayout& 
   r.bump = s.bump;
   r.affine = s.affine;
   r.grid_sync = s.grid_sync;
+  // Also the recompute fallback's grid if the driver refuses the launch: a persistent grid of
+  // fewer CTAs than tiles walks them all.
+  if (s.grid_sync) r.gemm_grid = resident_grid(c.config, c.problem.N, rows, c.resident_tiles);
   r.overlap = s.overlap;
   if (s.input_stats)
     r.input_stats_grid = static_cast<unsigned>(std::min<std::int64_t>(

@@ -45,8 +45,8 @@ struct RunShape {
   bool gemm = true;  // false: a synchronized rank with no rows (only the exchange and fj_bump)
   bool finalize = false, exchange = false, bump = false;
   bool affine = false;  // KernelConfig::recompute: fj_gemm_affine after the finalize
-  // KernelSchedule::grid_sync (the run's tiles within PlanCore::resident_tiles): fj_gemm goes out
-  // alone as a cooperative launch (no finalize, no affine pass).
+  // KernelSchedule::grid_sync (resident_grid from PlanCore::resident_tiles, which is then
+  // gemm_grid): fj_gemm goes out alone as a cooperative launch (no finalize, no affine pass).
   bool grid_sync = false;
   // KernelSchedule::overlap: fj_gemm goes out alone as a cooperative launch and applies y itself.
   bool overlap = false;

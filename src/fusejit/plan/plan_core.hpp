@@ -62,8 +62,8 @@ struct PlanCore {
              apply_fold = nullptr, bump = nullptr, rank_stats = nullptr, rank_finalize = nullptr,
              gemm_affine = nullptr, pad_operands = nullptr, input_stats = nullptr;
   int smem_bytes = 0, gemm_affine_smem_bytes = 0;
-  // KernelConfig::grid_sync: the most tiles a run may have to run as one kernel
-  // (resident_tiles() from fj_gemm's occupancy); a run with more takes recompute's kernels.
+  // KernelConfig::grid_sync: how many of fj_gemm's CTAs are resident at once (resident_tiles()
+  // from its occupancy); a run that resident_grid() cannot fit takes recompute's kernels.
   unsigned resident_tiles = 0;
   // KernelConfig::input_stats: the most CTAs of fj_input_stats the device holds at once (its
   // cooperative grid's bound), at most kInputStatsMaxCtas.
