@@ -190,6 +190,15 @@ struct FragmentBnEpilogue {
     }
   }
 
+  // A resident run's round in which this CTA has no tile (the last round holds fewer column
+  // panels than the grid has room for): the team arrives at the round's grid barrier as
+  // finish_resident would, with no partials to publish.
+  __device__ __forceinline__ static void arrive_without_tile(int tid) {
+    all_sync();
+    if (tid == 0) grid_barrier_arrive_and_wait();
+    all_sync();
+  }
+
   // TMA_STORE: before the CTA exits, its last stores must have read the staging boxes (which die
   // with the CTA) and written y (which the next kernel may read).
   __device__ __forceinline__ static void drain(int tid) {

@@ -447,12 +447,13 @@ struct WarpspecGemm {
   };
 
   // A resident run (Spec::GRID_SYNC with Params::grid_sync) is a grid of row_tiles x R CTAs
-  // (R dividing the column tiles; the host's resident_grid), persistent when it has more tiles
-  // than CTAs: each CTA takes one tile per round, and every round ends at the grid barrier in
-  // the epilogue, after which each CTA merges its tile's columns over every row tile. So a round
-  // must hold whole column panels: the raster walks all row tiles of a column tile before the
-  // next (group = row_tiles), and round r covers column tiles r R .. r R + R - 1. Any other run
-  // walks GROUP_M row tiles at a time, which shares W's tiles in L2.
+  // (the host's resident_grid), persistent when it has more tiles than CTAs: each CTA takes one
+  // tile per round, and every round ends at the grid barrier in the epilogue, after which each
+  // CTA merges its tile's columns over every row tile. So a round must hold whole column
+  // panels: the raster walks all row tiles of a column tile before the next (group =
+  // row_tiles), and round r covers column tiles r R .. r R + R - 1 (the last round what is
+  // left; consume() has the CTAs past it arrive all the same). Any other run walks GROUP_M row
+  // tiles at a time, which shares W's tiles in L2.
   __device__ __forceinline__ static Raster make_raster(int cluster_rows, bool column_panels) {
     if constexpr (kOverlap)
       return Raster{cluster_rows};
@@ -689,6 +690,14 @@ struct WarpspecGemm {
         ++runs;
       } else {
         tile_epilogue(p, acc, c.s.scratch, t, ctid);
+      }
+    }
+    // A resident run's last round may hold fewer column panels than the grid has room for: a
+    // CTA without a tile in it still arrives at that round's barrier, which counts every CTA.
+    if constexpr (GridSync<Spec>::value) {
+      if (p.grid_sync) {
+        const int rounds = (c.cluster_tiles + tile_stride(c) - 1) / tile_stride(c);
+        for (int r = local; r < rounds; ++r) FragEpi::arrive_without_tile(etid);
       }
     }
     if constexpr (kFragment) FragEpi::drain(etid);

@@ -298,14 +298,13 @@ TEST_CASE("grid_sync: recompute's kernel set, its fj_gemm alone names GRID_SYNC,
   gs_p0.persistent = false;
   CHECK(resident_tiles(gs_p0, 2, 132) == 264);
   CHECK(resident_tiles(rc, 2, 132) == 0);
-  // The resident grid: every tile when they fit; otherwise (persistent) every row tile of R
-  // column panels, R the largest divisor of the column tiles that fits, so that every CTA has a
-  // tile in every round. 128x256 tiles.
+  // The resident grid: every tile when they fit; otherwise (persistent) every row tile of as
+  // many column panels as fit, the last round holding what is left. 128x256 tiles.
   CHECK(resident_grid(gs, 2048, 2048, 132) == 128);     // 16 x 8 tiles: one round
-  CHECK(resident_grid(gs, 2048, 2048, 100) == 64);      // 16 x 4, two rounds
-  CHECK(resident_grid(gs, 8 * 256, 1920, 100) == 60);   // 15 x 4: 15 x 6 would fit, 6 !| 8
-  CHECK(resident_grid(gs, 7 * 256, 2048, 100) == 16);   // 7 column tiles, prime: 7 rounds
+  CHECK(resident_grid(gs, 2048, 2048, 100) == 96);      // 16 x 6, then 16 x 2
+  CHECK(resident_grid(gs, 7 * 256, 2048, 100) == 96);   // 7 column tiles: 6, then 1
   CHECK(resident_grid(gs, 4096, 4096, 132) == 128);     // 32 x 4, four rounds
+  CHECK(resident_grid(gs, 4096, 2100, 132) == 119);     // 17 x 7: 7, 7, then 2 panels
   CHECK(resident_grid(gs, 4096, 16384, 132) == 128);    // 128 x 1, 16 rounds
   CHECK(resident_grid(gs, 4096, 16385, 132) == 129);    // 129 row tiles x 1, 16 rounds
   CHECK(resident_grid(gs, 4096, 20000, 132) == 0);      // 157 row tiles do not fit

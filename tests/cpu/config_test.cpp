@@ -1,9 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-
 #include <array>
-
 #include <set>
 
 #include "fusejit/config/candidates.hpp"

@@ -33,9 +33,9 @@ Problem padded_operands_problem(Problem p);
 // batch sizes of one layer share a few kernel sets (M is a run-time value in them, codegen.hpp)
 // instead of compiling one each. Bounds (inclusive upper): 64 and 128, the two tile heights,
 // below which train mode runs in one pass; 256; 1024; 2048 (where grid_sync stops fitting a
-// 2048-wide layer on an H100); 4096; 16384; then everything larger. Each class spans at most a
-// factor 4 of M, inside which the heuristic's time model (waves of tiles) ranks the configs
-// alike, and each lies inside one schedule class (BM and 8 BM are class bounds), so a class
+// 2048-wide layer on an H100 in one round); 4096; 16384; then everything larger. Each class spans
+// at most a factor 4 of M, inside which the heuristic's time model (waves of tiles) ranks the
+// configs alike, and each lies inside one schedule class (BM and 8 BM are class bounds), so a class
 // needs at most one kernel set and M = 1..8192 at most seven.
 struct MClass {
   std::int64_t lo = 1, hi = 1;  // inclusive
@@ -53,10 +53,9 @@ unsigned resident_tiles(const KernelConfig&, int ctas_per_sm, int sm_count);
 
 // The grid of a resident (grid_sync) run of `rows` rows of an N-column layer, 0 when it cannot
 // run resident. Every tile fits at once: one CTA per tile, one round. Otherwise a persistent
-// config takes the tiles in rounds of whole column panels, R column tiles x every row tile, with
-// R the largest divisor of the column tiles whose panels fit `resident_tiles`; every CTA then
-// has one tile per round and meets the others at each round's grid barrier, so no CTA may run
-// out of tiles before the last round. 0 when one column panel's row tiles do not fit.
+// config takes the tiles in rounds of whole column panels, R column tiles x every row tile, R as
+// many as fit `resident_tiles` (the last round holds what is left, and the CTAs past it arrive
+// at its barrier without a tile). 0 when one column panel's row tiles do not fit.
 unsigned resident_grid(const KernelConfig&, std::int64_t n, std::int64_t rows,
                        unsigned resident_tiles);
 

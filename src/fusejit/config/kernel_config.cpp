@@ -599,9 +599,7 @@ unsigned resident_grid(const KernelConfig& c, std::int64_t n, std::int64_t rows,
   const auto fit = static_cast<std::int64_t>(resident_tiles);
   if (row_tiles * col_tiles <= fit) return static_cast<unsigned>(row_tiles * col_tiles);
   if (!c.persistent || row_tiles > fit) return 0;
-  std::int64_t panels = fit / row_tiles;
-  while (col_tiles % panels != 0) --panels;
-  return static_cast<unsigned>(row_tiles * panels);
+  return static_cast<unsigned>(row_tiles * std::min(fit / row_tiles, col_tiles));
 }
 
 namespace {
@@ -720,18 +718,24 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c, Ge
     // four rounds two-pass in bf16 (4096^3: 1-2% faster) and resident in tf32 (3% faster). Each
     // further round also reads all of x again: where x is larger than ~2/3 of the L2 those
     // reads come from DRAM beside the mainloop's (~x / 12 TB/s a round, fitted on
-    // 16384x4096x4096 and 8192x12288x3072, where two-pass stays). Otherwise recompute: the
-    // finalize's launch and the GEMM again, whose statistics epilogue costs about what storing a
-    // tile does (~2 us per tile and CTA on H100, docs/performance.md)
+    // 16384x4096x4096 and 8192x12288x3072, where two-pass stays). And a resident grid smaller
+    // than the SMs (a panel's row tiles, times the panels that fit) takes more mainloop waves
+    // than the tiles need. Otherwise recompute: the finalize's launch and the GEMM again, whose
+    // statistics epilogue costs about what storing a tile does (~2 us per tile and CTA on
+    // H100, docs/performance.md)
     const unsigned resident = resident_grid(c, p.N, p.M, resident_tiles(c, per_sm_ctas, sms));
     const double x_bytes = double(p.M) * double(p.K) * storage_bytes(p.dtype);
-    if (resident > 0)
-      us += 3.0 + (std::ceil(tiles / resident) - 1.0) *
-                      (10.5 + (x_bytes > 40e6 ? x_bytes / 12e12 * 1e6 : 0.0));
-    else if (c.recompute)
+    const double l2_bytes = d.l2_bytes > 0 ? double(d.l2_bytes) : 50e6;  // H100's, if unknown
+    if (resident > 0) {
+      const double rounds = std::ceil(tiles / resident);
+      us += 3.0 + (rounds - 1.0) *
+                      (10.5 + (x_bytes > l2_bytes * 2.0 / 3.0 ? x_bytes / 12e12 * 1e6 : 0.0));
+      us += std::max(0.0, rounds - waves) * wave_us;
+    } else if (c.recompute) {
       us += 3.0 + waves * (wave_us + 2.0 * sharing) + 3.0;
-    else  // two more launches and one read + write of y (fj_apply)
+    } else {  // two more launches and one read + write of y (fj_apply)
       us += 6.0 + 2.0 * double(p.M) * p.N * storage_bytes(p.dtype) / 2.5e12 * 1e6;
+    }
   }
   return us;
 }

@@ -104,9 +104,7 @@ RunShape run_shape(const PlanCore& c, std::int64_t rows, const WorkspaceLayout& 
   r.bump = s.bump;
   r.affine = s.affine;
   r.grid_sync = s.grid_sync;
-  // Also the recompute fallback's grid if the driver refuses the launch: a persistent grid of
-  // fewer CTAs than tiles walks them all.
-  if (s.grid_sync) r.gemm_grid = resident_grid(c.config, c.problem.N, rows, c.resident_tiles);
+  if (s.grid_sync) r.resident_grid = resident_grid(c.config, c.problem.N, rows, c.resident_tiles);
   r.overlap = s.overlap;
   if (s.input_stats)
     r.input_stats_grid = static_cast<unsigned>(std::min<std::int64_t>(
@@ -301,7 +299,9 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
       apply_blocks = apply_grid(c, shape.rows);
     }
   } else if (shape.grid_sync) {
-    if (!launch_warpspec(c, shape, stream, prm, gemm_tensors, cache, c.gemm, c.smem_bytes,
+    RunShape resident = shape;
+    resident.gemm_grid = shape.resident_grid;
+    if (!launch_warpspec(c, resident, stream, prm, gemm_tensors, cache, c.gemm, c.smem_bytes,
                          "fj_gemm", true)) {
       // The driver says the device cannot hold the grid at once, though the plan's occupancy
       // check said it could (never seen on the H100; a device partitioned or shared in ways

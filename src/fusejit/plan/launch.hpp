@@ -45,9 +45,11 @@ struct RunShape {
   bool gemm = true;  // false: a synchronized rank with no rows (only the exchange and fj_bump)
   bool finalize = false, exchange = false, bump = false;
   bool affine = false;  // KernelConfig::recompute: fj_gemm_affine after the finalize
-  // KernelSchedule::grid_sync (resident_grid from PlanCore::resident_tiles, which is then
-  // gemm_grid): fj_gemm goes out alone as a cooperative launch (no finalize, no affine pass).
+  // KernelSchedule::grid_sync: fj_gemm goes out alone as a cooperative launch of resident_grid
+  // CTAs (resident_grid() from PlanCore::resident_tiles; no finalize, no affine pass). gemm_grid
+  // stays the usual grid, which recompute's kernels take if the driver refuses the launch.
   bool grid_sync = false;
+  unsigned resident_grid = 0;
   // KernelSchedule::overlap: fj_gemm goes out alone as a cooperative launch and applies y itself.
   bool overlap = false;
   // KernelSchedule::input_stats: fj_input_stats' cooperative grid (0: not launched), one CTA
