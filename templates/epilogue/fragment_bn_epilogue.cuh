@@ -190,11 +190,13 @@ struct FragmentBnEpilogue {
     }
   }
 
-  // A resident run's round in which this CTA has no tile (the last round holds fewer column
-  // panels than the grid has room for): the team arrives at the round's grid barrier as
-  // finish_resident would, with no partials to publish.
-  __device__ __forceinline__ static void arrive_without_tile(int tid) {
-    all_sync();
+  // A resident run's round: the team's arrival at the round's grid barrier, once its partials
+  // (if it had a tile) are written, and its wait for every CTA's. finish_resident meets each
+  // round it has a tile in; consume() has a CTA without a tile in the last round (which holds
+  // fewer column panels than the grid has room for) meet it all the same, since the barrier
+  // counts every CTA.
+  __device__ __forceinline__ static void meet_round(int tid) {
+    all_sync();  // the team's partials before the arrival that releases them
     if (tid == 0) grid_barrier_arrive_and_wait();
     all_sync();
   }
@@ -226,9 +228,7 @@ struct FragmentBnEpilogue {
 #pragma unroll
     for (int i = 0; i < kColsPerThread; ++i)
       if (tid + i * NT < cols) params[i] = column_params<Spec>(p, n0 + tid + i * NT);
-    all_sync();  // the team's partials before the arrival that releases them
-    if (tid == 0) grid_barrier_arrive_and_wait();
-    all_sync();
+    meet_round(tid);
     const float rows = static_cast<float>(rows_of<Spec>(p));
 #pragma unroll
     for (int i = 0; i < kColsPerThread; ++i) {

@@ -697,7 +697,7 @@ struct WarpspecGemm {
     if constexpr (GridSync<Spec>::value) {
       if (p.grid_sync) {
         const int rounds = (c.cluster_tiles + tile_stride(c) - 1) / tile_stride(c);
-        for (int r = local; r < rounds; ++r) FragEpi::arrive_without_tile(etid);
+        for (int r = local; r < rounds; ++r) FragEpi::meet_round(etid);
       }
     }
     if constexpr (kFragment) FragEpi::drain(etid);
