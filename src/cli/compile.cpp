@@ -272,6 +272,9 @@ int run_compile(const CompileArgs& a) {
       total += k.compile_seconds;
       fmt::print("  {:<4} {:7.3f} s  {:>8} B  {}{}\n", k.cache_hit ? "hit" : "miss",
                  k.compile_seconds, k.binary.size(), src.name, k.stored ? "" : "  NOT STORED");
+      // Not a failure (the kernel is correct), but what it costs is worth knowing before a run.
+      if (const std::string spills = describe_spills(k.functions); !spills.empty())
+        fmt::print("       ptxas spilled: {}\n", spills);
     } catch (const CompileError& e) {
       ++failures;
       fmt::print("  FAIL {}\n{}\n", src.name, e.what());

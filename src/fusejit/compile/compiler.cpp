@@ -92,7 +92,9 @@ std::vector<int> nvrtc_supported_archs() {
 
 std::vector<std::string> compile_options(const KernelSource& src, const std::string& arch) {
   std::vector<std::string> opts = src.options;
-  opts.push_back(target_for(arch).option);
+  const ArchTarget target = target_for(arch);
+  opts.push_back(target.option);
+  if (!target.ptx) opts.push_back("--ptxas-options=-v");
   return opts;
 }
 
@@ -133,10 +135,18 @@ CompiledKernel compile(const KernelSource& src, const std::string& arch) {
         fmt::format("NVRTC could not compile {} for {} ({}); options: {}\n{}", src.name, arch,
                     nvrtcGetErrorString(r), joined, offending_lines(log, src)),
         log, joined);
-  if (!log.empty()) fusejit::log()->debug("NVRTC log for {}:\n{}", src.name, log);
+  // ptxas's -v report (every cubin has one) is read below, not logged as what NVRTC said.
+  if (const std::string said = without_ptxas_report(log); !said.empty())
+    fusejit::log()->debug("NVRTC log for {}:\n{}", src.name, said);
   CompiledKernel out;
   out.arch = arch;
   out.is_ptx = target.ptx;
+  if (!target.ptx) {
+    out.functions = parse_ptxas_report(log);
+    if (const std::string spills = describe_spills(out.functions); !spills.empty())
+      fusejit::log()->info("ptxas spilled registers compiling {} for {}: {}", src.name, arch,
+                           spills);
+  }
   std::size_t size = 0;
   if (target.ptx) {
     check_nvrtc(nvrtcGetPTXSize(prog, &size), "nvrtcGetPTXSize");

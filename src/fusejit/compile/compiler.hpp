@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "fusejit/codegen/kernel_source.hpp"
+#include "fusejit/compile/ptxas_report.hpp"
 
 namespace fusejit {
 
@@ -15,6 +16,9 @@ struct CompiledKernel {
   double compile_seconds = 0;  // 0 when it came from a cache
   bool cache_hit = false;
   bool stored = false;  // compile_cached: the disk cache holds it now (a hit, or stored)
+  // compile() of a cubin: ptxas's account of each function (registers, spills). Empty for PTX
+  // (the driver assembles it) and for cache hits (the entry keeps only the binary).
+  std::vector<FunctionResources> functions;
 };
 
 // "13.0"
@@ -22,7 +26,8 @@ std::string nvrtc_version();
 // Architectures (compute capabilities, e.g. 80, 90) this NVRTC can emit cubin for.
 std::vector<int> nvrtc_supported_archs();
 
-// The exact NVRTC options used for `arch` (after the source's own options).
+// The exact NVRTC options used for `arch` (after the source's own options). A cubin's include
+// ptxas -v, whose report (CompiledKernel::functions) does not change the binary.
 std::vector<std::string> compile_options(const KernelSource& src, const std::string& arch);
 
 // Compiles `src` for `arch` ("sm_80", "sm_90a", ...). Throws CompileError carrying the log,

@@ -1,0 +1,78 @@
+#include "fusejit/compile/ptxas_report.hpp"
+
+#include <fmt/format.h>
+
+#include <regex>
+#include <sstream>
+
+namespace fusejit {
+
+namespace {
+
+FunctionResources& function_named(std::vector<FunctionResources>& out, const std::string& name) {
+  for (auto& f : out)
+    if (f.name == name) return f;
+  out.push_back({});
+  out.back().name = name;
+  return out.back();
+}
+
+}  // namespace
+
+std::vector<FunctionResources> parse_ptxas_report(const std::string& log) {
+  // ptxas info    : Compiling entry function 'fj_gemm' for 'sm_90a'
+  // ptxas info    : Function properties for fj_gemm
+  // ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+  // ptxas info    : Used 168 registers, used 1 barriers, 16 bytes cmem[0]
+  static const std::regex entry(R"re(Compiling entry function '([^']+)')re");
+  static const std::regex properties(R"re(Function properties for (\S+))re");
+  static const std::regex frame(
+      R"re((\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)re");
+  static const std::regex used(R"re(Used (\d+) registers)re");
+  std::vector<FunctionResources> out;
+  std::string current_entry;  // the entry function whose "Used" line comes next
+  std::string properties_of;  // the function the next frame line belongs to
+  std::istringstream in(log);
+  std::smatch m;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("ptxas") == std::string::npos) continue;
+    if (std::regex_search(line, m, entry)) {
+      current_entry = m[1];
+      function_named(out, current_entry).entry = true;
+    } else if (std::regex_search(line, m, properties)) {
+      properties_of = m[1];
+      function_named(out, properties_of);
+    } else if (std::regex_search(line, m, frame) && !properties_of.empty()) {
+      FunctionResources& f = function_named(out, properties_of);
+      f.stack_frame_bytes = std::stoll(m[1]);
+      f.spill_store_bytes = std::stoll(m[2]);
+      f.spill_load_bytes = std::stoll(m[3]);
+      properties_of.clear();
+    } else if (std::regex_search(line, m, used) && !current_entry.empty()) {
+      function_named(out, current_entry).registers = std::stoi(m[1]);
+      current_entry.clear();
+    }
+  }
+  return out;
+}
+
+std::string without_ptxas_report(const std::string& log) {
+  std::string out;
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("ptxas info") || line.starts_with("ptxas         .")) continue;
+    out += (out.empty() ? "" : "\n") + line;
+  }
+  return out;
+}
+
+std::string describe_spills(const std::vector<FunctionResources>& functions) {
+  std::string out;
+  for (const auto& f : functions)
+    if (f.spills())
+      out += fmt::format("{}{} {} B stored / {} B loaded", out.empty() ? "" : ", ", f.name,
+                         f.spill_store_bytes, f.spill_load_bytes);
+  return out;
+}
+
+}  // namespace fusejit
