@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <future>
 #include <map>
 #include <string>
@@ -40,10 +41,14 @@ enum class Coverage {
            // each arch's first job
 };
 
-// Compiles the jobs on all cores; returns one line per failure (empty: all compiled), with the
-// first error of the NVRTC log.
+// What a caller checks of each compiled job (e.g. ptxas's report): "" or failure lines.
+using CompiledCheck = std::function<std::string(const CompileJob&, const CompiledKernel&)>;
+
+// Compiles the jobs on all cores; returns one line per failure (empty: all compiled and passed
+// `check`), with the first error of the NVRTC log.
 inline std::string compile_jobs(const std::vector<CompileJob>& jobs,
-                                Coverage coverage = Coverage::every) {
+                                Coverage coverage = Coverage::every,
+                                const CompiledCheck& check = {}) {
   std::vector<const CompileJob*> sample;
   std::map<std::string, std::size_t> seen;  // arch -> jobs of that arch so far
   for (const CompileJob& j : jobs)
@@ -63,7 +68,11 @@ inline std::string compile_jobs(const std::vector<CompileJob>& jobs,
         const CompileJob& j = *sample[i];
         const std::string& what = j.what.empty() ? j.src.name : j.what;
         try {
-          if (compile(j.src, j.arch).binary.empty()) failures += what + " " + j.arch + ": empty\n";
+          const CompiledKernel k = compile(j.src, j.arch);
+          if (k.binary.empty())
+            failures += what + " " + j.arch + ": empty\n";
+          else if (check)
+            failures += check(j, k);
         } catch (const CompileError& e) {
           const std::string& log = e.log();
           const auto at = log.find("error");

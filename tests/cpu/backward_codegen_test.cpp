@@ -223,7 +223,7 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
   for (const Device& dev : {hopper, Device::for_arch("sm_80")}) {
     const Problem q = parse_sweep_line("65536x256x64 bf16 train").problem;
     std::set<std::string> bases, unsplit;
-    for (const KernelConfig& c : grad_gemm_candidates(q, backward_gemms(q).dw, dev)) {
+    for (const KernelConfig& c : grad_gemm_candidates(q, backward_gemms(q).dw, true, dev)) {
       KernelConfig base = c;
       base.split_k = 1;
       if (c.split_k == 1)
@@ -234,7 +234,8 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
     CHECK(!bases.empty());
     for (const std::string& b : bases) CHECK(unsplit.count(b) == 1);
     const Problem short_k = parse_sweep_line("1024x256x64 bf16 train").problem;
-    for (const KernelConfig& c : grad_gemm_candidates(short_k, backward_gemms(short_k).dw, dev))
+    for (const KernelConfig& c :
+         grad_gemm_candidates(short_k, backward_gemms(short_k).dw, true, dev))
       CHECK(c.split_k == 1);
   }
   // The sanitizer sweep's split lines (tests/sanitize/backward_small.sweep) do split, tf32's on
@@ -387,8 +388,8 @@ TEST_CASE(
     CHECK(dx.size() > 1);
     CHECK(dw.size() > 1);
     CHECK(cs.size() == dx.size() + dw.size() - 1);
-    CHECK(dx.size() == grad_gemm_candidates(p, backward_gemms(p).dx, hopper).size());
-    CHECK(dw.size() == grad_gemm_candidates(p, backward_gemms(p).dw, hopper).size());
+    CHECK(dx.size() == grad_gemm_candidates(p, backward_gemms(p).dx, false, hopper).size());
+    CHECK(dw.size() == grad_gemm_candidates(p, backward_gemms(p).dw, true, hopper).size());
     const std::vector<KernelSource> sources = backward_tuning_sources(p, hopper);
     REQUIRE(sources.size() == cs.size());
     CHECK(sources.front().name == generate_backward(p, h).name);

@@ -59,12 +59,13 @@ std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& config, 
 void require_grad_gemm_config(const Problem& p, const KernelConfig& c, bool dw, const Device& d,
                               const char* arg);
 
-// The configs the gradient GEMM `g` (dx_gemm_problem or dw_gemm_problem of `p`) can run on `d`,
-// in the heuristic's order (warpspec before tiled, each by the time model: GemmKind::gradient, or
-// gradient_one_wave where even the widest unsplit grid fills at most half the GPU, which is also
-// where split-K twins are offered): what default_backward_config takes the first of and
-// `fusejit autotune --backward` times.
-std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& g, const Device& d);
+// The configs the gradient GEMM `g` (dx_gemm_problem, `dw` false, or dw_gemm_problem of `p`) can
+// run on `d`, in the heuristic's order (warpspec before tiled, each by the time model:
+// GemmKind::gradient, or gradient_one_wave where even the widest unsplit grid fills at most half
+// the GPU, which is also where split-K twins are offered; tiles known to spill last): what
+// default_backward_config takes the first of and `fusejit autotune --backward` times.
+std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& g, bool dw,
+                                               const Device& d);
 
 // The two GEMMs as their configs are chosen: dx_gemm_problem and dw_gemm_problem with M (dx's
 // rows, dW's reduction) at the M class's representative, so every M of a class chooses alike.

@@ -106,9 +106,9 @@ std::vector<BackwardConfig> backward_tuning_configs(const Problem& p, const Devi
   const BackwardConfig heuristic = default_backward_config(p, d);
   std::vector<BackwardConfig> out{heuristic};
   const BackwardGemms g = backward_gemms(p);
-  for (const KernelConfig& c : grad_gemm_candidates(p, g.dx, d))
+  for (const KernelConfig& c : grad_gemm_candidates(p, g.dx, false, d))
     if (c.key() != heuristic.dx.key()) out.push_back({c, heuristic.dw});
-  for (const KernelConfig& c : grad_gemm_candidates(p, g.dw, d))
+  for (const KernelConfig& c : grad_gemm_candidates(p, g.dw, true, d))
     if (c.key() != heuristic.dw.key()) out.push_back({heuristic.dx, c});
   return out;
 }
