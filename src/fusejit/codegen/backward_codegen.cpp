@@ -117,6 +117,12 @@ bool grad_gemm_reads_copies(const Problem& p, const KernelConfig& c) {
   return c.variant == Variant::warpspec && grad_gemm_dtype(p.dtype) == DType::tf32;
 }
 
+int grad_gemm_vec_bytes(const Problem& p) {
+  // da is [M][N] packed in the workspace (256-byte aligned): its rows are as aligned as N allows.
+  const auto es = static_cast<std::int64_t>(storage_bytes(p.dtype));
+  return std::min(std::min(p.effective_alignment(), 16), alignment_of(p.N * es));
+}
+
 Problem dx_gemm_problem(const Problem& p) {
   Problem g = p;
   g.dtype = grad_gemm_dtype(p.dtype);
@@ -176,10 +182,7 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
       "  static constexpr bool TRAIN = {}, HAS_BIAS = {}, HAS_SCALE = {}, HAS_AFFINE = {};\n",
       b(p.mode == Mode::train), b(p.has_bias), b(p.has_scale), b(p.has_affine));
   t += "};\n";
-  // da is [M][N] packed in the workspace (256-byte aligned): its rows are as aligned as N allows.
-  const auto es = static_cast<std::int64_t>(storage_bytes(p.dtype));
-  const int da_vec = alignment_of(p.N * es);
-  const int dx_vec = std::min({vec, da_vec});
+  const int dx_vec = grad_gemm_vec_bytes(p);
   // A GEMM that reads copies reads every operand K-major (grad_gemm_reads_copies).
   const bool dx_copies = grad_gemm_reads_copies(p, c.dx),
              dw_copies = grad_gemm_reads_copies(p, c.dw);

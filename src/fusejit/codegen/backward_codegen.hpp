@@ -36,6 +36,10 @@ int grad_wgmma_smem_bytes(const KernelConfig&, DType);
 // since wgmma has no MN-major tf32 operands.
 bool grad_gemm_reads_copies(const Problem&, const KernelConfig&);
 
+// The tiled gradient GEMMs' copy and store width in bytes (their Specs' VEC_BYTES): the widest
+// that the layer's rows and da's ([M][N] packed in the workspace) both allow, at most 16.
+int grad_gemm_vec_bytes(const Problem&);
+
 // The GEMMs as forward-shaped problems (C = A B^T is M x N with reduction K): what the config
 // rules (KernelConfig::why_invalid, default_config) are asked about, and whose dtype is the
 // GEMMs' math (tf32x3's is strict fp32: grad_gemm_dtype). dW's reduction is the problem's M,

@@ -144,8 +144,8 @@ CompiledKernel compile(const KernelSource& src, const std::string& arch) {
   if (!target.ptx) {
     out.functions = parse_ptxas_report(log);
     if (const std::string spills = describe_spills(out.functions); !spills.empty())
-      fusejit::log()->info("ptxas spilled registers compiling {} for {}: {}", src.name, arch,
-                           spills);
+      fusejit::log()->debug("ptxas spilled registers compiling {} for {}: {}", src.name, arch,
+                            spills);
   }
   std::size_t size = 0;
   if (target.ptx) {

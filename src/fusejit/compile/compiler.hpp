@@ -27,7 +27,8 @@ std::string nvrtc_version();
 std::vector<int> nvrtc_supported_archs();
 
 // The exact NVRTC options used for `arch` (after the source's own options). A cubin's include
-// ptxas -v, whose report (CompiledKernel::functions) does not change the binary.
+// ptxas -v, whose report (CompiledKernel::functions) changes no code (only the cubin's note of
+// the options it was built with), so it is not part of the cache key.
 std::vector<std::string> compile_options(const KernelSource& src, const std::string& arch);
 
 // Compiles `src` for `arch` ("sm_80", "sm_90a", ...). Throws CompileError carrying the log,

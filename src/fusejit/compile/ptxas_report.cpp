@@ -57,10 +57,14 @@ std::vector<FunctionResources> parse_ptxas_report(const std::string& log) {
 }
 
 std::string without_ptxas_report(const std::string& log) {
+  // Only the -v report's own lines: ptxas says other things as "ptxas info" too, such as its
+  // (C7514) warning that wgmma instructions were serialized, which must stay visible.
+  static const std::regex report(
+      R"re(^ptxas info +: (\d+ bytes gmem|Compiling entry function |Function properties for |Used \d+ registers|Compile time = )|^ptxas +\. +\d+ bytes stack frame)re");
   std::string out;
   std::istringstream in(log);
   for (std::string line; std::getline(in, line);) {
-    if (line.starts_with("ptxas info") || line.starts_with("ptxas         .")) continue;
+    if (std::regex_search(line, report)) continue;
     out += (out.empty() ? "" : "\n") + line;
   }
   return out;

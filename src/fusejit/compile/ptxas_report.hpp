@@ -25,8 +25,9 @@ struct FunctionResources {
 // skipped: the log also carries NVRTC's own warnings.
 std::vector<FunctionResources> parse_ptxas_report(const std::string& log);
 
-// The log without the report's own lines ("ptxas info ..." and their continuations): what the
-// compiler said besides, e.g. its warnings.
+// The log without the -v report's own lines (gmem, entry, properties, frame, registers, compile
+// time): what the compiler said besides, e.g. its warnings (ptxas prints some of those as
+// "ptxas info" lines as well, such as C7514 on serialized wgmma; they stay).
 std::string without_ptxas_report(const std::string& log);
 
 // "fj_gemm 388 B stored / 412 B loaded, fj_apply ..." for the functions that spill; empty when

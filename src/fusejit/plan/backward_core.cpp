@@ -129,12 +129,13 @@ std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& 
                    [&](const KernelConfig& a, const KernelConfig& b) {
                      return estimated_us(g, d, a, kind) < estimated_us(g, d, b, kind);
                    });
-  // dX of rows that are not 16-byte aligned, on the tiled kernel with a 64x64 warp tile: ptxas
-  // spills 128-160 bytes in fj_bwd_dx (sm_80 and sm_90a; `fusejit compile` reports it), and at
-  // 777x1536x2050 bf16 and fp16 train its backward took 0.120 ms against 0.093 with 128x64 tiles
-  // (H200, `fusejit bench --backward`). The time model cannot see registers: these go last, and
-  // the tuner still times them. (dW's tiles of the same shape do not spill.)
-  if (!dw && p.effective_alignment() < 16)
+  // dX copied 4 bytes at a time (grad_gemm_vec_bytes), on the tiled kernel with a 64x64 warp
+  // tile: ptxas spills 128-192 bytes in fj_bwd_dx (sm_80 and sm_90a; `fusejit compile` reports
+  // it), and at 777x1536x2050 bf16 and fp16 train its backward took 0.120 ms against 0.093 with
+  // 128x64 tiles (H200, `fusejit bench --backward`). The time model cannot see registers: these
+  // go last, and the tuner still times them. (With 2-byte copies the same tiles do not spill;
+  // with 8-byte ones 128x128 spills 24 bytes, not measured; 16-bit dW's do not.)
+  if (!dw && grad_gemm_vec_bytes(p) == 4)
     std::stable_partition(candidates.begin(), candidates.end(), [](const KernelConfig& c) {
       return !(c.variant == Variant::tiled && c.bm / c.warps_m == 64 && c.bn / c.warps_n == 64);
     });
