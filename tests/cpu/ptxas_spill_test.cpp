@@ -105,10 +105,11 @@ extern "C" __global__ void fj_spill_probe(float* p) {
       "serialized\n"
       "ptxas info    : Used 168 registers, used 16 barriers, 8 bytes cumulative stack size\n"
       "ptxas info    : Compile time = 1.5 ms";
-  CHECK(without_ptxas_report(log) ==
+  const PtxasReport report = read_ptxas_report(log);
+  CHECK(report.rest ==
         "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are "
         "serialized");
-  const std::vector<FunctionResources> parsed = parse_ptxas_report(log);
+  const std::vector<FunctionResources>& parsed = report.functions;
   REQUIRE(parsed.size() == 1);
   CHECK(parsed[0].registers == 168);
   CHECK(parsed[0].spill_store_bytes == 12);

@@ -8,6 +8,7 @@
 #include <memory>
 #include <regex>
 #include <sstream>
+#include <utility>
 
 #include "fusejit/cache/disk_cache.hpp"
 #include "fusejit/device.hpp"
@@ -135,18 +136,16 @@ CompiledKernel compile(const KernelSource& src, const std::string& arch) {
         fmt::format("NVRTC could not compile {} for {} ({}); options: {}\n{}", src.name, arch,
                     nvrtcGetErrorString(r), joined, offending_lines(log, src)),
         log, joined);
-  // ptxas's -v report (every cubin has one) is read below, not logged as what NVRTC said.
-  if (const std::string said = without_ptxas_report(log); !said.empty())
-    fusejit::log()->debug("NVRTC log for {}:\n{}", src.name, said);
+  // ptxas's -v report (every cubin has one) is kept apart from what NVRTC said.
+  PtxasReport report = read_ptxas_report(log);
+  if (!report.rest.empty()) fusejit::log()->debug("NVRTC log for {}:\n{}", src.name, report.rest);
   CompiledKernel out;
   out.arch = arch;
   out.is_ptx = target.ptx;
-  if (!target.ptx) {
-    out.functions = parse_ptxas_report(log);
-    if (const std::string spills = describe_spills(out.functions); !spills.empty())
-      fusejit::log()->debug("ptxas spilled registers compiling {} for {}: {}", src.name, arch,
-                            spills);
-  }
+  out.functions = std::move(report.functions);
+  if (const std::string spills = describe_spills(out.functions); !spills.empty())
+    fusejit::log()->debug("ptxas spilled registers compiling {} for {}: {}", src.name, arch,
+                          spills);
   std::size_t size = 0;
   if (target.ptx) {
     check_nvrtc(nvrtcGetPTXSize(prog, &size), "nvrtcGetPTXSize");

@@ -21,14 +21,14 @@ struct FunctionResources {
   bool spills() const { return spill_store_bytes > 0 || spill_load_bytes > 0; }
 };
 
-// The functions a ptxas -v log describes, in the log's order. Lines it does not know are
-// skipped: the log also carries NVRTC's own warnings.
-std::vector<FunctionResources> parse_ptxas_report(const std::string& log);
-
-// The log without the -v report's own lines (gmem, entry, properties, frame, registers, compile
-// time): what the compiler said besides, e.g. its warnings (ptxas prints some of those as
-// "ptxas info" lines as well, such as C7514 on serialized wgmma; they stay).
-std::string without_ptxas_report(const std::string& log);
+// An NVRTC log read in one pass: the functions the ptxas -v report describes (in the log's order)
+// and the rest, what the compiler said besides, e.g. its warnings (ptxas prints some of those as
+// "ptxas info" lines too, such as C7514 on serialized wgmma; they stay in `rest`).
+struct PtxasReport {
+  std::vector<FunctionResources> functions;
+  std::string rest;
+};
+PtxasReport read_ptxas_report(const std::string& log);
 
 // "fj_gemm 388 B stored / 412 B loaded, fj_apply ..." for the functions that spill; empty when
 // none does.
