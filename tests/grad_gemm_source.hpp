@@ -27,12 +27,12 @@ struct GradGemmCase {
   int lda = 0, ldb = 0, ldc = 0;
   GradGemmTiles tiles{};
 
-  // Bytes every row stride (and, in the tests, every pointer) is a multiple of, up to 16.
-  int vec_bytes() const {
+  // The widest copy, up to 16 bytes, that a row stride of `ld` elements allows: the tests'
+  // pointers are 256-byte aligned, so each operand's (and C's) width is its stride's.
+  int vec_bytes(int ld) const {
     const int eb = static_cast<int>(storage_bytes(dtype));
     int v = 16;
-    for (int ld : {lda, ldb, ldc})
-      while (v > eb && (ld * eb) % v != 0) v /= 2;
+    while (v > eb && (ld * eb) % v != 0) v /= 2;
     return v;
   }
   std::string name() const {
@@ -62,8 +62,10 @@ inline KernelSource grad_gemm_source(const GradGemmCase& c) {
       "  static constexpr int BM = {}, BN = {}, BK = {}, WARPS_M = {}, WARPS_N = {}, STAGES = {}, "
       "GROUP_M = 8;\n",
       t.bm, t.bn, t.bk, t.warps_m, t.warps_n, t.stages);
-  s += fmt::format("  static constexpr int THREADS = {}, VEC_BYTES = {}, SPLIT_K = 1;\n",
-                   t.warps_m * t.warps_n * 32, c.vec_bytes());
+  s += fmt::format(
+      "  static constexpr int THREADS = {}, VEC_BYTES = {}, A_VEC_BYTES = {}, B_VEC_BYTES = {};\n"
+      "  static constexpr int SPLIT_K = 1;\n",
+      t.warps_m * t.warps_n * 32, c.vec_bytes(c.ldc), c.vec_bytes(c.lda), c.vec_bytes(c.ldb));
   s += "};\n#include \"kernels/grad_gemm.cuh\"\n";
   s += "extern \"C\" __global__ void __launch_bounds__(GradSpec::THREADS) "
        "fj_grad_gemm(const fj::GemmParams p) {\n  fj::GradGemm<GradSpec>::run(p);\n}\n";

@@ -11,7 +11,9 @@
 //   static constexpr int ROWS, COLS, RED;              ROWS and RED may be 0: the run's
 //   static constexpr bool A_MN_MAJOR, B_MN_MAJOR;
 //   static constexpr int LDA, LDB;                     row strides, in elements
-//   static constexpr int BM, BN, BK, WARPS_M, WARPS_N, STAGES, THREADS, VEC_BYTES;
+//   static constexpr int BM, BN, BK, WARPS_M, WARPS_N, STAGES, THREADS;
+//   static constexpr int A_VEC_BYTES, B_VEC_BYTES;     each operand's copy width: the widest
+//                                                      its rows' alignment allows, <= 16
 //   optionally static constexpr bool TF32_ROUND;       (mainloop/tiled_mma.cuh)
 // and the run-time part (pointers, and the extents that are 0 in G) as a GemmOperands.
 #pragma once

@@ -68,13 +68,13 @@ struct SimtFp32Mainloop {
     __device__ __forceinline__ static int offset(int k, int row) { return (k * LDS + row) * 4; }
   };
   // One operand: TILE output indices x BK of a matrix with NOUT output indices and the reduction
-  // (either 0: the run's), stride LD, into a [BK][LDS] stage.
-  template <int TILE, int NOUT, int LD, bool MN, int LDS>
+  // (either 0: the run's), stride LD, copied VEC bytes at a time, into a [BK][LDS] stage.
+  template <int TILE, int NOUT, int LD, bool MN, int LDS, int VEC>
   struct Operand {
     using Loader = typename Select<
         MN,
-        detail::ChunkLoader<float, PaddedTile<BK, LDS * 4>, BK, TILE, G::RED, NOUT, LD,
-                            G::VEC_BYTES, THREADS, true>,
+        detail::ChunkLoader<float, PaddedTile<BK, LDS * 4>, BK, TILE, G::RED, NOUT, LD, VEC,
+                            THREADS, true>,
         detail::ElementLoader<KRowSlot<LDS>, TILE, BK, NOUT, G::RED, LD, THREADS, BK, false>>::type;
     __device__ __forceinline__ static void init(Loader& l, const void* ptr, int o0, int tid,
                                                 int nout, int red) {
@@ -84,8 +84,8 @@ struct SimtFp32Mainloop {
         l.init(ptr, o0, 0, tid, nout, red);
     }
   };
-  using OpA = Operand<BM, G::ROWS, G::LDA, G::A_MN_MAJOR, SLDA>;
-  using OpB = Operand<BN, G::COLS, G::LDB, G::B_MN_MAJOR, SLDB>;
+  using OpA = Operand<BM, G::ROWS, G::LDA, G::A_MN_MAJOR, SLDA, G::A_VEC_BYTES>;
+  using OpB = Operand<BN, G::COLS, G::LDB, G::B_MN_MAJOR, SLDB, G::B_VEC_BYTES>;
   using LoaderA = typename OpA::Loader;
   using LoaderB = typename OpB::Loader;
 

@@ -208,7 +208,29 @@ TEST_CASE("gradient GEMMs with element-aligned strides") {
     for (GemmShape s : {GemmShape::dx, GemmShape::dw}) {
       const GradGemmCase c = make_case(d, s, 37, 45, fusejit::test::grad_gemm_tiles(d)[0]);
       CAPTURE(c.name());
-      REQUIRE(c.vec_bytes() == static_cast<int>(storage_bytes(d)));
+      for (int ld : {c.lda, c.ldb, c.ldc})
+        REQUIRE(c.vec_bytes(ld) == static_cast<int>(storage_bytes(d)));
+      const Kernel k = load(c, compile(fusejit::test::grad_gemm_source(c), Device::get(0).arch()));
+      for (int m : {1, 37, 300})
+        for (bool acc : {false, true}) {
+          CAPTURE(m);
+          CAPTURE(acc);
+          CHECK(check_run(k, c, m, acc) < tolerance(d));
+        }
+    }
+}
+
+TEST_CASE("gradient GEMMs whose operands are copied at different widths") {
+  // N = 40, K = 45: da's rows (N) are 16-byte aligned, W's, x's and C's (K) element-aligned, as in
+  // a layer with an odd K: A is copied 16 bytes at a time, B and C at their elements' width.
+  primary_context(0);
+  for (DType d : {DType::bf16, DType::fp16, DType::tf32, DType::fp32})
+    for (GemmShape s : {GemmShape::dx, GemmShape::dw}) {
+      const GradGemmCase c = make_case(d, s, 40, 45, fusejit::test::grad_gemm_tiles(d)[0]);
+      CAPTURE(c.name());
+      REQUIRE(c.vec_bytes(c.lda) == 16);
+      REQUIRE(c.vec_bytes(c.ldb) == static_cast<int>(storage_bytes(d)));
+      REQUIRE(c.vec_bytes(c.ldc) == static_cast<int>(storage_bytes(d)));
       const Kernel k = load(c, compile(fusejit::test::grad_gemm_source(c), Device::get(0).arch()));
       for (int m : {1, 37, 300})
         for (bool acc : {false, true}) {

@@ -65,7 +65,7 @@ struct HSpec {
   static constexpr int M = M_, N = N_, K = K_, LDX = LDX_, LDW = LDW_, LDY = N_;
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WARPS_M = WM_, WARPS_N = WN_, STAGES = S_;
   static constexpr int THREADS = WM_ * WN_ * 32;
-  static constexpr int VEC_BYTES = VEC_;
+  static constexpr int VEC_BYTES = VEC_, A_VEC_BYTES = VEC_, B_VEC_BYTES = VEC_;
   static constexpr int GROUP_M = 8;
   static constexpr bool TF32_ROUND = ROUND_;
   static_assert(LDY == N, "the harness writes y densely");

@@ -30,7 +30,7 @@ int alignment_of(std::int64_t bytes) {
 // tiled kernel's, 0 where the GEMM reads tf32's copies).
 std::string gemm_spec(const char* name, const Problem& p, const KernelConfig& c, int rows, int cols,
                       int red, bool a_mn, bool b_mn, std::int64_t lda, std::int64_t ldb,
-                      std::int64_t ldc, int vec_bytes) {
+                      std::int64_t ldc, GradGemmVecBytes vec) {
   return fmt::format(
       "struct {} {{\n"
       "  using T = {};\n"
@@ -39,14 +39,16 @@ std::string gemm_spec(const char* name, const Problem& p, const KernelConfig& c,
       "  static constexpr bool A_MN_MAJOR = {}, B_MN_MAJOR = {};\n"
       "  static constexpr int LDA = {}, LDB = {}, LDC = {};\n"
       "  static constexpr int BM = {}, BN = {}, BK = {}, WARPS_M = {}, WARPS_N = {};\n"
-      "  static constexpr int STAGES = {}, GROUP_M = {}, THREADS = {}, VEC_BYTES = {};\n"
+      "  static constexpr int STAGES = {}, GROUP_M = {}, THREADS = {};\n"
+      "  static constexpr int VEC_BYTES = {}, A_VEC_BYTES = {}, B_VEC_BYTES = {};\n"
       "  static constexpr int CONSUMERS = {}, SPLIT_K = {};\n"
       "  static constexpr bool PERSISTENT = {}, TMA_STORE = {};\n"
       "  static constexpr int SMEM_BYTES = {};\n"
       "}};\n",
       name, template_type_name(p.dtype), template_math_name(grad_gemm_dtype(p.dtype)), rows, cols,
       red, b(a_mn), b(b_mn), lda, ldb, ldc, c.bm, c.bn, c.bk, c.warps_m, c.warps_n, c.stages,
-      c.group_m, c.threads(), vec_bytes, c.warps_m, c.split_k, b(c.persistent), b(c.tma_store),
+      c.group_m, c.threads(), vec.layer, vec.da, vec.layer, c.warps_m, c.split_k, b(c.persistent),
+      b(c.tma_store),
       c.variant == Variant::warpspec ? grad_wgmma_smem_bytes(c, grad_gemm_dtype(p.dtype)) : -1);
 }
 
@@ -117,10 +119,10 @@ bool grad_gemm_reads_copies(const Problem& p, const KernelConfig& c) {
   return c.variant == Variant::warpspec && grad_gemm_dtype(p.dtype) == DType::tf32;
 }
 
-int grad_gemm_vec_bytes(const Problem& p) {
-  // da is [M][N] packed in the workspace (256-byte aligned): its rows are as aligned as N allows.
+GradGemmVecBytes grad_gemm_vec_bytes(const Problem& p) {
+  // da's base is the workspace's (256-byte aligned), so its row stride decides.
   const auto es = static_cast<std::int64_t>(storage_bytes(p.dtype));
-  return std::min(std::min(p.effective_alignment(), 16), alignment_of(p.N * es));
+  return {alignment_of(p.N * es), std::min(p.effective_alignment(), 16)};
 }
 
 Problem dx_gemm_problem(const Problem& p) {
@@ -182,14 +184,14 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
       "  static constexpr bool TRAIN = {}, HAS_BIAS = {}, HAS_SCALE = {}, HAS_AFFINE = {};\n",
       b(p.mode == Mode::train), b(p.has_bias), b(p.has_scale), b(p.has_affine));
   t += "};\n";
-  const int dx_vec = grad_gemm_vec_bytes(p);
+  const GradGemmVecBytes gemm_vec = grad_gemm_vec_bytes(p);
   // A GEMM that reads copies reads every operand K-major (grad_gemm_reads_copies).
   const bool dx_copies = grad_gemm_reads_copies(p, c.dx),
              dw_copies = grad_gemm_reads_copies(p, c.dw);
   t += gemm_spec("DxSpec", p, c.dx, 0, static_cast<int>(p.K), static_cast<int>(p.N), false,
-                 !dx_copies, p.N, dx_copies ? 0 : p.lda_w(), p.lda_x(), dx_vec);
+                 !dx_copies, p.N, dx_copies ? 0 : p.lda_w(), p.lda_x(), gemm_vec);
   t += gemm_spec("DwSpec", p, c.dw, static_cast<int>(p.N), static_cast<int>(p.K), 0, !dw_copies,
-                 !dw_copies, dw_copies ? 0 : p.N, dw_copies ? 0 : p.lda_x(), p.lda_w(), dx_vec);
+                 !dw_copies, dw_copies ? 0 : p.N, dw_copies ? 0 : p.lda_x(), p.lda_w(), gemm_vec);
   t += "#include \"kernels/bn_backward.cuh\"\n#include \"kernels/grad_gemm.cuh\"\n";
   if (dx_copies || dw_copies) t += "#include \"kernels/transpose.cuh\"\n";
   if (c.dx.split_k > 1 || c.dw.split_k > 1) t += "#include \"kernels/grad_split_sum.cuh\"\n";

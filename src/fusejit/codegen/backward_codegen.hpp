@@ -36,9 +36,15 @@ int grad_wgmma_smem_bytes(const KernelConfig&, DType);
 // since wgmma has no MN-major tf32 operands.
 bool grad_gemm_reads_copies(const Problem&, const KernelConfig&);
 
-// The tiled gradient GEMMs' copy and store width in bytes (their Specs' VEC_BYTES): the widest
-// that the layer's rows and da's ([M][N] packed in the workspace) both allow, at most 16.
-int grad_gemm_vec_bytes(const Problem&);
+// The tiled gradient GEMMs' copy widths in bytes, each the widest its rows allow, at most 16:
+// `da`, A of both GEMMs ([M][N] packed in the workspace: as aligned as N allows), and `layer`,
+// their B (W, x) and C (dx, dW), the caller's tensors (Problem::effective_alignment). Their
+// Specs' A_VEC_BYTES, and B_VEC_BYTES and VEC_BYTES.
+struct GradGemmVecBytes {
+  int da = 16;
+  int layer = 16;
+};
+GradGemmVecBytes grad_gemm_vec_bytes(const Problem&);
 
 // The GEMMs as forward-shaped problems (C = A B^T is M x N with reduction K): what the config
 // rules (KernelConfig::why_invalid, default_config) are asked about, and whose dtype is the

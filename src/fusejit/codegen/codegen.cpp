@@ -166,8 +166,11 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
     t += fmt::format("  static constexpr int WARPS_M = {}, WARPS_N = {}, SPLIT_K = {};\n",
                      c.warps_m, c.warps_n, c.split_k);
   t += fmt::format("  static constexpr int THREADS = {};\n", c.threads());
-  t += fmt::format("  static constexpr int VEC_BYTES = {};\n",
-                   std::min(p.effective_alignment(), 16));
+  // y's store width, and x's and W's copy widths (the tiled mainloops'): one promise covers all
+  // three (Problem::alignment).
+  const int vec = std::min(p.effective_alignment(), 16);
+  t += fmt::format("  static constexpr int VEC_BYTES = {}, A_VEC_BYTES = {}, B_VEC_BYTES = {};\n",
+                   vec, vec, vec);
   t += fmt::format(
       "  static constexpr bool TRAIN = {}, SINGLE_PASS = {}, CUMULATIVE = {};\n"
       "  static constexpr bool HAS_BIAS = {}, HAS_SCALE = {}, HAS_AFFINE = {};\n",

@@ -129,13 +129,15 @@ std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& 
                    [&](const KernelConfig& a, const KernelConfig& b) {
                      return estimated_us(g, d, a, kind) < estimated_us(g, d, b, kind);
                    });
-  // dX copied 4 bytes at a time (grad_gemm_vec_bytes), on the tiled kernel with a 64x64 warp
-  // tile: ptxas spills 128-192 bytes in fj_bwd_dx (sm_80 and sm_90a; `fusejit compile` reports
-  // it), and at 777x1536x2050 bf16 and fp16 train its backward took 0.120 ms against 0.093 with
-  // 128x64 tiles (H200, `fusejit bench --backward`). The time model cannot see registers: these
-  // go last, and the tuner still times them. (With 2-byte copies the same tiles do not spill;
-  // with 8-byte ones 128x128 spills 24 bytes, not measured; 16-bit dW's do not.)
-  if (!dw && grad_gemm_vec_bytes(p) == 4)
+  // dX with an operand copied 4 bytes at a time (grad_gemm_vec_bytes), on the tiled kernel with a
+  // 64x64 warp tile: ptxas spills in fj_bwd_dx (sm_90a; `fusejit compile` reports it), and the
+  // time model cannot see registers. Backward alone, bf16 train, H200, `fusejit bench --backward`,
+  // one call: 777x1536x2050 (da copied 16 bytes at a time, W 4): 128x256 (16 B spilled) 0.093 ms,
+  // 128x128 (92 B) 0.102, 64x128 0.082, 128x64 0.076; 777x1502x2048 (da 4, W 16): 128x128
+  // (16 B) 0.128, 64x128 0.119, 128x256 (4 B) 0.109. These tiles go last; the tuner still times
+  // them. (With 2-byte copies they do not spill; 16-bit dW's do not.)
+  const GradGemmVecBytes vec = grad_gemm_vec_bytes(p);
+  if (!dw && std::min(vec.da, vec.layer) == 4)
     std::stable_partition(candidates.begin(), candidates.end(), [](const KernelConfig& c) {
       return !(c.variant == Variant::tiled && c.bm / c.warps_m == 64 && c.bn / c.warps_n == 64);
     });
