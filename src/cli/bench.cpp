@@ -81,6 +81,16 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+// The fused op's plan options: --variant and --config force its (forward) kernels.
+PlanOptions fused_plan_options(const BenchArgs& a) {
+  PlanOptions o;
+  o.device = a.device;
+  o.cache_dir = a.cache_dir;
+  if (a.variant != "auto") o.variant = parse_variant(a.variant);
+  if (!a.config.empty()) o.config = KernelConfig::parse(a.config);
+  return o;
+}
+
 nlohmann::json bench_problem(const BenchArgs& a, const Problem& p, const Device& dev) {
   const Stream stream;
   SweepCase c;
@@ -108,11 +118,7 @@ nlohmann::json bench_problem(const BenchArgs& a, const Problem& p, const Device&
   };
   // Each system is kept alive by the lambda it returns.
   measure({"fused"}, [&](SystemTiming& row) {
-    PlanOptions o;
-    o.device = a.device;
-    o.cache_dir = a.cache_dir;
-    if (a.variant != "auto") o.variant = parse_variant(a.variant);
-    if (!a.config.empty()) o.config = KernelConfig::parse(a.config);
+    const PlanOptions o = fused_plan_options(a);
     // Plan creation time as a user sees it: cold (NVRTC) or warm (disk cache + module load).
     const auto t0 = std::chrono::steady_clock::now();
     auto plan = std::make_shared<Plan>(p, o);
@@ -256,10 +262,7 @@ nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device
     }
     data.push_back(std::move(s));
   }
-  PlanOptions po;
-  po.device = a.device;
-  po.cache_dir = a.cache_dir;
-  const Plan forward(p, po);
+  const Plan forward(p, fused_plan_options(a));
   BackwardOptions bo;
   bo.device = a.device;
   bo.cache_dir = a.cache_dir;
@@ -409,7 +412,8 @@ void add_bench(CLI::App& app, Action& action) {
   cmd->add_option("--variant", a->variant, "Fused op: auto, tiled or warpspec")
       ->capture_default_str();
   cmd->add_option("--config", a->config,
-                  "Fused op: this kernel config (a key as `fusejit bench` prints it)");
+                  "Fused op (with --backward: its forward): this kernel config (a key as "
+                  "`fusejit bench` prints it)");
   cmd->add_option("--runs", a->runs, "Timed runs per system (median reported)")
       ->check(CLI::Range(50, 1000000))
       ->capture_default_str();
