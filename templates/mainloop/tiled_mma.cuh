@@ -127,10 +127,10 @@ struct TiledMmaMainloop {
   static_assert(MT * NT * 4 <= 128,
                 "warp tile too large: over 128 fp32 accumulators per thread would spill");
 
-  using OpA =
-      detail::MmaOperand<T, BM, BK, G::ROWS, G::RED, G::LDA, G::A_MN_MAJOR, G::A_VEC_BYTES, THREADS>;
-  using OpB =
-      detail::MmaOperand<T, BN, BK, G::COLS, G::RED, G::LDB, G::B_MN_MAJOR, G::B_VEC_BYTES, THREADS>;
+  using OpA = detail::MmaOperand<T, BM, BK, G::ROWS, G::RED, G::LDA, G::A_MN_MAJOR, G::A_VEC_BYTES,
+                                 THREADS>;
+  using OpB = detail::MmaOperand<T, BN, BK, G::COLS, G::RED, G::LDB, G::B_MN_MAJOR, G::B_VEC_BYTES,
+                                 THREADS>;
   using LoaderA = typename OpA::Loader;
   using LoaderB = typename OpB::Loader;
   using LayoutA = typename OpA::Layout;
