@@ -201,15 +201,21 @@ TEST_CASE("gradient GEMMs match float64 with tails, accumulating or not") {
   }
 }
 
-TEST_CASE("gradient GEMMs with element-aligned strides") {
-  // N = 37, K = 45: rows are only element-aligned, so the loaders take their narrow paths.
+namespace {
+
+// dX and dW of every dtype at N = n, K = kdim with the first tile config, against float64 at a
+// few row counts, after checking the copy widths the strides give: da's (A, N) 16 bytes when
+// `da_wide`, else its elements'; W's or x's (B) and C's (K) their elements'.
+void check_narrow_strides(int n, int kdim, bool da_wide) {
   primary_context(0);
   for (DType d : {DType::bf16, DType::fp16, DType::tf32, DType::fp32})
     for (GemmShape s : {GemmShape::dx, GemmShape::dw}) {
-      const GradGemmCase c = make_case(d, s, 37, 45, fusejit::test::grad_gemm_tiles(d)[0]);
+      const GradGemmCase c = make_case(d, s, n, kdim, fusejit::test::grad_gemm_tiles(d)[0]);
       CAPTURE(c.name());
-      for (int ld : {c.lda, c.ldb, c.ldc})
-        REQUIRE(c.vec_bytes(ld) == static_cast<int>(storage_bytes(d)));
+      const int eb = static_cast<int>(storage_bytes(d));
+      REQUIRE(c.vec_bytes(c.lda) == (da_wide ? 16 : eb));
+      REQUIRE(c.vec_bytes(c.ldb) == eb);
+      REQUIRE(c.vec_bytes(c.ldc) == eb);
       const Kernel k = load(c, compile(fusejit::test::grad_gemm_source(c), Device::get(0).arch()));
       for (int m : {1, 37, 300})
         for (bool acc : {false, true}) {
@@ -220,25 +226,17 @@ TEST_CASE("gradient GEMMs with element-aligned strides") {
     }
 }
 
+}  // namespace
+
+TEST_CASE("gradient GEMMs with element-aligned strides") {
+  // N = 37, K = 45: rows are only element-aligned, so the loaders take their narrow paths.
+  check_narrow_strides(37, 45, false);
+}
+
 TEST_CASE("gradient GEMMs whose operands are copied at different widths") {
-  // N = 40, K = 45: da's rows (N) are 16-byte aligned, W's, x's and C's (K) element-aligned, as in
-  // a layer with an odd K: A is copied 16 bytes at a time, B and C at their elements' width.
-  primary_context(0);
-  for (DType d : {DType::bf16, DType::fp16, DType::tf32, DType::fp32})
-    for (GemmShape s : {GemmShape::dx, GemmShape::dw}) {
-      const GradGemmCase c = make_case(d, s, 40, 45, fusejit::test::grad_gemm_tiles(d)[0]);
-      CAPTURE(c.name());
-      REQUIRE(c.vec_bytes(c.lda) == 16);
-      REQUIRE(c.vec_bytes(c.ldb) == static_cast<int>(storage_bytes(d)));
-      REQUIRE(c.vec_bytes(c.ldc) == static_cast<int>(storage_bytes(d)));
-      const Kernel k = load(c, compile(fusejit::test::grad_gemm_source(c), Device::get(0).arch()));
-      for (int m : {1, 37, 300})
-        for (bool acc : {false, true}) {
-          CAPTURE(m);
-          CAPTURE(acc);
-          CHECK(check_run(k, c, m, acc) < tolerance(d));
-        }
-    }
+  // N = 40, K = 45: da's rows are 16-byte aligned, W's, x's and C's element-aligned, as in a layer
+  // with an odd K: A is copied 16 bytes at a time, B and C at their elements' width.
+  check_narrow_strides(40, 45, true);
 }
 
 TEST_CASE("gradient GEMMs at m = 2048, N = K = 1024: time (printed, not asserted)") {
