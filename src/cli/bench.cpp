@@ -409,7 +409,8 @@ void add_bench(CLI::App& app, Action& action) {
       "bench", "Time the fused op against the bare cuBLASLt GEMM and the reference op");
   auto a = std::make_shared<BenchArgs>();
   a->problem.add_to(*cmd, true);
-  cmd->add_option("--variant", a->variant, "Fused op: auto, tiled or warpspec")
+  cmd->add_option("--variant", a->variant,
+                  "Fused op (with --backward: its forward): auto, tiled or warpspec")
       ->capture_default_str();
   cmd->add_option("--config", a->config,
                   "Fused op (with --backward: its forward): this kernel config (a key as "

@@ -153,6 +153,39 @@ TEST_CASE("every backward kernel set compiles for every supported architecture")
   CHECK_MESSAGE(failures.empty(), failures);
 }
 
+TEST_CASE("the gradient GEMMs copy da at its own width, W, x and C at the layer's") {
+  const BackwardConfig tiled{KernelConfig::parse("tiled.128x64x64.w4x1.s3.g8"),
+                             KernelConfig::parse("tiled.128x256x64.w2x4.s3.g8")};
+  struct Case {
+    const char* line;
+    int da, layer;
+  };
+  for (const Case& c : {
+           // K odd in bf16: x's and W's rows 4-byte aligned, da's (N = 1536) 16.
+           Case{"777x1536x2050 bf16 train", 16, 4},
+           // N = 1502 limits da's rows and, through y's, the layer's promise as well.
+           Case{"777x1502x2048 bf16 train", 4, 4},
+           // Padded rows of y: the layer stays 16-byte aligned while da's rows (N = 70) are not.
+           Case{"300x70x40 bf16 train ldx=48 ldw=48 ldy=72", 4, 16},
+           Case{"300x72x40 tf32 eval", 16, 16},
+       }) {
+    CAPTURE(c.line);
+    const Problem p = parse_sweep_line(c.line).problem;
+    const GradGemmVecBytes v = grad_gemm_vec_bytes(p);
+    CHECK(v.da == c.da);
+    CHECK(v.layer == c.layer);
+    const std::string text = generate_backward(p, tiled).text;
+    const std::string widths =
+        fmt::format("VEC_BYTES = {}, A_VEC_BYTES = {}, B_VEC_BYTES = {};", c.layer, c.da, c.layer);
+    // Both Specs, DxSpec's first.
+    const std::size_t dx = text.find("struct DxSpec"), dw = text.find("struct DwSpec");
+    REQUIRE(dx != std::string::npos);
+    REQUIRE(dw != std::string::npos);
+    CHECK(text.find(widths, dx) < dw);
+    CHECK(text.find(widths, dw) != std::string::npos);
+  }
+}
+
 TEST_CASE("tf32x3: BackwardPlan takes it; its gradient GEMMs are strict fp32's") {
   const Problem p = parse_sweep_line("300x72x40 tf32x3 train").problem;
   CHECK(backward_refusal(p).empty());

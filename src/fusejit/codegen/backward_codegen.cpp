@@ -120,7 +120,7 @@ bool grad_gemm_reads_copies(const Problem& p, const KernelConfig& c) {
 }
 
 GradGemmVecBytes grad_gemm_vec_bytes(const Problem& p) {
-  // da's base is the workspace's (256-byte aligned), so its row stride decides.
+  // da's region starts 256-byte aligned (backward_workspace), so its row stride decides.
   const auto es = static_cast<std::int64_t>(storage_bytes(p.dtype));
   return {alignment_of(p.N * es), std::min(p.effective_alignment(), 16)};
 }

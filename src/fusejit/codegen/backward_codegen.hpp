@@ -36,13 +36,14 @@ int grad_wgmma_smem_bytes(const KernelConfig&, DType);
 // since wgmma has no MN-major tf32 operands.
 bool grad_gemm_reads_copies(const Problem&, const KernelConfig&);
 
-// The tiled gradient GEMMs' copy widths in bytes, each the widest its rows allow, at most 16:
-// `da`, A of both GEMMs ([M][N] packed in the workspace: as aligned as N allows), and `layer`,
-// their B (W, x) and C (dx, dW), the caller's tensors (Problem::effective_alignment). Their
-// Specs' A_VEC_BYTES, and B_VEC_BYTES and VEC_BYTES.
+// The tiled gradient GEMMs' copy widths in bytes, each the widest its rows allow, at most 16
+// (their Specs' A_VEC_BYTES <- da; B_VEC_BYTES and VEC_BYTES <- layer). `da`: A of both GEMMs,
+// [M][N] packed in the workspace, as aligned as N allows. `layer`: their B (W, x) and C (dx, dW),
+// the caller's tensors, whose one promise (Problem::effective_alignment) also covers y's rows,
+// so with y packed it is never wider than da's.
 struct GradGemmVecBytes {
-  int da = 16;
-  int layer = 16;
+  int da;
+  int layer;
 };
 GradGemmVecBytes grad_gemm_vec_bytes(const Problem&);
 

@@ -33,7 +33,7 @@ PtxasReport read_ptxas_report(const std::string& log) {
   static const std::regex frame(
       R"re(^ptxas +\. +(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)re");
   static const std::regex used(R"re(^ptxas info +: Used (\d+) registers)re");
-  static const std::regex other(R"re(^ptxas info +: (\d+ bytes gmem|Compile time = ))re");
+  static const std::regex report_only(R"re(^ptxas info +: (\d+ bytes gmem|Compile time = ))re");
   PtxasReport out;
   std::string current_entry;  // the entry function whose "Used" line comes next
   std::string properties_of;  // the function the next frame line belongs to
@@ -55,7 +55,7 @@ PtxasReport read_ptxas_report(const std::string& log) {
     } else if (std::regex_search(line, m, used) && !current_entry.empty()) {
       function_named(out.functions, current_entry).registers = std::stoi(m[1]);
       current_entry.clear();
-    } else if (!std::regex_search(line, other)) {
+    } else if (!std::regex_search(line, report_only)) {
       out.rest += (out.rest.empty() ? "" : "\n") + line;
     }
   }

@@ -129,13 +129,13 @@ std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& 
                    [&](const KernelConfig& a, const KernelConfig& b) {
                      return estimated_us(g, d, a, kind) < estimated_us(g, d, b, kind);
                    });
-  // dX with an operand copied 4 bytes at a time (grad_gemm_vec_bytes), on the tiled kernel with a
+  // dX whose narrowest operand copy is 4 bytes (grad_gemm_vec_bytes), on the tiled kernel with a
   // 64x64 warp tile: ptxas spills in fj_bwd_dx (sm_90a; `fusejit compile` reports it), and the
   // time model cannot see registers. Backward alone, bf16 train, H200, `fusejit bench --backward`,
   // one call: 777x1536x2050 (da copied 16 bytes at a time, W 4): 128x256 (16 B spilled) 0.093 ms,
-  // 128x128 (92 B) 0.102, 64x128 0.082, 128x64 0.076; 777x1502x2048 (da 4, W 16): 128x128
-  // (16 B) 0.128, 64x128 0.119, 128x256 (4 B) 0.109. These tiles go last; the tuner still times
-  // them. (With 2-byte copies they do not spill; 16-bit dW's do not.)
+  // 128x128 (92 B) 0.102, 64x128 0.082, 128x64 0.076; 777x1502x2048 (everything 4 bytes: N sets
+  // da's rows and y's): 128x128 (16 B) 0.128, 64x128 0.119, 128x256 (4 B) 0.109. These tiles go
+  // last; the tuner still times them. (With 2-byte copies they do not spill; 16-bit dW's do not.)
   const GradGemmVecBytes vec = grad_gemm_vec_bytes(p);
   if (!dw && std::min(vec.da, vec.layer) == 4)
     std::stable_partition(candidates.begin(), candidates.end(), [](const KernelConfig& c) {
@@ -245,6 +245,9 @@ std::shared_ptr<const BackwardCore> backward_core(const Problem& problem,
 
 BackwardWorkspace backward_workspace(const Problem& p, const BackwardConfig& c, std::int64_t rows) {
   BackwardWorkspace w;
+  // Every region starts kWorkspaceAlign-aligned in a kWorkspaceAlign-aligned workspace.
+  static_assert(kWorkspaceAlign % 16 == 0,
+                "grad_gemm_vec_bytes copies da's rows as wide as N allows, up to 16 bytes");
   auto region = [&w](std::size_t bytes, std::size_t& offset) {
     offset = w.total;
     w.total = align_workspace(w.total + bytes);
