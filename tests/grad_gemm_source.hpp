@@ -5,11 +5,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/codegen/kernel_source.hpp"
 #include "fusejit/dtype.hpp"
+#include "fusejit/problem.hpp"
 
 namespace fusejit::test {
 
@@ -30,10 +32,7 @@ struct GradGemmCase {
   // The widest copy, up to 16 bytes, that a row stride of `ld` elements allows: the tests'
   // pointers are 256-byte aligned, so each operand's (and C's) width is its stride's.
   int vec_bytes(int ld) const {
-    const int eb = static_cast<int>(storage_bytes(dtype));
-    int v = 16;
-    while (v > eb && (ld * eb) % v != 0) v /= 2;
-    return v;
+    return natural_alignment(0, static_cast<std::int64_t>(ld) * storage_bytes(dtype));
   }
   std::string name() const {
     return fmt::format("grad.{}.{}{}.{}x{}x{}{}{}.{}x{}x{}.w{}x{}.s{}", fusejit::name(dtype),

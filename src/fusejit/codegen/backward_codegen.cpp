@@ -17,13 +17,6 @@ const char* b(bool v) {
   return v ? "true" : "false";
 }
 
-// The widest power of two up to 16 dividing `bytes`.
-int alignment_of(std::int64_t bytes) {
-  int a = 16;
-  while (a > 1 && bytes % a != 0) a /= 2;
-  return a;
-}
-
 // One gradient GEMM's Spec: C [ROWS][LDC] = sum over RED of A(r, k) B(c, k)
 // (kernels/grad_gemm.cuh, and kernels/grad_wgmma.cuh for the warpspec variant, which reads
 // CONSUMERS = warps_m and PERSISTENT, and its operands through tensor maps: LDA and LDB are the
@@ -122,7 +115,7 @@ bool grad_gemm_reads_copies(const Problem& p, const KernelConfig& c) {
 GradGemmVecBytes grad_gemm_vec_bytes(const Problem& p) {
   // da's region starts 256-byte aligned (backward_workspace), so its row stride decides.
   const auto es = static_cast<std::int64_t>(storage_bytes(p.dtype));
-  return {alignment_of(p.N * es), std::min(p.effective_alignment(), 16)};
+  return {natural_alignment(0, p.N * es), std::min(p.effective_alignment(), 16)};
 }
 
 Problem dx_gemm_problem(const Problem& p) {
