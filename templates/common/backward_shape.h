@@ -74,4 +74,51 @@ FJ_HOST_DEVICE constexpr BackwardSlabs backward_slabs(long long m, int strips) {
   return {static_cast<int>((m + rows - 1) / rows), static_cast<int>(rows)};
 }
 
+// fj_bwd_cluster (train, sm_90+; kernels/bn_backward_cluster.cuh): a cluster of CTAs owns a slab
+// of kClusterBnColThreads x VEC columns over all of a run's rows, each CTA a share of the rows of
+// dy and saved in shared memory. kClusterBnColThreads threads span a slab's row (64 bytes of
+// each tensor where rows allow 8-byte vectors: two DRAM sectors), the block's other threads
+// take further rows.
+constexpr int kClusterBnThreads = 256;
+constexpr int kClusterBnColThreads = 8;
+constexpr int kClusterBnVecBytes = 16;
+constexpr int kClusterBnRowThreads = kClusterBnThreads / kClusterBnColThreads;
+// The largest cluster the host asks for (16 is beyond the portable 8: the kernel is marked as
+// allowing it, and the host asks the driver whether such clusters fit).
+constexpr int kClusterBnMaxCluster = 16;
+// The shared memory a CTA aims at: the smallest cluster whose CTAs need at most this much,
+// else the largest cluster (the least shared memory per CTA), if its CTAs fit at all. 64 KiB keeps three CTAs per SM, so one CTA's
+// loads overlap another's sums and stores.
+constexpr int kClusterBnTargetSmem = 64 * 1024;
+
+// Bytes of one slab row of one tensor, from a thread's piece of it (VEC elements).
+FJ_HOST_DEVICE constexpr int cluster_bn_row_bytes(int thread_bytes) {
+  return kClusterBnColThreads * thread_bytes;
+}
+
+struct ClusterBnLaunch {
+  int cluster;     // CTAs per cluster; 0: the run's rows do not fit (the three passes run)
+  int cta_rows;    // rows per CTA, a multiple of kClusterBnRowThreads
+  int smem_bytes;  // dynamic shared memory per CTA: cta_rows rows of dy and of saved
+};
+
+// How a run of m rows is split, for slab rows of `row_bytes` per tensor, CTAs of at most
+// `max_smem` bytes of dynamic shared memory and clusters of at most `max_cluster` CTAs.
+FJ_HOST_DEVICE constexpr ClusterBnLaunch cluster_bn_launch(long long m, int row_bytes,
+                                                           int max_smem, int max_cluster) {
+  ClusterBnLaunch fits{0, 0, 0};
+  for (int c = max_cluster; c >= 1; c /= 2) {
+    long long rows = (m + c - 1) / c;
+    rows = (rows + kClusterBnRowThreads - 1) / kClusterBnRowThreads * kClusterBnRowThreads;
+    const long long smem = rows * row_bytes * 2;
+    if (smem > max_smem) break;
+    // From the largest cluster down: the last within the target, else the first that fits.
+    if (smem <= kClusterBnTargetSmem || fits.cluster == 0)
+      fits = {c, static_cast<int>(rows), static_cast<int>(smem)};
+    else
+      break;
+  }
+  return fits;
+}
+
 }  // namespace fj

@@ -37,6 +37,7 @@ namespace fusejit {
   X(cuFuncSetAttribute) \
   X(cuFuncGetAttribute) \
   X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
+  X(cuOccupancyMaxActiveClusters) \
   X(cuLaunchKernel) \
   X(cuLaunchKernelEx) \
   X(cuMemAlloc) \
