@@ -64,11 +64,6 @@ struct BackwardOptions {
   // run's M. Unset: the tuning database's backward entry for the layer's M class (`fusejit
   // autotune --backward`), else the heuristic (warpspec where it can run).
   std::optional<KernelConfig> dx_config, dw_config;
-  // Train on Hopper and later: the BatchNorm side of a run (column sums, parameter gradients,
-  // da) is one cluster kernel that reads dy and saved once, wherever the run's rows fit the
-  // shared memory of a cluster (on an H100, about 27,000 rows where rows are 8-byte aligned);
-  // elsewhere, three passes. False: always the three passes (testing, benchmarking).
-  bool cluster_batchnorm = true;
 };
 
 struct BackwardCore;
@@ -104,9 +99,6 @@ class BackwardPlan {
   void run(CUstream stream, const BackwardTensors& t, std::int64_t rows, void* workspace,
            std::size_t workspace_bytes) const;
 
-  // Whether a run of `rows` rows takes the one-kernel BatchNorm side
-  // (BackwardOptions::cluster_batchnorm) rather than three passes.
-  bool runs_cluster_batchnorm(std::int64_t rows) const;
   // What run() checks first, without launching anything.
   void validate(const BackwardTensors& t) const;
 

@@ -42,7 +42,6 @@ struct BenchArgs {
   bool json = false;
   bool backward = false;
   std::string backward_config;  // "dx.<key>.dw.<key>": forces the gradient GEMMs' tiles
-  bool batchnorm_passes = false;  // BackwardOptions::cluster_batchnorm = false
 };
 
 struct SystemTiming {
@@ -267,7 +266,6 @@ nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device
   BackwardOptions bo;
   bo.device = a.device;
   bo.cache_dir = a.cache_dir;
-  bo.cluster_batchnorm = !a.batchnorm_passes;
   if (!a.backward_config.empty()) {
     const BackwardConfig forced = BackwardConfig::parse(a.backward_config);
     bo.dx_config = forced.dx;
@@ -348,8 +346,6 @@ nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device
   j["backward_config"] = backward.config_key();
   j["backward_dispatch"] = backward.dispatch();
   j["backward_kernels"] = backward.kernel_names();
-  const char* batchnorm = backward.runs_cluster_batchnorm(p.M) ? "cluster" : "passes";
-  j["backward_batchnorm"] = batchnorm;
   j["forward_config"] = forward.config().key();
   j["gemm_ms"] = {{"forward", g_fwd}, {"dx", g_dx}, {"dw", g_dw}};
   j["forward_ms"] = fwd;
@@ -363,11 +359,10 @@ nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device
         "rotating order) after {} warm-up, {} input set{}\n",
         format_shape(p.shape()), name(p.dtype), name(p.mode), kRounds * per_round, kRounds,
         a.warmup, sets, sets == 1 ? "" : "s");
-    fmt::print(
-        "  forward {} [{}]\n  backward {} ({}) [{}] (plan {:.1f} ms, {}), BatchNorm side: {}\n",
-        forward.config().key(), join(forward.kernel_names()), backward.config_key(),
-        backward.dispatch(), join(backward.kernel_names()), plan_ms,
-        backward.cache_hit() ? "cache hit" : "compiled", batchnorm);
+    fmt::print("  forward {} [{}]\n  backward {} ({}) [{}] (plan {:.1f} ms, {})\n",
+               forward.config().key(), join(forward.kernel_names()), backward.config_key(),
+               backward.dispatch(), join(backward.kernel_names()), plan_ms,
+               backward.cache_hit() ? "cache hit" : "compiled");
     fmt::print("{:<26} {:>10} {:>10}\n", "system", "ms", "vs floor");
     fmt::print("{:<26} {:>10.4f} {:>10.3f}\n", "fused forward + backward", step, step / floor3);
     fmt::print("{:<26} {:>10.4f} {:>10.3f}\n", "fused backward", bwd, bwd / floor2);
@@ -432,9 +427,6 @@ void add_bench(CLI::App& app, Action& action) {
                 "Time a training step's layer (forward saving + backward) against its 3 GEMMs");
   cmd->add_option("--backward-config", a->backward_config,
                   "With --backward: the gradient GEMMs' tiles, dx.<config key>.dw.<config key>");
-  cmd->add_flag("--batchnorm-passes", a->batchnorm_passes,
-                "With --backward: train's BatchNorm side as three passes even where the one "
-                "cluster kernel (Hopper) would run");
   cmd->add_flag("--json", a->json, "Print the results as JSON instead of a table");
   cmd->callback([&action, a] { action = [a] { return run_bench(*a); }; });
 }

@@ -42,7 +42,6 @@ struct CheckArgs {
   bool list = false;
   bool backward = false;
   std::string backward_config;  // "dx.<key>.dw.<key>": forced; cases it cannot run are skipped
-  bool batchnorm_passes = false;  // BackwardOptions::cluster_batchnorm = false
 };
 
 std::uint64_t parse_seed(const std::string& s) {
@@ -102,7 +101,6 @@ int run_backward_check(const CheckArgs& a, const std::vector<DType>& dtypes,
     BackwardCheckOptions o;
     o.device = a.device;
     o.cache_dir = a.cache_dir;
-    o.cluster_batchnorm = !a.batchnorm_passes;
     if (forced) {
       const Device& d = *device;
       const BackwardGemms g = backward_gemms(c.problem);
@@ -156,8 +154,6 @@ int run_check(const CheckArgs& a) {
   if (a.backward) return run_backward_check(a, dtypes, modes);
   if (!a.backward_config.empty())
     throw InvalidArgument("backward-config", "forces the gradient GEMMs: give it with --backward");
-  if (a.batchnorm_passes)
-    throw InvalidArgument("batchnorm-passes", "chooses the backward's kernels: give it with --backward");
   SweepOptions o;
   if (a.op == "fused")
     o.implementation = Implementation::plan;
@@ -265,9 +261,6 @@ void add_check(CLI::App& app, Action& action) {
   cmd->add_option("--backward-config", a->backward_config,
                   "With --backward: the gradient GEMMs' tiles, dx.<config key>.dw.<config key>; "
                   "cases they cannot run are skipped");
-  cmd->add_flag("--batchnorm-passes", a->batchnorm_passes,
-                "With --backward: train's BatchNorm side as three passes even where the one "
-                "cluster kernel (Hopper) would run");
   cmd->add_flag("--list", a->list, "Print the cases (sweep-file syntax) and exit; needs no GPU");
   cmd->callback([&action, a] { action = [a] { return run_check(*a); }; });
 }

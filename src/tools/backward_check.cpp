@@ -90,7 +90,6 @@ BackwardCheckResult check_backward_case(const SweepCase& layer, const BackwardCh
   bo.accumulate = o.accumulate;
   bo.dx_config = o.dx_config;
   bo.dw_config = o.dw_config;
-  bo.cluster_batchnorm = o.cluster_batchnorm;
   const BackwardPlan backward(plan_problem, bo);
   r.config = backward.config_key();
   BackwardTensors bt = backward_inputs(p.mode, ft, dy_dev.get());

@@ -22,7 +22,6 @@ struct BackwardCheckOptions {
   int device = 0;
   std::string cache_dir;
   std::optional<KernelConfig> dx_config, dw_config;  // BackwardOptions's
-  bool cluster_batchnorm = true;                      // BackwardOptions's
 };
 
 struct BackwardCheckResult {

@@ -40,7 +40,6 @@ struct BackwardParams {
   int m;                  // rows of this run
   int slabs;              // ceil(m / slab_rows): the host's split (backward_slabs)
   int slab_rows;          // a multiple of kBackwardRowThreads
-  int cluster_rows;       // fj_bwd_cluster: rows per CTA (cluster_bn_launch), else unused
   float eps;
   int accumulate;  // != 0: the parameter gradients are added to what their buffers hold
 };

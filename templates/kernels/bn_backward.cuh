@@ -2,9 +2,7 @@
 // dy into da, the operand of the two gradient GEMMs (kernels/grad_gemm.cuh), and the parameter
 // gradients. The math and the workspace: common/backward_params.h. Schedules:
 //   train: fj_bwd_reduce (dy partials) -> fj_bwd_coef (dbeta, dgamma, dscale, dbias = 0,
-//          per-column coefficients) -> fj_bwd_da (da) -> the GEMMs; on sm_90+, where a run's
-//          rows fit a cluster's shared memory, fj_bwd_cluster instead of the three
-//          (kernels/bn_backward_cluster.cuh)
+//          per-column coefficients) -> fj_bwd_da (da) -> the GEMMs
 //   eval : fj_bwd_reduce (dy and dz partials, and da: dz = g dy / sqrt(rv + eps) needs no
 //          reduction first) -> fj_bwd_params (all four) -> the GEMMs
 // On sm_90+ every kernel is a programmatic dependent launch and joins the chain
@@ -110,11 +108,7 @@ __device__ __forceinline__ void store_da(const BackwardParams& p, long long row,
   if (n_here == VEC && Spec::N % VEC == 0) {
     store_vec<T, VEC>(dst, v);
   } else {
-    // Unrolled with a guard, not a loop to n_here: indexing v by a run-time j would put it in
-    // local memory (ptxas did so at VEC = 8).
-#pragma unroll
-    for (int j = 0; j < VEC; ++j)
-      if (j < n_here) dst[j] = from_float<T>(v[j]);
+    for (int j = 0; j < n_here; ++j) dst[j] = from_float<T>(v[j]);
   }
 }
 
@@ -319,37 +313,28 @@ __device__ __forceinline__ float backward_da(const float4& k, float dy, float sa
 // dscale = g eps invstd^3 sum dy c: no cancellation. The same quantity as sum dz (a + b), whose
 // terms cancel to a fraction eps / (var z + eps) of their size, which the rounding of c in the
 // storage type would swamp (bf16: errors of tens of percent).
-// Column n's parameter gradients from its sums t = {sum dy, sum dy c}, stored when `store` (the
-// one thread or CTA that owns them), and da's coefficients {A, B, C, 0} (backward_da), returned:
-// fj_bwd_coef's, and fj_bwd_cluster's (kernels/bn_backward_cluster.cuh).
-template <class Spec>
-__device__ __forceinline__ float4 train_column_gradients(const BackwardParams& p, int n, float2 t,
-                                                         bool store) {
-  using P = typename Spec::P;
-  const BackwardColumn col = backward_column<Spec>(p, n);
-  const float invstd = p.save_invstd[n];
-  const float dgamma = col.zs * t.y;
-  if (store) {
-    if constexpr (Spec::HAS_AFFINE) {
-      store_param<P>(p, p.dbeta, n, t.x);
-      store_param<P>(p, p.dgamma, n, dgamma);
-    }
-    if constexpr (Spec::HAS_SCALE)
-      store_param<P>(p, p.dscale, n, col.g * p.eps * invstd * invstd * invstd * t.y);
-    if constexpr (Spec::HAS_BIAS) store_param<P>(p, p.dbias, n, 0.f);
-  }
-  const float inv_m = 1.f / static_cast<float>(p.m);
-  const float a = col.s * col.g * invstd;
-  return make_float4(a, -a * col.zs * (dgamma * inv_m), -a * (t.x * inv_m), 0.f);
-}
-
 template <class Spec>
 __device__ void bn_backward_coef(const BackwardParams& p) {
+  using P = typename Spec::P;
   join_launch_chain();
   const float2 t = merge_slabs(p.ws_dy_partials, Spec::N, p.slabs);  // {sum dy, sum dy c}
   if (!merge_leader(Spec::N)) return;
   const int n = merged_column();
-  reinterpret_cast<float4*>(p.ws_coef)[n] = train_column_gradients<Spec>(p, n, t, true);
+  const BackwardColumn col = backward_column<Spec>(p, n);
+  const float invstd = p.save_invstd[n];
+  const float dgamma = col.zs * t.y;
+  if constexpr (Spec::HAS_AFFINE) {
+    store_param<P>(p, p.dbeta, n, t.x);
+    store_param<P>(p, p.dgamma, n, dgamma);
+  }
+  if constexpr (Spec::HAS_SCALE)
+    store_param<P>(p, p.dscale, n, col.g * p.eps * invstd * invstd * invstd * t.y);
+  if constexpr (Spec::HAS_BIAS) store_param<P>(p, p.dbias, n, 0.f);
+  // da's coefficients (backward_da).
+  const float inv_m = 1.f / static_cast<float>(p.m);
+  const float a = col.s * col.g * invstd;
+  reinterpret_cast<float4*>(p.ws_coef)[n] =
+      make_float4(a, -a * col.zs * (dgamma * inv_m), -a * (t.x * inv_m), 0.f);
 }
 
 // Train, pass 3 (launched only when dx or dW is wanted): da = s dz = s g invstd (dy - dbeta / m

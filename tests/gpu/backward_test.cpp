@@ -101,54 +101,6 @@ TEST_CASE("backward: the built-in sweep (every dtype x mode, tails, flags, strid
   for (const std::string& line : builtin_backward_sweep(false)) check(line);
 }
 
-// Train's BatchNorm side (column sums, parameter gradients, da) as one cluster kernel
-// (kernels/bn_backward_cluster.cuh, sm_90+) where a run's rows fit, else three passes: both
-// against float64, several cluster sizes (64 KiB of rows per CTA, common/backward_shape.h),
-// runs of fewer rows than the plan's M, and the three passes forced.
-TEST_CASE("backward: train's BatchNorm side as one cluster kernel, and as three passes") {
-  const bool hopper = Device::get(0).cc() >= 90;
-  auto runs_cluster = [](const std::string& line, const BackwardCheckOptions& o) {
-    BackwardOptions bo;
-    bo.cluster_batchnorm = o.cluster_batchnorm;
-    const BackwardPlan plan(parse_sweep_line(line).problem, bo);
-    return plan.runs_cluster_batchnorm(o.rows ? o.rows : plan.problem().M);
-  };
-  struct Case {
-    const char* line;
-    bool cluster;  // on sm_90+
-  };
-  // 128-byte slab rows of 16-bit types (64-byte where rows are 8-byte aligned): 256 rows per
-  // CTA within 64 KiB, up to 16 CTAs of more shared memory (about 13,900 rows); 20000 fit none.
-  for (const Case& k : {Case{"300x64x64 bf16 train", true}, Case{"1000x72x40 fp16 train", true},
-                        Case{"2000x70x40 bf16 train ldx=48 ldw=48 ldy=72", true},
-                        Case{"4000x40x24 fp32 train", true}, Case{"8000x36x24 tf32 train", true},
-                        Case{"12000x64x32 bf16 train", true}, Case{"20000x64x32 bf16 train", false}, Case{"2x24x16 bf16 train", true},
-                        Case{"300x64x64 bf16 train nobias noscale noaffine", true},
-                        Case{"1000x64x256 bf16 train non_centred", true},
-                        Case{"40000x64x32 bf16 train", false}, Case{"300x64x64 bf16 eval", false},
-                        Case{"300x71x40 bf16 train", false} /* 2-byte rows: no cp.async */}) {
-    for (const bool cluster : {true, false}) {
-      BackwardCheckOptions o;
-      o.cluster_batchnorm = cluster;
-      CAPTURE(cluster);
-      CHECK(runs_cluster(k.line, o) == (cluster && k.cluster && hopper));
-      check(k.line, o);
-    }
-  }
-  // Fewer rows than the plan's M: the run's rows choose the cluster.
-  BackwardCheckOptions r;
-  r.rows = 700;
-  CHECK(runs_cluster("9000x64x32 bf16 train", r) == hopper);
-  check("9000x64x32 bf16 train", r);
-  BackwardCheckOptions g;
-  g.zero_gamma_column = 3;
-  check("3000x64x64 bf16 train", g);
-  BackwardCheckOptions po;
-  po.want_dx = false;
-  po.want_dw = false;
-  check("3000x64x96 bf16 train", po);
-}
-
 TEST_CASE("backward: gamma = 0 and scale = 0 columns") {
   for (const char* mode : {"train", "eval"}) {
     BackwardCheckOptions g;

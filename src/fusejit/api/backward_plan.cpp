@@ -16,7 +16,6 @@ namespace fusejit {
 struct BackwardPlan::RunState {
   BackwardRunCache cache;
   std::size_t workspace_bytes = 0;  // for the plan's M, computed once (run checks it every call)
-  bool cluster_bn = true;           // BackwardOptions::cluster_batchnorm
 };
 
 BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& options)
@@ -46,7 +45,6 @@ BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& option
   }
   core_ = backward_core(problem, config, ctx, options.cache_dir);
   state_->workspace_bytes = backward_workspace(problem, core_->config, problem.M).total;
-  state_->cluster_bn = options.cluster_batchnorm;
   if (const std::size_t bytes = workspace_size(); bytes && options.allocate_workspace) {
     FJ_CU(cuCtxSetCurrent(core_->context));
     FJ_CU(cuMemAlloc(&own_workspace_, bytes));
@@ -100,10 +98,6 @@ const std::string& BackwardPlan::dispatch() const {
   return dispatch_;
 }
 
-bool BackwardPlan::runs_cluster_batchnorm(std::int64_t rows) const {
-  return state_->cluster_bn && cluster_bn_launch(*core_, rows).cluster > 0;
-}
-
 void BackwardPlan::validate(const BackwardTensors& t) const {
   validate_backward_tensors(problem_, t);
 }
@@ -124,8 +118,7 @@ void BackwardPlan::run(CUstream stream, const BackwardTensors& t, std::int64_t r
         "rows", fmt::format("expected {} <= rows <= M = {}; got {}", least, problem_.M, rows));
   validate_backward_tensors(problem_, t);
   validate_workspace(workspace, bytes, workspace_size());
-  launch_backward(*core_, rows, accumulate_, stream, t, workspace, &state_->cache,
-                  state_->cluster_bn);
+  launch_backward(*core_, rows, accumulate_, stream, t, workspace, &state_->cache);
 }
 
 }  // namespace fusejit

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "common/backward_shape.h"
 #include "common/tma_store_box.h"
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/error.hpp"
@@ -140,22 +139,12 @@ Problem dw_gemm_problem(const Problem& p) {
   return g;
 }
 
-int cluster_bn_thread_bytes(const Problem& p) {
-  if (p.mode != Mode::train) return 0;
-  // ClusterBnShape's vector (kernels/bn_backward_cluster.cuh): the rows' alignment, at most
-  // kClusterBnVecBytes, at least one element.
-  const int es = static_cast<int>(storage_bytes(p.dtype));
-  const int bytes = std::max(es, std::min(p.effective_alignment(), fj::kClusterBnVecBytes));
-  return bytes >= 4 ? bytes : 0;
-}
-
 std::vector<std::string> backward_kernel_set(const Problem& p, const BackwardConfig& c) {
   std::vector<std::string> k{"fj_bwd_reduce"};
   if (p.mode == Mode::train)
     k.insert(k.end(), {"fj_bwd_coef", "fj_bwd_da"});
   else
     k.push_back("fj_bwd_params");
-  if (cluster_bn_thread_bytes(p) > 0) k.push_back("fj_bwd_cluster");
   if (grad_gemm_reads_copies(p, c.dx) || grad_gemm_reads_copies(p, c.dw))
     k.push_back("fj_bwd_transpose");
   k.push_back("fj_bwd_dx");
@@ -198,8 +187,6 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
                  !dw_copies, dw_copies ? 0 : p.N, dw_copies ? 0 : p.lda_x(), p.lda_w(), gemm_vec);
   t += "#include \"kernels/bn_backward.cuh\"\n#include \"kernels/grad_gemm.cuh\"\n";
   if (dx_copies || dw_copies) t += "#include \"kernels/transpose.cuh\"\n";
-  const bool cluster_bn = cluster_bn_thread_bytes(p) > 0;
-  if (cluster_bn) t += "#include \"kernels/bn_backward_cluster.cuh\"\n";
   if (c.dx.split_k > 1 || c.dw.split_k > 1) t += "#include \"kernels/grad_split_sum.cuh\"\n";
   // sm_90a-only instructions: included only when a config asks for them (KernelConfig::why_invalid
   // keeps warpspec to Hopper).
@@ -210,10 +197,6 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
   t += "extern \"C\" __device__ const int fj_bwd_strips = fj::BackwardShape<Spec>::kStrips;\n"
        "extern \"C\" __device__ const int fj_bwd_column_blocks =\n"
        "    fj::BackwardShape<Spec>::kColumnBlocks;\n";
-  if (cluster_bn)
-    t += "extern \"C\" __device__ const int fj_bwd_cluster_slabs = fj::ClusterBnShape<Spec>::kSlabs;\n"
-         "extern \"C\" __device__ const int fj_bwd_cluster_thread_bytes =\n"
-         "    fj::ClusterBnShape<Spec>::kBytes;\n";
   t += fmt::format(
       "extern \"C\" __device__ const int fj_bwd_dx_smem_bytes = {}<DxSpec>::kSmemBytes;\n",
       gemm_template(c.dx));
@@ -231,9 +214,6 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
       t += "extern \"C\" __global__ void\n"
            "__launch_bounds__(fj::kBackwardThreads, fj::BackwardShape<Spec>::kDaBlocksPerSm)\n"
            "fj_bwd_da(const fj::BackwardParams p) { fj::bn_backward_da<Spec>(p); }\n";
-    else if (k == "fj_bwd_cluster")
-      t += "extern \"C\" __global__ void __launch_bounds__(fj::kClusterBnThreads)\n"
-           "fj_bwd_cluster(const fj::BackwardParams p) { fj::bn_backward_cluster<Spec>(p); }\n";
     else if (k == "fj_bwd_params")
       t += "extern \"C\" __global__ void __launch_bounds__(fj::kBackwardColumnThreads)\n"
            "fj_bwd_params(const fj::BackwardParams p) { fj::bn_backward_params<Spec>(p); }\n";

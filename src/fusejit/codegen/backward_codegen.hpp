@@ -55,15 +55,9 @@ DType grad_gemm_dtype(DType);
 Problem dx_gemm_problem(const Problem&);
 Problem dw_gemm_problem(const Problem&);
 
-// The bytes of a row a thread of fj_bwd_cluster copies (kernels/bn_backward_cluster.cuh: the
-// backward passes' vector, at most 8 bytes), or 0 where the layer has no such kernel: eval (its
-// one pass already forms da) and rows aligned to less than 4 bytes (cp.async's smallest copy).
-int cluster_bn_thread_bytes(const Problem&);
-
 // Kernels of the set, in launch order: fj_bwd_reduce, then fj_bwd_coef, fj_bwd_da (train) or
-// fj_bwd_params (eval), [fj_bwd_cluster] (train, cluster_bn_thread_bytes: on sm_90+ it replaces
-// the three train kernels where a run's rows fit), [fj_bwd_transpose] (grad_gemm_reads_copies),
-// fj_bwd_dx, [fj_bwd_dx_sum] (dx split), fj_bwd_dw, [fj_bwd_dw_sum] (dW split).
+// fj_bwd_params (eval), [fj_bwd_transpose] (grad_gemm_reads_copies), fj_bwd_dx, [fj_bwd_dx_sum] (dx
+// split), fj_bwd_dw, [fj_bwd_dw_sum] (dW split).
 std::vector<std::string> backward_kernel_set(const Problem&, const BackwardConfig&);
 
 // The source. It names no M: problems differing only in M give the same text (one cache key).

@@ -37,7 +37,6 @@ namespace fusejit {
   X(cuFuncSetAttribute) \
   X(cuFuncGetAttribute) \
   X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
-  X(cuOccupancyMaxActiveClusters) \
   X(cuLaunchKernel) \
   X(cuLaunchKernelEx) \
   X(cuMemAlloc) \

@@ -61,39 +61,6 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
   core->dx_sum = fn("fj_bwd_dx_sum");
   core->dw_sum = fn("fj_bwd_dw_sum");
   core->transpose = fn("fj_bwd_transpose");
-  core->cluster = core->device.cc() >= 90 ? fn("fj_bwd_cluster") : CUfunction{nullptr};
-  if (core->cluster) {
-    core->cluster_slabs = m.read_int("fj_bwd_cluster_slabs");
-    core->cluster_row_bytes = fj::cluster_bn_row_bytes(m.read_int("fj_bwd_cluster_thread_bytes"));
-    int static_smem = 0;
-    FJ_CU(cuFuncGetAttribute(&static_smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, core->cluster));
-    core->cluster_max_smem = core->device.smem_per_block_optin - static_smem;
-    FJ_CU(cuFuncSetAttribute(core->cluster, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                             core->cluster_max_smem));
-    FJ_CU(cuFuncSetAttribute(core->cluster, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));
-    // All of L1 as shared memory: the CTAs' rows are the kernel's data, and its copies bypass L1.
-    FJ_CU(cuFuncSetAttribute(core->cluster, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100));
-    // The largest cluster the device can hold at the most shared memory a CTA may take (16 is
-    // beyond the portable 8: the driver says whether a GPC holds such a cluster).
-    for (int ctas = fj::kClusterBnMaxCluster; ctas >= 1 && core->cluster_max_ctas == 0; ctas /= 2) {
-      CUlaunchAttribute dim{};
-      dim.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-      dim.value.clusterDim.x = static_cast<unsigned>(ctas);
-      dim.value.clusterDim.y = dim.value.clusterDim.z = 1;
-      CUlaunchConfig cfg{};
-      cfg.gridDimX = static_cast<unsigned>(ctas);
-      cfg.gridDimY = cfg.gridDimZ = 1;
-      cfg.blockDimX = fj::kClusterBnThreads;
-      cfg.blockDimY = cfg.blockDimZ = 1;
-      cfg.sharedMemBytes = static_cast<unsigned>(core->cluster_max_smem);
-      cfg.attrs = &dim;
-      cfg.numAttrs = 1;
-      int clusters = 0;
-      FJ_CU(cuOccupancyMaxActiveClusters(&clusters, core->cluster, &cfg));
-      if (clusters > 0) core->cluster_max_ctas = ctas;
-    }
-    if (core->cluster_max_ctas == 0) core->cluster = nullptr;
-  }
   core->strips = m.read_int("fj_bwd_strips");
   core->column_blocks = m.read_int("fj_bwd_column_blocks");
   auto dynamic_smem = [&](CUfunction f, const char* kernel, const char* symbol) {
@@ -452,14 +419,8 @@ GradGemmMaps grad_gemm_maps(const BackwardCore& c, std::int64_t rows, char* ws,
 
 }  // namespace
 
-fj::ClusterBnLaunch cluster_bn_launch(const BackwardCore& c, std::int64_t rows) {
-  if (!c.cluster) return {0, 0, 0};
-  return fj::cluster_bn_launch(rows, c.cluster_row_bytes, c.cluster_max_smem, c.cluster_max_ctas);
-}
-
 void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, CUstream stream,
-                     const BackwardTensors& t, void* workspace, BackwardRunCache* cache,
-                     bool cluster_bn) {
+                     const BackwardTensors& t, void* workspace, BackwardRunCache* cache) {
   const Driver& d = driver();
   CUcontext current = nullptr;
   check(d.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
@@ -509,24 +470,12 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
                 const char* what, unsigned grid_y = 1) {
     launch_dependent(c.device, f, grid, grid_y, threads, smem, stream, args, what);
   };
-  const fj::ClusterBnLaunch cl =
-      cluster_bn ? cluster_bn_launch(c, rows) : fj::ClusterBnLaunch{0, 0, 0};
-  if (cl.cluster > 0) {
-    // kernels/bn_backward_cluster.cuh: the three train passes in one.
-    bp.cluster_rows = cl.cta_rows;
-    launch_dependent(c.device, c.cluster, static_cast<unsigned>(cl.cluster),
-                     static_cast<unsigned>(c.cluster_slabs), fj::kClusterBnThreads,
-                     static_cast<unsigned>(cl.smem_bytes), stream, bargs,
-                     "cuLaunchKernelEx(fj_bwd_cluster)", static_cast<unsigned>(cl.cluster));
-  } else if (p.mode == Mode::train) {
-    go(c.reduce, elementwise_grid, fj::kBackwardThreads, 0, bargs,
-       "cuLaunchKernelEx(fj_bwd_reduce)");
+  go(c.reduce, elementwise_grid, fj::kBackwardThreads, 0, bargs, "cuLaunchKernelEx(fj_bwd_reduce)");
+  if (p.mode == Mode::train) {
     go(c.coef, columns_grid, fj::kBackwardColumnThreads, 0, bargs, "cuLaunchKernelEx(fj_bwd_coef)");
     if (need_da)
       go(c.da, elementwise_grid, fj::kBackwardThreads, 0, bargs, "cuLaunchKernelEx(fj_bwd_da)");
   } else {
-    go(c.reduce, elementwise_grid, fj::kBackwardThreads, 0, bargs,
-       "cuLaunchKernelEx(fj_bwd_reduce)");
     go(c.params, columns_grid, fj::kBackwardColumnThreads, 0, bargs,
        "cuLaunchKernelEx(fj_bwd_params)");
   }

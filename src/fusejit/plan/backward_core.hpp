@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "common/backward_shape.h"
 #include "fusejit/backward.hpp"
 #include "fusejit/codegen/backward_codegen.hpp"
 #include "fusejit/device.hpp"
@@ -30,11 +29,6 @@ struct BackwardCore {
              dw = nullptr;
   CUfunction dx_sum = nullptr, dw_sum = nullptr;  // split-K configs only
   CUfunction transpose = nullptr;                 // grad_gemm_reads_copies configs only
-  // fj_bwd_cluster (train, sm_90+, cluster_bn_thread_bytes): null where the set has none or the
-  // device has no clusters. Its slabs, a slab row's bytes per tensor, and what the device allows
-  // (common/backward_shape.h, cluster_bn_launch).
-  CUfunction cluster = nullptr;
-  int cluster_slabs = 0, cluster_row_bytes = 0, cluster_max_smem = 0, cluster_max_ctas = 0;
   int strips = 0, column_blocks = 0;              // from the module (kernels/bn_backward.cuh)
   int dx_smem_bytes = 0, dw_smem_bytes = 0;
   std::vector<std::string> kernel_names;
@@ -125,15 +119,9 @@ struct BackwardRunCache {
   CUtensorMap dx_a{}, dx_b{}, dx_c{}, dw_a{}, dw_b{}, dw_c{};
 };
 
-// How a train run of `rows` rows splits for fj_bwd_cluster (cluster 0: the three passes run
-// instead: no such kernel, or the rows do not fit a cluster's shared memory).
-fj::ClusterBnLaunch cluster_bn_launch(const BackwardCore&, std::int64_t rows);
-
 // Enqueues the backward of `rows` rows. Tensors and workspace were checked by the caller.
-// `cache`: the plan's, or null. `cluster_bn` false: train's three BatchNorm passes even where
-// fj_bwd_cluster could run (BackwardOptions::cluster_batchnorm).
+// `cache`: the plan's, or null.
 void launch_backward(const BackwardCore&, std::int64_t rows, bool accumulate, CUstream stream,
-                     const BackwardTensors&, void* workspace, BackwardRunCache* cache = nullptr,
-                     bool cluster_bn = true);
+                     const BackwardTensors&, void* workspace, BackwardRunCache* cache = nullptr);
 
 }  // namespace fusejit

@@ -33,12 +33,8 @@ CUlaunchAttribute programmatic_dependent_attribute() {
 
 void launch_dependent(const Device& device, CUfunction f, unsigned grid_x, unsigned grid_y,
                       unsigned threads, unsigned smem, CUstream stream, void** args,
-                      const char* what, unsigned cluster_x) {
-  CUlaunchAttribute attrs[2] = {programmatic_dependent_attribute(), {}};
-  attrs[1].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-  attrs[1].value.clusterDim.x = cluster_x;
-  attrs[1].value.clusterDim.y = 1;
-  attrs[1].value.clusterDim.z = 1;
+                      const char* what) {
+  CUlaunchAttribute pdl = programmatic_dependent_attribute();
   CUlaunchConfig cfg{};
   cfg.gridDimX = grid_x;
   cfg.gridDimY = grid_y;
@@ -47,8 +43,8 @@ void launch_dependent(const Device& device, CUfunction f, unsigned grid_x, unsig
   cfg.blockDimY = cfg.blockDimZ = 1;
   cfg.sharedMemBytes = smem;
   cfg.hStream = stream;
-  cfg.attrs = attrs;
-  cfg.numAttrs = device.cc() >= 90 ? (cluster_x > 1 ? 2 : 1) : 0;
+  cfg.attrs = &pdl;
+  cfg.numAttrs = device.cc() >= 90 ? 1 : 0;
   check(driver().cuLaunchKernelEx(&cfg, f, args, nullptr), what);
 }
 

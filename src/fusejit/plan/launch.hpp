@@ -75,12 +75,11 @@ CUresult launch_cooperative(const CUlaunchConfig& cfg, CUfunction f, void** args
 
 // Enqueues `f` on `stream` as a programmatic dependent launch of the kernel before it in the
 // stream (on sm_90+; an ordinary launch before): grid_x x grid_y blocks of `threads`, `smem`
-// bytes of dynamic shared memory, in clusters of `cluster_x` CTAs along x where that is above 1
-// (sm_90+). The kernel must wait for its predecessor itself before it touches memory
-// (templates/common/grid_dependency.cuh). `what` names the launch in an error.
+// bytes of dynamic shared memory. The kernel must wait for its predecessor itself before it
+// touches memory (templates/common/grid_dependency.cuh). `what` names the launch in an error.
 void launch_dependent(const Device& device, CUfunction f, unsigned grid_x, unsigned grid_y,
                       unsigned threads, unsigned smem, CUstream stream, void** args,
-                      const char* what, unsigned cluster_x = 1);
+                      const char* what);
 
 // What a plan's runs remember between calls, because a loop runs with the same stream and
 // tensors again and again:
