@@ -58,8 +58,10 @@ struct BackwardOptions {
   // False: the plan allocates no workspace; every run() must be given one (workspace_size()).
   bool allocate_workspace = true;
   // Force the tiles of the gradient GEMMs (testing, benchmarking): tiled configs, or on Hopper
-  // for bf16/fp16 with 16-byte aligned rows warpspec ones without clusters, pingpong or TMA
-  // store; never split-K or exact_m (InvalidArgument "dx_config" / "dw_config" otherwise).
+  // warpspec ones without clusters or pingpong, for bf16/fp16 with 16-byte aligned rows or tf32
+  // with 8-byte aligned ones (its GEMMs read padded copies), N x element size a multiple of 16
+  // either way, and TMA stores (.ts) only with 16-byte aligned rows; never exact_m
+  // (InvalidArgument "dx_config" / "dw_config" otherwise).
   // dx = da W is an M x K GEMM reducing over N; dW = da^T x an N x K GEMM reducing over the
   // run's M. Unset: the tuning database's backward entry for the layer's M class (`fusejit
   // autotune --backward`), else the heuristic (warpspec where it can run).

@@ -209,25 +209,29 @@ TEST_CASE("tf32x3: BackwardPlan takes it; its gradient GEMMs are strict fp32's")
 TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compiles for sm_90a") {
   const Device hopper = Device::for_arch("sm_90a");
   const Problem p = parse_sweep_line("300x72x40 bf16 train").problem;
-  // The heuristic picks them on Hopper for 16-bit types and tf32 with aligned rows, never
-  // elsewhere; tf32's read K-major copies (grad_gemm_reads_copies), 16-bit ones the operands.
+  // The heuristic picks them on Hopper for 16-bit types with 16-byte aligned rows and tf32 with
+  // 8-byte aligned ones (N's 16-byte aligned), never elsewhere; tf32's read K-major copies
+  // with padded rows (grad_gemm_reads_copies), 16-bit ones the operands.
   CHECK(default_backward_config(p, hopper).dx.variant == Variant::warpspec);
   CHECK(default_backward_config(p, hopper).dw.variant == Variant::warpspec);
   CHECK(default_backward_config(p, Device::for_arch("sm_80")).dx.variant == Variant::tiled);
   CHECK(!grad_gemm_reads_copies(p, default_backward_config(p, hopper).dx));
-  {
-    const Problem q = parse_sweep_line("300x72x40 tf32 train").problem;
+  for (const char* line : {"300x72x40 tf32 train", "300x72x42 tf32 train"}) {
+    CAPTURE(line);
+    const Problem q = parse_sweep_line(line).problem;
     const BackwardConfig c = default_backward_config(q, hopper);
     CHECK(c.dx.variant == Variant::warpspec);
     CHECK(c.dw.variant == Variant::warpspec);
     CHECK(grad_gemm_reads_copies(q, c.dx));
     CHECK(grad_gemm_reads_copies(q, c.dw));
+    if (q.effective_alignment() < 16) CHECK((!c.dx.tma_store && !c.dw.tma_store));
     CHECK(backward_kernel_set(q, c) == std::vector<std::string>{"fj_bwd_reduce", "fj_bwd_coef",
                                                                 "fj_bwd_da", "fj_bwd_transpose",
                                                                 "fj_bwd_dx", "fj_bwd_dw"});
   }
-  for (const char* line : {"300x72x40 tf32x3 train", "300x60x40 bf16 train", "300x72x40 fp32 eval",
-                           "300x72x40 bf16 eval ldx=44", "300x70x40 tf32 train"}) {
+  for (const char* line :
+       {"300x72x40 tf32x3 train", "300x60x40 bf16 train", "300x72x40 fp32 eval",
+        "300x72x40 bf16 eval ldx=44", "300x70x40 tf32 train", "300x72x41 tf32 train"}) {
     CAPTURE(line);
     const Problem q = parse_sweep_line(line).problem;
     const BackwardConfig c = default_backward_config(q, hopper);

@@ -147,6 +147,8 @@ TEST_CASE("backward: forced gradient GEMM tiles, and configs it cannot take") {
   const Problem p = parse_sweep_line("256x64x64 bf16 train").problem;
   const Problem tf32x3 = parse_sweep_line("256x64x64 tf32x3 train").problem;
   const Problem narrow = parse_sweep_line("256x60x64 bf16 train").problem;  // dA rows 120 bytes
+  const Problem tf32_8 = parse_sweep_line("256x64x66 tf32 train").problem;  // x rows 264 bytes
+  const Problem tf32_4 = parse_sweep_line("256x64x65 tf32 train").problem;  // x rows 260 bytes
   struct Refused {
     const Problem* problem;
     const char* key;
@@ -159,7 +161,9 @@ TEST_CASE("backward: forced gradient GEMM tiles, and configs it cannot take") {
         Refused{&narrow, "warpspec.128x128x64.c2.s5.g8.cl1.p1"},
         Refused{&p, "tiled.64x64x64.w2x2.s3.g8.k64"} /* above kMaxSplitK */,
         Refused{&p, "warpspec.64x64x64.c1.s8.g8.cl1.p1.k2.ts"} /* slices need thread stores */,
-        Refused{&p, "tiled.64x64x64.w2x2.s3.g8.xm"}}) {
+        Refused{&p, "tiled.64x64x64.w2x2.s3.g8.xm"},
+        Refused{&tf32_8, "warpspec.128x128x32.c1.s4.g8.cl1.p1.ts"} /* C rows 8-byte aligned */,
+        Refused{&tf32_4, "warpspec.128x128x32.c1.s4.g8.cl1.p1"} /* C rows 4-byte aligned */}) {
     CAPTURE(r.key);
     BackwardOptions bo;
     bo.dw_config = KernelConfig::parse(r.key);
@@ -196,6 +200,18 @@ TEST_CASE("backward: warpspec gradient GEMMs (sm_90a): tile shapes, tails, persi
                {"1000x200x136 tf32 train", "300x72x40 tf32 eval", "2x24x16 tf32 train",
                 "777x328x520 tf32 eval"},
                "300x136x96 tf32 train", "1000x64x96 tf32 eval");
+  // tf32 whose x and W rows are 8-byte aligned, not 16 (odd K / 2, padded strides): the copies
+  // are padded, so only C's stores see the layer's rows (pairs of fp32; no TMA stores).
+  check_forced("warpspec.128x256x32.c2.s3.g16.cl1.p1", "warpspec.128x128x32.c1.s4.g8.cl1.p1",
+               {"1000x200x138 tf32 train", "300x72x42 tf32 eval", "2x24x18 tf32 train",
+                "300x72x40 tf32 train ldx=42 ldw=46 ldy=76", "777x328x522 tf32 eval"},
+               "300x136x98 tf32 train", "1000x64x98 tf32 eval");
+  // The heuristic takes warpspec there too.
+  for (const char* line : {"777x1536x2050 tf32 train", "777x1536x2050 tf32 eval"}) {
+    CHECK(BackwardPlan(parse_sweep_line(line).problem).config_key().find("tiled") ==
+          std::string::npos);
+    check(line);
+  }
 }
 
 // Split-K gradient GEMMs (fp32 slices, then kernels/grad_split_sum.cuh), forced on both GEMMs:

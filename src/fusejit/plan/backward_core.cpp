@@ -97,11 +97,33 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
 // splits); but 1024x256x64 (16 k tiles) 0.0283 unsplit against 0.0295 in 4 splits, and at
 // 2048x2048x512, where unsplit 64x128 tiles fill the GPU, the time model's 128x256 tiles in 4
 // splits took 0.076 ms against 0.052.
+namespace {
+
+// A tf32 gradient GEMM on warpspec reads K-major copies whose rows are padded to 16 bytes
+// (backward_workspace), and dX's A, da, in place (rows of N, which grad_gemm_why_invalid checks):
+// the layer's own rows bound only C's stores, which grad_gemm_why_invalid checks too. The GEMM
+// as the forward's rules (KernelConfig::why_invalid, candidate_configs) should see it: rows padded
+// to 4 elements.
+Problem read_from_copies(const Problem& g) {
+  Problem q = g;
+  auto padded = [](std::int64_t n) { return (n + 3) / 4 * 4; };
+  q.ldx = padded(g.K);
+  q.ldw = padded(g.K);
+  q.ldy = padded(g.N);
+  q.alignment = 0;
+  return q;
+}
+
+}  // namespace
+
 std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& g, bool dw,
                                                const Device& d) {
   // The forward's candidates for the GEMM's shape: a gradient GEMM's shared memory is the
   // forward's ring and TMA-store boxes without its epilogue's scratch, so each fits as it is.
-  std::vector<KernelConfig> candidates = candidate_configs(g, d);
+  // tf32's warpspec ones read padded copies: offered as for rows padded so (read_from_copies),
+  // then judged, like every candidate, on the layer's own rows (grad_gemm_why_invalid).
+  std::vector<KernelConfig> candidates =
+      candidate_configs(grad_gemm_dtype(p.dtype) == DType::tf32 ? read_from_copies(g) : g, d);
   // The forward's own split twins (add_split_k) follow the forward's rules, not these: dropped.
   std::erase_if(candidates, [](const KernelConfig& c) { return c.split_k != 1; });
   const std::int64_t sms = std::max(1, d.sm_count);
@@ -181,6 +203,7 @@ std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& c, const
     return "a split gradient GEMM stores fp32 slices with thread stores: no tma_store";
   if (c.exact_m) return "the gradient GEMMs read M at run time";
   if (c.pad_operands) return "the gradient GEMMs do not pad their operands";
+  const bool copies = grad_gemm_reads_copies(p, c);
   if (c.variant == Variant::warpspec) {
     if (storage_bytes(p.dtype) != 2 && grad_gemm_dtype(p.dtype) != DType::tf32)
       return "the warpspec gradient GEMMs multiply bf16, fp16 (MN-major operands through "
@@ -189,11 +212,18 @@ std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& c, const
       return "the warpspec gradient GEMMs have no clusters or pingpong";
     if (c.bm > 256 || c.bn > 256) return "the warpspec gradient GEMMs' TMA boxes have <= 256 rows";
     const auto es = static_cast<std::int64_t>(storage_bytes(p.dtype));
-    if (p.effective_alignment() < 16 || (p.N * es) % 16 != 0)
+    if ((p.N * es) % 16 != 0)
       return fmt::format(
-          "the warpspec gradient GEMMs load with TMA, which needs 16-byte aligned rows of x, W "
-          "and dA (N a multiple of {})",
+          "the warpspec gradient GEMMs load dA with TMA, which needs 16-byte aligned rows (N a "
+          "multiple of {})",
           16 / es);
+    if (!copies && p.effective_alignment() < 16)
+      return "the warpspec gradient GEMMs load x and W with TMA, which needs 16-byte aligned rows";
+    if (copies && p.effective_alignment() < 8)
+      return "tf32's warpspec gradient GEMMs read padded copies of x and W but store dx and dW in "
+             "pairs of elements: their rows must be 8-byte aligned";
+    if (c.tma_store && p.effective_alignment() < 16)
+      return "TMA stores need 16-byte aligned rows of dx and dW";
     if (const int bytes = grad_wgmma_smem_bytes(c, grad_gemm_dtype(p.dtype));
         bytes > d.smem_per_block_optin)
       return fmt::format("the warpspec gradient GEMM needs {} bytes of shared memory; {} allows {}",
@@ -203,7 +233,7 @@ std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& c, const
   // and a run's reduction (dW's batch) may have fewer k tiles than splits (those store zeros).
   KernelConfig unsplit = c;
   unsplit.split_k = 1;
-  return unsplit.why_invalid(gemm, d);
+  return unsplit.why_invalid(copies ? read_from_copies(gemm) : gemm, d);
 }
 
 void require_grad_gemm_config(const Problem& p, const KernelConfig& c, bool dw, const Device& d,

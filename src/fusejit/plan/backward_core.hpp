@@ -47,8 +47,10 @@ std::string backward_refusal(const Problem&);
 // layer `p`) on `device`; empty when it can. Beyond KernelConfig::why_invalid: no exact M;
 // split-K on either variant (up to kMaxSplitK, not with TMA stores); warpspec only for 16-bit
 // types (MN-major operands through wgmma's transpose bits) and tf32 (K-major copies:
-// grad_gemm_reads_copies), without clusters or pingpong, with 16-byte aligned rows of x, W and
-// dA, and within the device's shared memory (grad_wgmma_smem_bytes).
+// grad_gemm_reads_copies), without clusters or pingpong, with 16-byte aligned rows of dA (N) and,
+// for 16-bit types, of x and W; tf32's copies have padded rows, so there only dx's and dW's
+// stores (pairs of elements) need 8-byte aligned rows, and TMA stores 16-byte ones; and within
+// the device's shared memory (grad_wgmma_smem_bytes).
 std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& config, const Problem& gemm,
                                   const Device& device);
 
