@@ -58,9 +58,10 @@ struct BackwardOptions {
   // False: the plan allocates no workspace; every run() must be given one (workspace_size()).
   bool allocate_workspace = true;
   // Force the tiles of the gradient GEMMs (testing, benchmarking): tiled configs, or on Hopper
-  // warpspec ones without clusters or pingpong, for bf16/fp16 with 16-byte aligned rows or tf32
-  // with 8-byte aligned ones (its GEMMs read padded copies), N x element size a multiple of 16
-  // either way, and TMA stores (.ts) only with 16-byte aligned rows; never exact_m
+  // warpspec ones without clusters, pingpong or .pad, where N x element size (dA's rows) is a
+  // multiple of 16 and, for bf16/fp16, K x element size too with 16-byte aligned rows, for tf32
+  // (its GEMMs read padded copies) 8-byte aligned rows; TMA stores (.ts) need K x element size a
+  // multiple of 16 and 16-byte aligned rows; split-K up to 32, not with .ts; never exact_m
   // (InvalidArgument "dx_config" / "dw_config" otherwise).
   // dx = da W is an M x K GEMM reducing over N; dW = da^T x an N x K GEMM reducing over the
   // run's M. Unset: the tuning database's backward entry for the layer's M class (`fusejit

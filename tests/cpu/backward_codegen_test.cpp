@@ -216,7 +216,9 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
   CHECK(default_backward_config(p, hopper).dw.variant == Variant::warpspec);
   CHECK(default_backward_config(p, Device::for_arch("sm_80")).dx.variant == Variant::tiled);
   CHECK(!grad_gemm_reads_copies(p, default_backward_config(p, hopper).dx));
-  for (const char* line : {"300x72x40 tf32 train", "300x72x42 tf32 train"}) {
+  for (const char* line :
+       {"300x72x40 tf32 train", "300x72x42 tf32 train",
+        "4096x4096x4096 tf32 train ldx=4098 ldw=4098" /* packed, it takes TMA stores */}) {
     CAPTURE(line);
     const Problem q = parse_sweep_line(line).problem;
     const BackwardConfig c = default_backward_config(q, hopper);
@@ -319,6 +321,14 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
             .find("multiple of 4") != std::string::npos);
   CHECK(why(parse_sweep_line("300x60x40 bf16 train").problem, "warpspec.128x128x64.c2.s5.g8.cl1.p1")
             .find("16-byte") != std::string::npos);
+  // tf32 reads padded copies: 8-byte rows of x and W suffice, not for TMA stores; 4-byte do not.
+  CHECK(why(parse_sweep_line("300x72x42 tf32 train").problem, "warpspec.128x128x32.c2.s5.g8.cl1.p1")
+            .empty());
+  CHECK(why(parse_sweep_line("300x72x64 tf32 train ldx=66 ldw=66").problem,
+            "warpspec.128x128x32.c2.s5.g8.cl1.p1.ts")
+            .find("TMA stores need 16-byte") != std::string::npos);
+  CHECK(why(parse_sweep_line("300x72x41 tf32 train").problem, "warpspec.128x128x32.c2.s5.g8.cl1.p1")
+            .find("8-byte") != std::string::npos);
   CHECK(why(p, "warpspec.64x64x64.c1.s8.g8.cl1.p1.k4.ts").find("tma_store") != std::string::npos);
   CHECK(why(p, "warpspec.64x64x64.c1.s8.g8.cl1.p1.k64").find("split_k") != std::string::npos);
   // Split-K on either variant, even with more splits than a run's reduction has k tiles.

@@ -147,7 +147,8 @@ TEST_CASE("backward: forced gradient GEMM tiles, and configs it cannot take") {
   const Problem p = parse_sweep_line("256x64x64 bf16 train").problem;
   const Problem tf32x3 = parse_sweep_line("256x64x64 tf32x3 train").problem;
   const Problem narrow = parse_sweep_line("256x60x64 bf16 train").problem;  // dA rows 120 bytes
-  const Problem tf32_8 = parse_sweep_line("256x64x66 tf32 train").problem;  // x rows 264 bytes
+  // x and W rows of 264 bytes (8-byte aligned) while K = 64 would take TMA stores packed.
+  const Problem tf32_8 = parse_sweep_line("256x64x64 tf32 train ldx=66 ldw=66").problem;
   const Problem tf32_4 = parse_sweep_line("256x64x65 tf32 train").problem;  // x rows 260 bytes
   struct Refused {
     const Problem* problem;
@@ -162,7 +163,7 @@ TEST_CASE("backward: forced gradient GEMM tiles, and configs it cannot take") {
         Refused{&p, "tiled.64x64x64.w2x2.s3.g8.k64"} /* above kMaxSplitK */,
         Refused{&p, "warpspec.64x64x64.c1.s8.g8.cl1.p1.k2.ts"} /* slices need thread stores */,
         Refused{&p, "tiled.64x64x64.w2x2.s3.g8.xm"},
-        Refused{&tf32_8, "warpspec.128x128x32.c1.s4.g8.cl1.p1.ts"} /* C rows 8-byte aligned */,
+        Refused{&tf32_8, "warpspec.128x128x32.c1.s4.g8.cl1.p1.ts"} /* dW rows 8-byte aligned */,
         Refused{&tf32_4, "warpspec.128x128x32.c1.s4.g8.cl1.p1"} /* C rows 4-byte aligned */}) {
     CAPTURE(r.key);
     BackwardOptions bo;
@@ -200,12 +201,16 @@ TEST_CASE("backward: warpspec gradient GEMMs (sm_90a): tile shapes, tails, persi
                {"1000x200x136 tf32 train", "300x72x40 tf32 eval", "2x24x16 tf32 train",
                 "777x328x520 tf32 eval"},
                "300x136x96 tf32 train", "1000x64x96 tf32 eval");
-  // tf32 whose x and W rows are 8-byte aligned, not 16 (odd K / 2, padded strides): the copies
-  // are padded, so only C's stores see the layer's rows (pairs of fp32; no TMA stores).
+  // tf32 whose x and W rows are 8-byte aligned, not 16 (K = 2 mod 4, padded strides, odd K with
+  // padded ones): the copies are padded, so only C's stores see the layer's rows (pairs of fp32,
+  // a last odd column alone; no TMA stores).
   check_forced("warpspec.128x256x32.c2.s3.g16.cl1.p1", "warpspec.128x128x32.c1.s4.g8.cl1.p1",
                {"1000x200x138 tf32 train", "300x72x42 tf32 eval", "2x24x18 tf32 train",
-                "300x72x40 tf32 train ldx=42 ldw=46 ldy=76", "777x328x522 tf32 eval"},
-               "300x136x98 tf32 train", "1000x64x98 tf32 eval");
+                "300x72x40 tf32 train ldx=42 ldw=46 ldy=76", "777x328x522 tf32 eval",
+                "300x72x41 tf32 train ldx=42 ldw=42" /* odd K: C's last column alone */},
+               "300x136x97 tf32 train ldx=98 ldw=98", "1000x64x98 tf32 eval");
+  // The heuristic splits dW of a narrow 8-byte-aligned tf32 layer (fp32 slices, then the sum).
+  check("4100x40x26 tf32 train");
   // The heuristic takes warpspec there too.
   for (const char* line : {"777x1536x2050 tf32 train", "777x1536x2050 tf32 eval"}) {
     CHECK(BackwardPlan(parse_sweep_line(line).problem).config_key().find("tiled") ==

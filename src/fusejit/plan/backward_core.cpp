@@ -81,6 +81,21 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
   return core;
 }
 
+// A tf32 gradient GEMM on warpspec reads K-major copies whose rows are padded to 16 bytes
+// (backward_workspace), and dX's A, da, in place (rows of N, which grad_gemm_why_invalid checks):
+// the layer's alignment bounds only C's stores, which grad_gemm_why_invalid checks too. The GEMM
+// as the forward's rules (KernelConfig::why_invalid, candidate_configs) should see it: rows padded
+// to 4 elements.
+Problem read_from_copies(const Problem& g) {
+  Problem q = g;
+  auto padded = [](std::int64_t n) { return (n + 3) / 4 * 4; };
+  q.ldx = padded(g.K);
+  q.ldw = padded(g.K);
+  q.ldy = padded(g.N);
+  q.alignment = 0;
+  return q;
+}
+
 }  // namespace
 
 // Warpspec before tiled: on Hopper the tiled kernels reach about half of the tensor cores' rate
@@ -97,33 +112,23 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
 // splits); but 1024x256x64 (16 k tiles) 0.0283 unsplit against 0.0295 in 4 splits, and at
 // 2048x2048x512, where unsplit 64x128 tiles fill the GPU, the time model's 128x256 tiles in 4
 // splits took 0.076 ms against 0.052.
-namespace {
-
-// A tf32 gradient GEMM on warpspec reads K-major copies whose rows are padded to 16 bytes
-// (backward_workspace), and dX's A, da, in place (rows of N, which grad_gemm_why_invalid checks):
-// the layer's own rows bound only C's stores, which grad_gemm_why_invalid checks too. The GEMM
-// as the forward's rules (KernelConfig::why_invalid, candidate_configs) should see it: rows padded
-// to 4 elements.
-Problem read_from_copies(const Problem& g) {
-  Problem q = g;
-  auto padded = [](std::int64_t n) { return (n + 3) / 4 * 4; };
-  q.ldx = padded(g.K);
-  q.ldw = padded(g.K);
-  q.ldy = padded(g.N);
-  q.alignment = 0;
-  return q;
-}
-
-}  // namespace
-
 std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& g, bool dw,
                                                const Device& d) {
   // The forward's candidates for the GEMM's shape: a gradient GEMM's shared memory is the
   // forward's ring and TMA-store boxes without its epilogue's scratch, so each fits as it is.
   // tf32's warpspec ones read padded copies: offered as for rows padded so (read_from_copies),
-  // then judged, like every candidate, on the layer's own rows (grad_gemm_why_invalid).
-  std::vector<KernelConfig> candidates =
-      candidate_configs(grad_gemm_dtype(p.dtype) == DType::tf32 ? read_from_copies(g) : g, d);
+  // then judged, like every candidate, at the layer's alignment (grad_gemm_why_invalid).
+  const bool copies = grad_gemm_dtype(p.dtype) == DType::tf32;
+  std::vector<KernelConfig> candidates = candidate_configs(copies ? read_from_copies(g) : g, d);
+  // Where dx's and dW's rows refuse TMA stores, a tile the forward offers only with them (its
+  // long-K eval 128x256) comes back with thread stores.
+  if (copies && p.effective_alignment() < 16)
+    for (std::size_t i = 0, n = candidates.size(); i < n; ++i)
+      if (candidates[i].tma_store) {
+        KernelConfig c = candidates[i];
+        c.tma_store = false;
+        candidates.push_back(c);
+      }
   // The forward's own split twins (add_split_k) follow the forward's rules, not these: dropped.
   std::erase_if(candidates, [](const KernelConfig& c) { return c.split_k != 1; });
   const std::int64_t sms = std::max(1, d.sm_count);
