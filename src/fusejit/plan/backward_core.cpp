@@ -81,17 +81,21 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
   return core;
 }
 
-// A tf32 gradient GEMM on warpspec reads K-major copies whose rows are padded to 16 bytes
-// (backward_workspace), and dX's A, da, in place (rows of N, which grad_gemm_why_invalid checks):
-// the layer's alignment bounds only C's stores, which grad_gemm_why_invalid checks too. The GEMM
-// as the forward's rules (KernelConfig::why_invalid, candidate_configs) should see it: rows padded
-// to 4 elements.
+// The row length, in elements, of tf32's K-major copies (grad_gemm_reads_copies) in the backward
+// workspace: rounded up to 4 elements, the 16 bytes TMA needs between rows.
+std::int64_t copy_row_elements(std::int64_t elements) {
+  return (elements + 3) / 4 * 4;
+}
+
+// A tf32 gradient GEMM on warpspec reads those copies, and dX's A, da, in place (rows of N, which
+// grad_gemm_why_invalid checks): the layer's alignment bounds only C's stores, which
+// grad_gemm_why_invalid checks too. The GEMM as the forward's rules (KernelConfig::why_invalid,
+// candidate_configs) should see it: rows as the copies have them.
 Problem read_from_copies(const Problem& g) {
   Problem q = g;
-  auto padded = [](std::int64_t n) { return (n + 3) / 4 * 4; };
-  q.ldx = padded(g.K);
-  q.ldw = padded(g.K);
-  q.ldy = padded(g.N);
+  q.ldx = copy_row_elements(g.K);
+  q.ldw = copy_row_elements(g.K);
+  q.ldy = copy_row_elements(g.N);
   q.alignment = 0;
   return q;
 }
@@ -306,9 +310,8 @@ BackwardWorkspace backward_workspace(const Problem& p, const BackwardConfig& c, 
   };
   region(slices(c.dx, rows), w.dx_slices_offset);
   region(slices(c.dw, p.N), w.dw_slices_offset);
-  auto ld = [](std::int64_t elements) { return (elements + 3) / 4 * 4; };
-  w.copy_ld_n = ld(p.N);
-  w.copy_ld_rows = ld(rows);
+  w.copy_ld_n = copy_row_elements(p.N);
+  w.copy_ld_rows = copy_row_elements(rows);
   const std::size_t es = storage_bytes(p.dtype);
   auto elements = [](std::int64_t r, std::int64_t ld_elements) {
     return static_cast<std::size_t>(r) * static_cast<std::size_t>(ld_elements);
