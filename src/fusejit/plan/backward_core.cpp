@@ -124,15 +124,6 @@ std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& 
   // then judged, like every candidate, at the layer's alignment (grad_gemm_why_invalid).
   const bool copies = grad_gemm_dtype(p.dtype) == DType::tf32;
   std::vector<KernelConfig> candidates = candidate_configs(copies ? read_from_copies(g) : g, d);
-  // Where dx's and dW's rows refuse TMA stores, a tile the forward offers only with them (its
-  // long-K eval 128x256) comes back with thread stores.
-  if (copies && p.effective_alignment() < 16)
-    for (std::size_t i = 0, n = candidates.size(); i < n; ++i)
-      if (candidates[i].tma_store) {
-        KernelConfig c = candidates[i];
-        c.tma_store = false;
-        candidates.push_back(c);
-      }
   // The forward's own split twins (add_split_k) follow the forward's rules, not these: dropped.
   std::erase_if(candidates, [](const KernelConfig& c) { return c.split_k != 1; });
   const std::int64_t sms = std::max(1, d.sm_count);
