@@ -7,7 +7,8 @@
 
 namespace fj {
 
-// The kernel's block, and the rows of x it centres and multiplies at a time.
+// The kernel's block; the rows of x whose column means are its shift, and per CTA of its grid
+// (a run of fewer rows gets fewer CTAs: plan/launch.cpp).
 constexpr int kInputStatsThreads = 256;
 constexpr int kInputStatsTileRows = 64;
 // The most CTAs a run's cooperative grid has: the workspace holds one partial per CTA.
@@ -25,9 +26,9 @@ FJ_HOST_DEVICE constexpr int input_stats_kp(int k) {
 //  - flag: one word, nonzero when some column's quadratic form cancelled too much to trust
 //    (the run then takes the statistics GEMM's instead).
 //  - columns: [N] x {mean_a, var_a}.
-//  - merged: xbar [KP], then S [KP][KP].
-//  - partials: per CTA {rows, -, -, -}, its tiles' mean [KP], its centred sum of squares
-//    [KP][KP], `partial_stride` floats apart.
+//  - merged: the sums over every row of d = x - shift (kernels/input_stats.cuh): sum d [KP],
+//    then sum d d^T [KP][KP].
+//  - partials: per CTA the same sums over its row tiles, `partial_stride` floats apart.
 struct InputStatsLayout {
   long long flag, columns, merged, partials, partial_stride, total;
 };
@@ -40,7 +41,7 @@ FJ_HOST_DEVICE constexpr InputStatsLayout input_stats_layout(long long n, int kp
   l.columns = 4;
   l.merged = input_stats_round4(l.columns + 2 * n);
   l.partials = input_stats_round4(l.merged + kp + static_cast<long long>(kp) * kp);
-  l.partial_stride = 4 + kp + static_cast<long long>(kp) * kp;
+  l.partial_stride = kp + static_cast<long long>(kp) * kp;
   l.total = l.partials + kInputStatsMaxCtas * l.partial_stride;
   return l;
 }

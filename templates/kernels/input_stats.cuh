@@ -8,24 +8,28 @@
 // tests/gpu/input_stats_test.cpp.
 //
 // One cooperative kernel, three phases split by grid barriers:
-//  1. Each CTA takes row tiles of kInputStatsTileRows rows in turn. Per tile it centres the rows
-//     on the tile's own column mean (so large column means cancel before anything is squared),
-//     splits each centred value d into three bf16 parts (hi + mid + lo keeps d's 24 bits) and
-//     forms the tile's d^T d on the tensor cores from six of the nine part products (the three
-//     left out are below 2^-24 of |d|^2). Tiles merge into the CTA's (rows, mean, sum of
-//     squares) with Chan's formula, in tile order.
-//  2. xbar over all CTAs, then S = (1/M) sum_g [C_g + n_g (mean_g - xbar)(mean_g - xbar)^T]:
-//     no subtraction of large sums, every term's order fixed (deterministic, no float atomics).
-//  3. Per column n: mean_a, var_a, and how much the quadratic form cancels,
-//     sum |w_j S_jk w_k| / w^T S w. fp32 leaves var_a a relative error of about 2^-24 times
-//     that factor (the study above), which no plan-time rule can bound (it depends on the data:
-//     correlated features and a weight row that takes their difference). Above the dtype's
+//  1. Every CTA takes a shift from x's first kInputStatsTileRows rows (their column means; for
+//     16-bit x rounded to x's type, or 0 where the mean is within eight standard deviations),
+//     the same bits in every CTA. Then each warp takes 16-row slabs of d = x - shift in turn,
+//     its mma fragments straight from its own loads: where every d of the slab is a value of x's
+//     16-bit type, one exact product per tile of d^T d; otherwise each d split into three bf16
+//     parts (hi + mid + lo keeps d's 24 bits) and six of the nine part products (the three left
+//     out are below 2^-24 of |d|^2). Only the tiles on and above the diagonal; the sums run over
+//     all of the warp's slabs in its accumulators (no per-slab reduction or merge: the shift
+//     already took the large column means out), then over the CTA's warps in warp order.
+//  2. The CTAs' sums added in a fixed order (deterministic, no float atomics).
+//  3. Per column n: dbar = sum d / M, xbar = shift + dbar, S = sum d d^T / M - dbar dbar^T;
+//     mean_a = w_n . xbar, var_a = w_n^T S w_n, and how much of the quadratic form cancels,
+//     sum |w_j| (|sum d d^T / M| + |dbar dbar^T|)_jk |w_k| / var_a: the terms S's rounding is
+//     relative to, so both the form's cancellation and the shift's subtraction count. fp32
+//     leaves var_a a relative error of about 2^-24 times that factor
+//     (bench/stats_before_gemm_study.py), which no plan-time rule can bound (it depends on the
+//     data: correlated features and a weight row that takes their difference). Above the dtype's
 //     limit the column is not trusted: the kernel raises the region's flag, and the run's
 //     statistics GEMM (which otherwise returns at once) and fj_finalize (which otherwise only
 //     records what this kernel left) take the statistics from the GEMM's accumulators instead,
 //     as recompute does (bit for bit recompute's then).
 #pragma once
-#include "common/cp_async.cuh"
 #include "common/grid_barrier.cuh"
 #include "common/input_stats.h"
 #include "common/input_stats_flag.cuh"
@@ -41,21 +45,11 @@ namespace fj {
 // (bench/stats_before_gemm_study.py, one rounding, M = 8192), 1024 leaves var_a within ~6e-5
 // and invstd within ~3e-5: under a sixtieth of tf32's 2e-3 tolerance and far under the 16-bit
 // types'. Strict fp32 and 3xTF32 are held to 2e-5, so they get 128 (~4e-6 on invstd). This
-// kernel rounds more often than that model (Chan merges per CTA, a merge over the CTAs), so
+// kernel rounds more often than that model (sums over a warp's slabs, its CTA and the CTAs), so
 // these margins are estimates, checked by the tests up to 40000 rows.
 template <class Spec>
 __device__ __forceinline__ constexpr float input_stats_cancellation_limit() {
   return Spec::MATH == kMathSimtFp32 || Spec::MATH == kMathTf32x3 ? 128.f : 1024.f;
-}
-
-// bf16 bits of f, rounded to nearest even.
-__device__ __forceinline__ unsigned short bf16_bits_rn(float f) {
-  unsigned short b;
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));
-  return b;
-}
-__device__ __forceinline__ float bf16_bits_value(unsigned short b) {
-  return __uint_as_float(static_cast<unsigned>(b) << 16);
 }
 
 template <class Spec>
@@ -66,89 +60,197 @@ struct InputStats {
   static constexpr int R = kInputStatsTileRows;
   static constexpr int kThreads = kInputStatsThreads;
   static constexpr int kWarps = kThreads / 32;
-  // 16 bytes of padding per row: ldmatrix's eight row addresses then fall in distinct banks.
-  static constexpr int kPitch = KP + 8;
-  static constexpr int kTileSide = KP / 16;
-  static constexpr int kOutTiles = kTileSide * kTileSide;  // 16x16 tiles of d^T d
-  static constexpr int kTilesPerWarp = (kOutTiles + kWarps - 1) / kWarps;
-  // The loads: thread t always takes column t % KP, in rows t / KP + i * kColGroups.
+  // Column blocks of 16: a warp's mma A fragment of block b over a 16-row slab of d holds d's
+  // columns 16 b + g and 16 b + 8 + g (g = lane / 4) in rows 2 q, 2 q + 1, 2 q + 8 and 2 q + 9
+  // (q = lane % 4), and so does the B fragment of the same columns (mma_16x8: A row-major, B
+  // column-major, and here A = d^T, B = d).
+  static constexpr int kBlocks = KP / 16;
+  // d^T d is symmetric: only its 16x16 tiles on and above the diagonal are multiplied (10 of 16
+  // at KP = 64), and the partials mirror the others.
+  static constexpr int kOutTiles = kBlocks * (kBlocks + 1) / 2;
+  // A lane's elements of a slab: 4 rows x 2 columns per block.
+  static constexpr int kElems = 8 * kBlocks;
+  // The first tile's loads (the shift): thread t takes column t % KP, rows t / KP + i * kColGroups.
   static constexpr int kColGroups = kThreads / KP;
   static constexpr int kLoads = R * KP / kThreads;
+  // 16-bit x: d = x - shift is most often a value of x's own type (the shift 0, or a value of
+  // that type near the column's values), and then one product of d in that type replaces the six
+  // of its three bf16 parts. Per slab and warp: one element that is not exact sends the slab
+  // down the three-part path.
+  static constexpr bool kExactPath = sizeof(T) == 2;
+  static constexpr int kExactMath = Spec::MATH == kMathFp16 ? kMathFp16 : kMathBf16;
+  // A CTA's sums (InputStatsLayout's partial), and the CTAs each warp adds in phase 2.
+  static constexpr int kSums = KP + KP * KP;
+  static constexpr int kChunks = (kSums + 31) / 32;
+  static constexpr int kCtasPerWarp = (kInputStatsMaxCtas + kWarps - 1) / kWarps;
+  // A warp's sums as it leaves them in shared memory: its accumulators register by register
+  // ([tile][half][register][lane]), then its column sums ([block][side][g]).
+  static constexpr int kWarpAcc = kOutTiles * 2 * 4 * 32;
+  static constexpr int kWarpSums = kWarpAcc + 2 * kBlocks * 8;
+  static constexpr int kSumsPerThread = (kWarpSums + kThreads - 1) / kThreads;
   static_assert(K <= kInputStatsMaxK, "input_stats: K above kInputStatsMaxK");
-  static_assert(kThreads % KP == 0 && (R * KP) % kThreads == 0 && R % 16 == 0,
-                "input_stats: the block must tile the rows and columns");
+  static_assert(kThreads % KP == 0 && (R * KP) % kThreads == 0,
+                "input_stats: the block must tile the first tile's rows and columns");
 
   struct SharedStorage {
     union {
-      unsigned short planes[3][R][kPitch];  // phase 1: d's hi, mid and lo parts, bf16
-      float s[KP * KP];                     // phase 3: S
+      float warp_sums[kWarps / 2][kWarpSums];  // phase 1's end: half of the warps' sums
+      struct {
+        float s[KP * KP];      // S
+        float bound[KP * KP];  // |R / M| + |dbar dbar^T|: what S's rounding is relative to
+      } q;                     // phase 3
     } u;
-    float tile_mean[KP];
-    float run_mean[KP];
+    float shift[KP];
     float part[kColGroups][KP];
-    float mu[KP];
+    float part2[kColGroups][KP];
+    float dbar[KP];
+    float xbar[KP];
     float w[KP];
     float red[3][kWarps];
+    float chunk[kWarps][32];
   };
 
-  using Acc = float[kTilesPerWarp][2][4];
+  using Acc = float[kOutTiles][2][4];
+  // d's three bf16 parts as mma fragments: [part][block][register].
+  using Frags = unsigned[3][kBlocks][4];
 
-  __device__ static void zero(Acc& a) {
+  // f(u, tj, tk) for each upper 16x16 tile (tj <= tk), u numbering them row-major. Nested
+  // unrolled loops, so that every index folds (a loop to find (tj, tk) from u left the fragments
+  // indexed at run time: in local memory).
+  template <class F>
+  __device__ __forceinline__ static void for_each_upper(F&& f) {
 #pragma unroll
-    for (int q = 0; q < kTilesPerWarp; ++q)
+    for (int tj = 0; tj < kBlocks; ++tj)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[q][h][i] = 0.f;
+      for (int tk = tj; tk < kBlocks; ++tk) f(tj * kBlocks - tj * (tj - 1) / 2 + tk - tj, tj, tk);
   }
 
-  // The tile's d^T d into `acc` from the three bf16 planes: warp w takes 16x16 output tiles
-  // w, w + 8, ...; A = d^T (rows j) and B = d (columns k) both come from the [row][column]
-  // planes through ldmatrix.trans.
-  __device__ static void tile_products(SharedStorage& sh, Acc& acc) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    zero(acc);
-    // The part products kept, small ones first: hi*lo, lo*hi, mid*mid, hi*mid, mid*hi, hi*hi.
-    constexpr int kPairs[6][2] = {{0, 2}, {2, 0}, {1, 1}, {0, 1}, {1, 0}, {0, 0}};
+  // Element e of a lane's share of a slab: register r = e / 2 of block b = e / 8 (a0..a3 as
+  // above), and its lower (e even: rows 2 q or 2 q + 8) or upper half.
+  __device__ static int elem_row(int e) {
+    const int q = threadIdx.x % 4;
+    return 2 * q + ((e / 2) % 4 >= 2 ? 8 : 0) + (e % 2);
+  }
+  __device__ static int elem_col(int e) {
+    const int g = (threadIdx.x % 32) / 4;
+    return 16 * (e / 8) + ((e / 2) % 2) * 8 + g;
+  }
+
+  // Issues the loads of this lane's elements of the slab at `row0` into `raw`, from clamped
+  // addresses (every load goes out; loads under a condition went out one at a time: ncu, 87 us
+  // at 65536x256x64 bf16 in this kernel's first build).
+  __device__ static void load_slab(const T* x, int m, int row0, T (&raw)[kElems]) {
 #pragma unroll
-    for (int q = 0; q < kTilesPerWarp; ++q) {
-      const int ot = warp + q * kWarps;
-      if (ot >= kOutTiles) break;
-      const int tj = ot / kTileSide, tk = ot % kTileSide;
-#pragma unroll
-      for (int s = 0; s < R / 16; ++s) {
-        unsigned a[3][4], b[3][4];
-#pragma unroll
-        for (int pl = 0; pl < 3; ++pl) {
-          // A's four 8x8 matrices: (j 0-7, rows 0-7), (j 8-15, rows 0-7), (j 0-7, rows 8-15),
-          // (j 8-15, rows 8-15), stored [row][j].
-          ldmatrix_x4_trans(a[pl], smem_u32(&sh.u.planes[pl][s * 16 + (lane >> 4) * 8 + (lane & 7)]
-                                                        [tj * 16 + ((lane >> 3) & 1) * 8]));
-          // B's: (k 0-7, rows 0-7), (k 0-7, rows 8-15), (k 8-15, rows 0-7), (k 8-15, rows 8-15).
-          ldmatrix_x4_trans(b[pl],
-                            smem_u32(&sh.u.planes[pl][s * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)]
-                                                 [tk * 16 + (lane >> 4) * 8]));
-        }
-#pragma unroll
-        for (int pr = 0; pr < 6; ++pr)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const unsigned bb[2] = {b[kPairs[pr][1]][2 * h], b[kPairs[pr][1]][2 * h + 1]};
-            mma_16x8<kMathBf16>(acc[q][h], a[kPairs[pr][0]], bb);
-          }
-      }
+    for (int e = 0; e < kElems; ++e) {
+      const int r = min(row0 + elem_row(e), m - 1), c = min(elem_col(e), K - 1);
+      raw[e] = x[static_cast<long long>(r) * Spec::LDX + c];
     }
   }
 
-  // Entry (j, k) of accumulator register (q, h, i) of this lane, in the 16x16 tile layout of
-  // mma_16x8's D.
-  __device__ static int entry_j(int q, int i) {
-    const int ot = threadIdx.x / 32 + q * kWarps;
-    return (ot / kTileSide) * 16 + (threadIdx.x % 32) / 4 + 8 * (i >> 1);
+  // d of the slab's element pair (e, e + 1): x - shift, zero past the rows and past K (exact for
+  // 16-bit x and a shift of its type; one rounding for fp32 x).
+  __device__ static void pair_d(const T (&raw)[kElems], const float (&shift)[kBlocks][2], int m,
+                                int row0, int e, float& d0, float& d1) {
+    const int b = e / 8, side = (e / 2) % 2;
+    const bool col_ok = elem_col(e) < K;
+    d0 = col_ok && row0 + elem_row(e) < m ? to_float(raw[e]) - shift[b][side] : 0.f;
+    d1 = col_ok && row0 + elem_row(e + 1) < m ? to_float(raw[e + 1]) - shift[b][side] : 0.f;
   }
-  __device__ static int entry_k(int q, int h, int i) {
-    const int ot = threadIdx.x / 32 + q * kWarps;
-    return (ot % kTileSide) * 16 + h * 8 + 2 * (threadIdx.x % 4) + (i & 1);
+
+  // The pair (d0, d1) in x's own 16-bit type as one mma register; `exact` stays true while every
+  // such pair was exact.
+  __device__ static unsigned pack_exact(float d0, float d1, bool& exact) {
+    unsigned b;
+    float back0, back1;
+    if constexpr (kExactMath == kMathFp16) {
+      asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(b) : "f"(d1), "f"(d0));
+      const unsigned short lo = static_cast<unsigned short>(b & 0xffffu);
+      const unsigned short hi = static_cast<unsigned short>(b >> 16);
+      asm("cvt.f32.f16 %0, %1;" : "=f"(back0) : "h"(lo));
+      asm("cvt.f32.f16 %0, %1;" : "=f"(back1) : "h"(hi));
+    } else {
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(b) : "f"(d1), "f"(d0));
+      back0 = __uint_as_float(b << 16);
+      back1 = __uint_as_float(b & 0xffff0000u);
+    }
+    exact = exact && back0 == d0 && back1 == d1;
+    return b;
+  }
+
+  // The slab's d as single fragments of x's type (kExactPath), and its column sums into `dsum`;
+  // returns whether every element of this lane was exact.
+  __device__ static bool exact_fragments(const T (&raw)[kElems], const float (&shift)[kBlocks][2],
+                                         int m, int row0, unsigned (&f)[kBlocks][4],
+                                         float (&dsum)[kBlocks][2]) {
+    bool exact = true;
+#pragma unroll
+    for (int e = 0; e < kElems; e += 2) {
+      float d0, d1;
+      pair_d(raw, shift, m, row0, e, d0, d1);
+      const int b = e / 8, side = (e / 2) % 2;
+      dsum[b][side] += d0;
+      dsum[b][side] += d1;
+      f[b][(e / 2) % 4] = pack_exact(d0, d1, exact);
+    }
+    return exact;
+  }
+
+  // The pair (lo, hi) rounded to bf16 and packed as an mma register, and what rounding left of
+  // each.
+  __device__ static unsigned split_pair(float& lo, float& hi) {
+    unsigned b;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(b) : "f"(hi), "f"(lo));
+    lo -= __uint_as_float(b << 16);
+    hi -= __uint_as_float(b & 0xffff0000u);
+    return b;
+  }
+
+  // The slab's d as three bf16 parts (hi + mid + lo keeps d's 24 bits); with `dsum`, its column
+  // sums too (the exact path took them already otherwise).
+  __device__ static void split_fragments(const T (&raw)[kElems], const float (&shift)[kBlocks][2],
+                                         int m, int row0, Frags& f, float (&dsum)[kBlocks][2],
+                                         bool sums) {
+#pragma unroll
+    for (int e = 0; e < kElems; e += 2) {
+      float d0, d1;
+      pair_d(raw, shift, m, row0, e, d0, d1);
+      const int b = e / 8, side = (e / 2) % 2, reg = (e / 2) % 4;
+      if (sums) {
+        dsum[b][side] += d0;
+        dsum[b][side] += d1;
+      }
+      f[0][b][reg] = split_pair(d0, d1);
+      f[1][b][reg] = split_pair(d0, d1);
+      f[2][b][reg] = split_pair(d0, d1);
+    }
+  }
+
+  // The slab's d^T d added to `acc` from single fragments of x's type: one product per upper tile
+  // and half, exact.
+  __device__ static void exact_products(const unsigned (&f)[kBlocks][4], Acc& acc) {
+    for_each_upper([&](int u, int tj, int tk) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const unsigned bb[2] = {f[tk][h], f[tk][h + 2]};
+        mma_16x8<kExactMath>(acc[u][h], f[tj], bb);
+      }
+    });
+  }
+
+  // The slab's d^T d added to `acc`: per upper tile and half, six of the nine part products,
+  // small ones first (hi*lo, lo*hi, mid*mid, hi*mid, mid*hi, hi*hi; the three left out are below
+  // 2^-24 of |d|^2).
+  __device__ static void slab_products(const Frags& f, Acc& acc) {
+    constexpr int kPairs[6][2] = {{0, 2}, {2, 0}, {1, 1}, {0, 1}, {1, 0}, {0, 0}};
+#pragma unroll
+    for (int pr = 0; pr < 6; ++pr)
+      for_each_upper([&](int u, int tj, int tk) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const unsigned bb[2] = {f[kPairs[pr][1]][tk][h], f[kPairs[pr][1]][tk][h + 2]};
+          mma_16x8<kMathBf16>(acc[u][h], f[kPairs[pr][0]][tj], bb);
+        }
+      });
   }
 
   // A butterfly over the warp: every lane ends with the same bits (each level adds the same
@@ -157,20 +259,6 @@ struct InputStats {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
-  }
-
-  // f(q, h, i, j, k) for each accumulator register (q, h, i) of this thread that holds an entry
-  // (j, k) of d^T d (a warp past the output tiles holds none).
-  template <class F>
-  __device__ static void for_each_entry(F&& f) {
-#pragma unroll
-    for (int q = 0; q < kTilesPerWarp; ++q) {
-      if (threadIdx.x / 32 + q * kWarps >= kOutTiles) break;
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) f(q, h, i, entry_j(q, i), entry_k(q, h, i));
-    }
   }
 
   // The block's sum of (v0, v1, v2) in a fixed order (lanes by a butterfly, then warps in
@@ -186,170 +274,249 @@ struct InputStats {
     }
   }
 
-  // Issues the loads of row tile `tile` of x as this thread takes it (column t % KP of rows
-  // t / KP + i * kColGroups) into `raw`, which the caller reads only when it needs the values,
-  // so the loads of the next tile are in flight while this one is multiplied. Every load goes
-  // out, from a clamped address: loads under a condition went out one at a time (ncu: 16
-  // dependent round trips per tile, 87 us at 65536x256x64 bf16, 13% of issue slots used).
-  __device__ static void load_tile(const T* x, int m, int tile, T (&raw)[kLoads]) {
-    const int t = threadIdx.x, col = t % KP;
-    const long long row0 = static_cast<long long>(tile) * R;
-    const long long last = static_cast<long long>(m) - 1;
-    const int c = col < K ? col : K - 1;
+  // The shift, from x's first R rows, which every CTA computes from the same loads in the same
+  // order, so that all of them subtract the same bits: the column's mean there, which takes a
+  // large column mean out of the sums (it would cancel when S subtracts dbar dbar^T). For 16-bit
+  // x, the mean rounded to x's type, and 0 where the mean is within eight standard deviations of
+  // it (little to cancel): d then stays a value of x's type (kExactPath).
+  __device__ static void first_tile_shift(SharedStorage& sh, const T* x, int m) {
+    const int t = threadIdx.x, col = t % KP, grp = t / KP;
+    const int valid = min(R, m);
+    T first[kLoads];
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) {
-      const long long r = row0 + t / KP + i * kColGroups;
-      raw[i] = x[(r < last ? r : last) * Spec::LDX + c];
+      const int r = min(grp + i * kColGroups, m - 1);
+      first[i] = x[static_cast<long long>(r) * Spec::LDX + min(col, K - 1)];
     }
+    float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i)
+      if (grp + i * kColGroups < valid && col < K) {
+        const float v = to_float(first[i]);
+        s1 += v;
+        s2 += v * v;
+      }
+    sh.part[grp][col] = s1;
+    sh.part2[grp][col] = s2;
+    __syncthreads();
+    if (t < KP) {
+      float c1 = sh.part[0][t], c2 = sh.part2[0][t];
+      for (int g = 1; g < kColGroups; ++g) c1 += sh.part[g][t], c2 += sh.part2[g][t];
+      const float n = static_cast<float>(valid);
+      float shift = c1 / n;
+      if constexpr (kExactPath) {
+        // A rough variance: it only decides whether to shift. Where the mean is within eight
+        // standard deviations, unshifted sums leave the cancellation factor at most ~65 (phase
+        // 3 counts it); a lower bar shifted columns of U[0, 1) data (mean 1.7 of them), whose
+        // small values then lost their low bits (d = x - 0.5 needs 17 for x = 0.001), and sent
+        // every slab down the three-part path.
+        const float var = fmaxf(c2 / n - shift * shift, 0.f);
+        shift = shift * shift > 64.f * var ? to_float(from_float<T>(shift)) : 0.f;
+      }
+      sh.shift[t] = shift;
+    }
+    __syncthreads();
+  }
+
+  // Element t of W's row n as a float (0 past K).
+  __device__ static float w_row(const Params& p, int n, int t) {
+    const T* wt = static_cast<const T*>(p.w);
+    return t < K ? to_float(wt[static_cast<long long>(n) * Spec::LDW + t]) : 0.f;
   }
 
   __device__ static void run(const Params& p) {
     __shared__ SharedStorage sh;
     constexpr InputStatsLayout L = input_stats_layout(Spec::N, KP);
-    const int t = threadIdx.x;
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32;
     const int m = rows_of<Spec>(p);
-    const int tiles = (m + R - 1) / R;
     const int ctas = static_cast<int>(gridDim.x);
     float* ws = p.ws_xstats;
     const T* x = static_cast<const T*>(p.x);
-    const int col = t % KP;
 
-    // Phase 1: this CTA's row tiles.
-    Acc run_c, acc;
-    zero(run_c);
-    if (t < KP) sh.run_mean[t] = 0.f;
-    float run_n = 0.f;
-    T raw[kLoads];
-    load_tile(x, m, blockIdx.x, raw);
-    for (int tile = blockIdx.x; tile < tiles; tile += ctas) {
-      const int valid = min(R, m - tile * R);
-      // Zero past the rows and past K.
-      float v[kLoads];
-      float sum = 0.f;
+    // Centred on the shift, the sums below hold no large column mean, and dbar, the rest of the
+    // mean, is about the first tile's sampling error (~1/8 of the spread) or, unshifted, at most
+    // eight standard deviations.
+    const int slabs = (m + 15) / 16;
+    const int warps = ctas * kWarps;
+    T raw[kElems];
+    int slab = static_cast<int>(blockIdx.x) * kWarps + warp;
+    if (slab < slabs) load_slab(x, m, slab * 16, raw);  // in flight while the shift is found
+    first_tile_shift(sh, x, m);
+    // Phase 3's first column's row of W, loaded now rather than after the grid's last barrier.
+    const float w_first = t < KP && static_cast<int>(blockIdx.x) < Spec::N
+                              ? w_row(p, static_cast<int>(blockIdx.x), t)
+                              : 0.f;
+    float shift[kBlocks][2];
 #pragma unroll
-      for (int i = 0; i < kLoads; ++i) {
-        v[i] = t / KP + i * kColGroups < valid && col < K ? to_float(raw[i]) : 0.f;
-        sum += v[i];
-      }
-      sh.part[t / KP][col] = sum;
-      __syncthreads();
-      if (t < KP) {
-        float s = sh.part[0][t];
-        for (int g = 1; g < kColGroups; ++g) s += sh.part[g][t];
-        sh.tile_mean[t] = s / static_cast<float>(valid);
-      }
-      __syncthreads();
-      const float mean = sh.tile_mean[col];
+    for (int b = 0; b < kBlocks; ++b)
 #pragma unroll
-      for (int i = 0; i < kLoads; ++i) {
-        const int r = t / KP + i * kColGroups;
-        const float d = r < valid && col < K ? v[i] - mean : 0.f;
-        const unsigned short hi = bf16_bits_rn(d);
-        const float rest = d - bf16_bits_value(hi);
-        const unsigned short mid = bf16_bits_rn(rest);
-        sh.u.planes[0][r][col] = hi;
-        sh.u.planes[1][r][col] = mid;
-        sh.u.planes[2][r][col] = bf16_bits_rn(rest - bf16_bits_value(mid));
-      }
-      if (tile + ctas < tiles) load_tile(x, m, tile + ctas, raw);
-      __syncthreads();
-      tile_products(sh, acc);
-      const float nt = static_cast<float>(valid);
-      if (run_n == 0.f) {
+      for (int side = 0; side < 2; ++side) shift[b][side] = sh.shift[elem_col(8 * b + 2 * side)];
+
+    // Phase 1: each warp takes 16-row slabs in turn, its fragments straight from its loads (no
+    // shared memory, no block barrier); d^T d in the tensor cores' accumulators and the column
+    // sums of d in registers, over all of the warp's slabs. (Centring each 64-row tile on its
+    // own mean with the block, as this kernel first did, cost 32 us at 65536x256x64 bf16: two
+    // block barriers, a Chan merge of every accumulator and a split through shared memory per
+    // tile.)
+    Acc acc;
 #pragma unroll
-        for (int q = 0; q < kTilesPerWarp; ++q)
+    for (int u = 0; u < kOutTiles; ++u)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[u][h][i] = 0.f;
+    float dsum[kBlocks][2];
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) dsum[b][0] = dsum[b][1] = 0.f;
+    for (; slab < slabs; slab += warps) {
+      const int row0 = slab * 16, next = slab + warps;
+      bool exact = false;
+      unsigned one[kBlocks][4];
+      if constexpr (kExactPath)
+        exact = __all_sync(0xffffffffu, exact_fragments(raw, shift, m, row0, one, dsum));
+      if (exact) {
+        if (next < slabs) load_slab(x, m, next * 16, raw);
+        exact_products(one, acc);
+      } else {
+        Frags f;
+        split_fragments(raw, shift, m, row0, f, dsum, !kExactPath);
+        if (next < slabs) load_slab(x, m, next * 16, raw);
+        slab_products(f, acc);
+      }
+    }
+    // The four lanes of a column (same g) hold its sums over their rows: a butterfly over q.
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b)
+#pragma unroll
+      for (int side = 0; side < 2; ++side) {
+        float v = dsum[b][side];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        dsum[b][side] = v;
+      }
+    // The CTA's sums: the warps' leave theirs in shared memory, half of them at a time, and
+    // each thread adds its entries over the warps in warp order.
+    float total[kSumsPerThread];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (warp / (kWarps / 2) == half) {
+        float* mine = sh.u.warp_sums[warp % (kWarps / 2)];
+        for_each_upper([&](int u, int, int) {
 #pragma unroll
           for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) run_c[q][h][i] = acc[q][h][i];
-        if (t < KP) sh.run_mean[t] = sh.tile_mean[t];
-      } else {
-        // Chan: C += C_t + (n n_t / (n + n_t)) delta delta^T, delta = mean_t - mean.
-        const float tot = run_n + nt;
-        const float w = run_n * nt / tot;
-        for_each_entry([&](int q, int h, int i, int j, int k) {
-          const float dj = sh.tile_mean[j] - sh.run_mean[j];
-          const float dk = sh.tile_mean[k] - sh.run_mean[k];
-          run_c[q][h][i] += acc[q][h][i] + w * dj * dk;
+            for (int i = 0; i < 4; ++i) mine[((u * 2 + h) * 4 + i) * 32 + lane] = acc[u][h][i];
         });
-        __syncthreads();  // every thread has read run_mean before it moves
-        if (t < KP) sh.run_mean[t] += (sh.tile_mean[t] - sh.run_mean[t]) * (nt / tot);
+        if (lane % 4 == 0) {
+#pragma unroll
+          for (int b = 0; b < kBlocks; ++b)
+#pragma unroll
+            for (int side = 0; side < 2; ++side)
+              mine[kWarpAcc + (b * 2 + side) * 8 + lane / 4] = dsum[b][side];
+        }
       }
-      run_n += nt;
-      __syncthreads();  // the planes and tile_mean are the next tile's
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < kSumsPerThread; ++i) {
+        const int f = t + i * kThreads;
+        if (f >= kWarpSums) break;
+#pragma unroll
+        for (int w = 0; w < kWarps / 2; ++w) {
+          const float v = sh.u.warp_sums[w][f];
+          total[i] = half == 0 && w == 0 ? v : total[i] + v;
+        }
+      }
+      __syncthreads();
     }
-    float* mine = ws + L.partials + static_cast<long long>(blockIdx.x) * L.partial_stride;
-    if (t == 0) mine[0] = run_n;
-    if (t < KP) mine[4 + t] = sh.run_mean[t];
-    for_each_entry(
-        [&](int q, int h, int i, int j, int k) { mine[4 + KP + j * KP + k] = run_c[q][h][i]; });
+    // Into the CTA's partial (InputStatsLayout): column sums first, then d^T d, with the mirror
+    // of each off-diagonal tile (a diagonal tile holds both of its entries itself; they may
+    // differ in their last bit, the part products adding in another order).
+    float* partial = ws + L.partials + static_cast<long long>(blockIdx.x) * L.partial_stride;
+#pragma unroll
+    for (int i = 0; i < kSumsPerThread; ++i) {
+      const int f = t + i * kThreads;
+      if (f >= kWarpSums) break;
+      if (f >= kWarpAcc) {
+        const int c = f - kWarpAcc;  // (b * 2 + side) * 8 + g: column 16 b + 8 side + g
+        partial[16 * (c / 16) + 8 * ((c / 8) % 2) + c % 8] = total[i];
+      } else {
+        const int l = f % 32, reg = (f / 32) % 4, h = (f / 128) % 2;
+        int u = f / 256, tj = 0;
+        while (u >= kBlocks - tj) u -= kBlocks - tj, ++tj;
+        const int tk = tj + u;
+        const int j = tj * 16 + l / 4 + 8 * (reg >> 1);
+        const int k = tk * 16 + h * 8 + 2 * (l % 4) + (reg & 1);
+        partial[KP + j * KP + k] = total[i];
+        if (tj != tk) partial[KP + k * KP + j] = total[i];
+      }
+    }
     // Phase 3 raises the flag; it is cleared here, before the barriers that order the two.
     if (blockIdx.x == 0 && t == 0) reinterpret_cast<unsigned*>(ws)[L.flag] = 0u;
     __syncthreads();
     if (t == 0) grid_barrier_arrive_and_wait();
     __syncthreads();
 
-    // Phase 2: this CTA's entries of S, a warp per entry; lane l takes CTAs l, l + 32, ..., all
-    // loads at once (this phase waits on memory, not arithmetic). The warp first sums xbar_j and
-    // xbar_k from the same registers: every warp that needs xbar_j gets the same bits (same
-    // lanes, same butterfly), and the warp of the diagonal entry (j, j) stores it.
-    const float rows = static_cast<float>(m);
-    {
-      constexpr int kPerLane = (kInputStatsMaxCtas + 31) / 32;
-      const int lane = t % 32, warp = t / 32;
-      const int per_cta = (KP * KP + ctas - 1) / ctas;
-      for (int local = warp; local < per_cta; local += kWarps) {
-        const int e = blockIdx.x * per_cta + local;
-        if (e >= KP * KP) break;
-        const int j = e / KP, k = e % KP;
-        float ng[kPerLane], mj[kPerLane], mk[kPerLane];
-        float sj = 0.f, sk = 0.f, c = 0.f;
+    // Phase 2: the CTAs' sums added, 32 consecutive entries per block at a time (coalesced):
+    // warp w adds CTAs w, w + 8, ... (all loads at once, from clamped addresses), then the
+    // warps' totals add in warp order.
+    for (int ch = blockIdx.x; ch < kChunks; ch += ctas) {
+      const int e = ch * 32 + lane;
+      const int ec = e < kSums ? e : kSums - 1;
+      float v[kCtasPerWarp];
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) {
-          const int g = lane + 32 * i;
-          ng[i] = mj[i] = mk[i] = 0.f;
-          if (g < ctas) {
-            const float* pg = ws + L.partials + static_cast<long long>(g) * L.partial_stride;
-            ng[i] = pg[0], mj[i] = pg[4 + j], mk[i] = pg[4 + k];
-            c += pg[4 + KP + e];
-          }
-        }
-#pragma unroll
-        for (int i = 0; i < kPerLane; ++i) sj += ng[i] * mj[i], sk += ng[i] * mk[i];
-        sj = warp_sum(sj), sk = warp_sum(sk);
-        const float muj = sj / rows, muk = sk / rows;
-        // Lanes past the grid hold zeros: their terms add +0.
-#pragma unroll
-        for (int i = 0; i < kPerLane; ++i) c += ng[i] * (mj[i] - muj) * (mk[i] - muk);
-        c = warp_sum(c);
-        if (lane == 0) {
-          ws[L.merged + KP + e] = c / rows;
-          if (j == k) ws[L.merged + j] = muj;
-        }
+      for (int u = 0; u < kCtasPerWarp; ++u) {
+        const int g = min(warp + u * kWarps, ctas - 1);
+        v[u] = ws[L.partials + static_cast<long long>(g) * L.partial_stride + ec];
       }
+      float s = 0.f;
+#pragma unroll
+      for (int u = 0; u < kCtasPerWarp; ++u)
+        if (warp + u * kWarps < ctas) s += v[u];
+      sh.chunk[warp][lane] = s;
+      __syncthreads();
+      if (warp == 0 && e < kSums) {
+        float total = sh.chunk[0][lane];
+        for (int w = 1; w < kWarps; ++w) total += sh.chunk[w][lane];
+        ws[L.merged + e] = total;
+      }
+      __syncthreads();
     }
     __syncthreads();
     if (t == 0) grid_barrier_arrive_and_wait();
     __syncthreads();
 
-    // Phase 3: columns blockIdx.x, + ctas, ...
+    // Phase 3: columns blockIdx.x, + ctas, ... Every CTA derives xbar, S and its bound from the
+    // sums the same way: dbar = sum d / M, S = sum d d^T / M - dbar dbar^T.
     if (static_cast<int>(blockIdx.x) >= Spec::N) return;
-    static_assert((KP * KP) % kThreads == 0, "input_stats: S loads in whole rounds");
+    const float inv_rows = 1.f / static_cast<float>(m);
+    static_assert((KP * KP) % kThreads == 0, "input_stats: S in whole rounds");
+    constexpr int kPerThread = KP * KP / kThreads;
+    float r[kPerThread];  // all of this thread's loads go out before the barrier
 #pragma unroll
-    for (int i = 0; i < KP * KP / kThreads; ++i)
-      sh.u.s[t + i * kThreads] = ws[L.merged + KP + t + i * kThreads];
-    if (t < KP) sh.mu[t] = ws[L.merged + t];
-    const T* wt = static_cast<const T*>(p.w);
+    for (int i = 0; i < kPerThread; ++i) r[i] = ws[L.merged + KP + t + i * kThreads] * inv_rows;
+    if (t < KP) {
+      const float db = ws[L.merged + t] * inv_rows;
+      sh.dbar[t] = db;
+      sh.xbar[t] = sh.shift[t] + db;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int e = t + i * kThreads;
+      const float dd = sh.dbar[e / KP] * sh.dbar[e % KP];
+      sh.u.q.s[e] = r[i] - dd;
+      sh.u.q.bound[e] = fabsf(r[i]) + fabsf(dd);
+    }
     float2* columns = reinterpret_cast<float2*>(ws + L.columns);
     for (int n = blockIdx.x; n < Spec::N; n += ctas) {
       __syncthreads();  // S is in; the previous column's w and sums are read
-      if (t < KP) sh.w[t] = t < K ? to_float(wt[static_cast<long long>(n) * Spec::LDW + t]) : 0.f;
+      if (t < KP) sh.w[t] = n == static_cast<int>(blockIdx.x) ? w_first : w_row(p, n, t);
       __syncthreads();
-      float var = 0.f, bound = 0.f, mean = t < KP ? sh.w[t] * sh.mu[t] : 0.f;
+      float var = 0.f, bound = 0.f, mean = t < KP ? sh.w[t] * sh.xbar[t] : 0.f;
       for (int e = t; e < KP * KP; e += kThreads) {
-        const float q = sh.w[e / KP] * sh.u.s[e] * sh.w[e % KP];
-        var += q;
-        bound += fabsf(q);
+        const float wj = sh.w[e / KP], wk = sh.w[e % KP];
+        var += wj * sh.u.q.s[e] * wk;
+        bound += fabsf(wj) * sh.u.q.bound[e] * fabsf(wk);
       }
       block_sum3(sh, mean, var, bound);
       if (t == 0) {

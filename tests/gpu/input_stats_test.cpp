@@ -116,8 +116,8 @@ TEST_CASE("input_stats: statistics from x pass float64 and skip the statistics G
     // and no affine.
     for (const char* tail : {"", " momentum=none nobias noaffine"}) {
       for (const int kdim : {64, four_byte ? 36 : 40}) {
-        // 40000 rows: 625 row tiles, so every CTA of the cooperative grid (at most 264) merges
-        // several with Chan's formula.
+        // 40000 rows: 2500 slabs of 16 rows, so every warp of the cooperative grid (at most
+        // 264 CTAs of 8) adds several.
         const std::string line = fmt::format("40000x328x{} {} train{}", kdim, k.dtype, tail);
         CAPTURE(line);
         CAPTURE(k.key);
@@ -135,13 +135,28 @@ TEST_CASE("input_stats: statistics from x pass float64 and skip the statistics G
 TEST_CASE("input_stats: adversarial inputs: large means, K = 1, near-zero variance, strided x") {
   const Device dev = Device::current();
   const KernelConfig cv = this_gpus_config();
-  // x ~ 1000 + N(0, 1): every column's mean ~1000 times its spread. The statistics centre each
-  // tile before squaring, so nothing cancels; y is compared with float64 like the others.
+  // x ~ 1000 + N(0, 1): every column's mean ~1000 times its spread. The statistics centre x on
+  // its first rows' means before squaring, so nothing cancels; y is compared with float64 like
+  // the others.
   {
     const SweepCase c = parse_sweep_line("5000x256x64 bf16 train ldx=72");
     REQUIRE(cv.valid_for(c.problem, dev));
     CaseInputs in = make_case_inputs(c);
     make_x_large_mean(in);
+    check_from_input(fusejit::test::forced_plan(c.problem, cv, false), in, c.problem.M);
+  }
+  // The same with an entry near zero in every seventh column, past the first 64 rows and each in
+  // its own row (in shared rows they would correlate the columns, whose quadratic forms then
+  // cancel and rightly raise the flag): the shift (~1000, from the first rows) leaves each a d
+  // that needs more bits than a 16-bit value has, so the slabs holding them take the three-part
+  // products and the others the single exact one, into the same sums.
+  {
+    const SweepCase c = parse_sweep_line("5000x256x64 bf16 train");
+    CaseInputs in = make_case_inputs(c);
+    make_x_large_mean(in);
+    for (std::int64_t kk = 0; kk < c.problem.K; kk += 7)
+      in.x.set(static_cast<std::size_t>((100 + 37 * kk) * c.problem.lda_x() + kk),
+               1e-3f * static_cast<float>(kk + 1));
     check_from_input(fusejit::test::forced_plan(c.problem, cv, false), in, c.problem.M);
   }
   // Columns of near-zero variance: W's first rows scaled down by 1e-4 (var_a by 1e-8): eps

@@ -78,9 +78,8 @@ std::shared_ptr<const PlanCore> build_plan_core(const Problem& problem, const Ke
       if (per_sm < 1)
         throw Error(fmt::format("fj_input_stats of {} cannot run on {}: no block fits an SM",
                                 config.key(), core->device.name));
-      // Two CTAs per SM (the kernel's launch bounds allow it): one waits on its tile's loads
-      // while the other multiplies. One per SM measured 74 us at 65536x256x64 bf16 against 39.6
-      // with two (ncu, H200; that build also prefetched the next tile).
+      // As many CTAs as fit (one per SM at the kernel's launch bounds: each warp holds its
+      // accumulators, a slab's fragments and the next slab's loads), at most two per SM.
       core->input_stats_ctas = static_cast<unsigned>(
           std::min(fj::kInputStatsMaxCtas, std::min(per_sm, 2) * core->device.sm_count));
     }
