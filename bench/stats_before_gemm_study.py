@@ -55,11 +55,16 @@ def cov_stats_fp32(x, w, bm=128):
     return mean_a, var_a, cond
 
 def shifted_stats_fp32(x, w, shift_rows=64, cta_rows=256):
-    """Item 3 as kernels/input_stats.cuh builds it: a shift (the column means of the first
-    shift_rows rows, fp32), d = x - shift; per CTA (cta_rows rows) the sums of d and d^T d in
-    fp32, then added over the CTAs; S = sum d d^T / M - dbar dbar^T. The factor counts the
-    shift's subtraction too: |w|^T (|sum d d^T / M| + |dbar dbar^T|) |w| / w^T S w."""
-    shift = x[:shift_rows].mean(0, dtype=f32)
+    """Item 3 as kernels/input_stats.cuh builds it for 16-bit x: a shift from the first
+    shift_rows rows (the column mean rounded to bf16 where it exceeds eight standard deviations,
+    else 0), d = x - shift; per block of cta_rows rows the sums of d and d^T d in fp32, then added
+    over the blocks (the kernel's sums run per warp over strided 16-row slabs, then over warps
+    and CTAs); S = sum d d^T / M - dbar dbar^T. The factor counts the shift's subtraction too:
+    |w|^T (|sum d d^T / M| + |dbar dbar^T|) |w| / w^T S w."""
+    head = x[:shift_rows]
+    mean = head.mean(0, dtype=f32)
+    var = np.maximum((head * head).mean(0, dtype=f32) - mean * mean, 0)
+    shift = np.where(mean * mean > 64 * var, bf16(mean), f32(0)).astype(f32)
     sd, sdd = np.zeros(x.shape[1], f32), np.zeros((x.shape[1], x.shape[1]), f32)
     for r in range(0, x.shape[0], cta_rows):
         d = (x[r:r + cta_rows] - shift).astype(f32)

@@ -85,8 +85,8 @@ struct KernelConfig {
   // GEMM. Where a column's quadratic form cancels more than its dtype allows (correlated
   // features and a weight row that takes their difference), the run falls back on the device,
   // with no host sync, to the statistics GEMM, whose results are recompute's bit for bit
-  // (key suffix ".cv" after ".rc"). Opt-in: measured slower than recompute
-  // (docs/performance.md), so neither the heuristic nor the tuner offers it.
+  // (key suffix ".cv" after ".rc"). A tuner candidate (one per variant), never the heuristic's
+  // pick: measured level with recompute at best (docs/performance.md).
   bool input_stats = false;
 
   int threads() const;

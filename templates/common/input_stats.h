@@ -7,14 +7,17 @@
 
 namespace fj {
 
-// The kernel's block; the rows of x whose column means are its shift, and per CTA of its grid
-// (a run of fewer rows gets fewer CTAs: plan/launch.cpp).
+// The kernel's block; the rows of x whose column means are its shift; and the rows a CTA takes
+// per round (a 16-row slab per warp), by which a run of few rows gets fewer CTAs
+// (plan/launch.cpp).
 constexpr int kInputStatsThreads = 256;
 constexpr int kInputStatsTileRows = 64;
+constexpr int kInputStatsCtaRows = 16 * (kInputStatsThreads / 32);
 // The most CTAs a run's cooperative grid has: the workspace holds one partial per CTA.
 constexpr int kInputStatsMaxCtas = 264;
-// The largest K: S's products run in 16x16 tensor-core tiles that the block's eight warps
-// share, and the per-CTA partials grow as K^2.
+// The largest K: each warp holds d^T d's upper 16x16 tiles in its accumulators (80 registers
+// at K = 64) and leaves them in shared memory for its CTA's sums, and the per-CTA partials grow
+// as K^2.
 constexpr int kInputStatsMaxK = 64;
 
 // K padded to the kernel's tile (16, 32 or 64): S is computed as KP x KP with zero padding.
@@ -24,13 +27,15 @@ FJ_HOST_DEVICE constexpr int input_stats_kp(int k) {
 
 // The region (Params::ws_xstats), in floats from its start; every part 16-byte aligned.
 //  - flag: one word, nonzero when some column's quadratic form cancelled too much to trust
-//    (the run then takes the statistics GEMM's instead).
+//    (the run then takes the statistics GEMM's instead); then two counts of the run's 16-row
+//    slabs, those multiplied exactly in x's own type and those in three bf16 parts (the tests
+//    read them).
 //  - columns: [N] x {mean_a, var_a}.
 //  - merged: the sums over every row of d = x - shift (kernels/input_stats.cuh): sum d [KP],
 //    then sum d d^T [KP][KP].
 //  - partials: per CTA the same sums over its row tiles, `partial_stride` floats apart.
 struct InputStatsLayout {
-  long long flag, columns, merged, partials, partial_stride, total;
+  long long flag, exact_slabs, split_slabs, columns, merged, partials, partial_stride, total;
 };
 FJ_HOST_DEVICE constexpr long long input_stats_round4(long long v) {
   return (v + 3) / 4 * 4;
@@ -38,6 +43,8 @@ FJ_HOST_DEVICE constexpr long long input_stats_round4(long long v) {
 FJ_HOST_DEVICE constexpr InputStatsLayout input_stats_layout(long long n, int kp) {
   InputStatsLayout l{};
   l.flag = 0;
+  l.exact_slabs = 1;
+  l.split_slabs = 2;
   l.columns = 4;
   l.merged = input_stats_round4(l.columns + 2 * n);
   l.partials = input_stats_round4(l.merged + kp + static_cast<long long>(kp) * kp);

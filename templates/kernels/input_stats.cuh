@@ -43,13 +43,22 @@ namespace fj {
 
 // The largest cancellation factor a column's var_a is trusted with. At 2^-24 per unit of factor
 // (bench/stats_before_gemm_study.py, one rounding, M = 8192), 1024 leaves var_a within ~6e-5
-// and invstd within ~3e-5: under a sixtieth of tf32's 2e-3 tolerance and far under the 16-bit
-// types'. Strict fp32 and 3xTF32 are held to 2e-5, so they get 128 (~4e-6 on invstd). This
-// kernel rounds more often than that model (sums over a warp's slabs, its CTA and the CTAs), so
-// these margins are estimates, checked by the tests up to 40000 rows.
+// and invstd within ~3e-5: under a sixtieth of tf32's 2e-3 tolerance. 16-bit types get 16384
+// (var_a within ~1e-3, y within ~5e-4: under a quarter of bf16's own rounding of y, a twentieth
+// of the sweep's 1e-2), which the unshifted sums of columns whose mean is up to eight standard
+// deviations need: their factor counts the mean's square in every entry of the bound, times
+// ~0.7 K for a dense weight row of mixed signs (~6,000 at eight deviations and K = 64). Strict
+// fp32 and 3xTF32 are held to 2e-5, so they get 128 (~4e-6 on invstd). This kernel rounds more
+// often than that model (sums over a warp's slabs, its CTA and the CTAs), so these margins are
+// estimates, checked by the tests up to 40000 rows.
 template <class Spec>
 __device__ __forceinline__ constexpr float input_stats_cancellation_limit() {
-  return Spec::MATH == kMathSimtFp32 || Spec::MATH == kMathTf32x3 ? 128.f : 1024.f;
+  if constexpr (Spec::MATH == kMathSimtFp32 || Spec::MATH == kMathTf32x3)
+    return 128.f;
+  else if constexpr (Spec::MATH == kMathTf32)
+    return 1024.f;
+  else
+    return 16384.f;
 }
 
 template <class Spec>
@@ -108,6 +117,7 @@ struct InputStats {
     float w[KP];
     float red[3][kWarps];
     float chunk[kWarps][32];
+    unsigned slabs[kWarps][2];  // exact, three-part: counted for the tests (InputStatsLayout)
   };
 
   using Acc = float[kOutTiles][2][4];
@@ -147,8 +157,8 @@ struct InputStats {
     }
   }
 
-  // d of the slab's element pair (e, e + 1): x - shift, zero past the rows and past K (exact for
-  // 16-bit x and a shift of its type; one rounding for fp32 x).
+  // d of the slab's element pair (e, e + 1): x - shift, zero past the rows and past K (exact
+  // where x and the shift are within 2^16 of each other in magnitude, one rounding otherwise).
   __device__ static void pair_d(const T (&raw)[kElems], const float (&shift)[kBlocks][2], int m,
                                 int row0, int e, float& d0, float& d1) {
     const int b = e / 8, side = (e / 2) % 2;
@@ -305,11 +315,11 @@ struct InputStats {
       const float n = static_cast<float>(valid);
       float shift = c1 / n;
       if constexpr (kExactPath) {
-        // A rough variance: it only decides whether to shift. Where the mean is within eight
-        // standard deviations, unshifted sums leave the cancellation factor at most ~65 (phase
-        // 3 counts it); a lower bar shifted columns of U[0, 1) data (mean 1.7 of them), whose
-        // small values then lost their low bits (d = x - 0.5 needs 17 for x = 0.001), and sent
-        // every slab down the three-part path.
+        // A rough variance: it only decides whether to shift. Unshifted, a column whose mean is
+        // within eight standard deviations stays under the 16-bit cancellation limit (above).
+        // A lower bar shifted columns of U[0, 1) data (mean 1.7 deviations), whose small values
+        // then lost their low bits (d = x - 0.5 needs 17 at x = 0.001) and sent every slab down
+        // the three-part path.
         const float var = fmaxf(c2 / n - shift * shift, 0.f);
         shift = shift * shift > 64.f * var ? to_float(from_float<T>(shift)) : 0.f;
       }
@@ -368,6 +378,7 @@ struct InputStats {
     float dsum[kBlocks][2];
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b) dsum[b][0] = dsum[b][1] = 0.f;
+    unsigned exact_slabs = 0, split_slabs = 0;
     for (; slab < slabs; slab += warps) {
       const int row0 = slab * 16, next = slab + warps;
       bool exact = false;
@@ -375,9 +386,11 @@ struct InputStats {
       if constexpr (kExactPath)
         exact = __all_sync(0xffffffffu, exact_fragments(raw, shift, m, row0, one, dsum));
       if (exact) {
+        ++exact_slabs;
         if (next < slabs) load_slab(x, m, next * 16, raw);
         exact_products(one, acc);
       } else {
+        ++split_slabs;
         Frags f;
         split_fragments(raw, shift, m, row0, f, dsum, !kExactPath);
         if (next < slabs) load_slab(x, m, next * 16, raw);
@@ -394,6 +407,7 @@ struct InputStats {
         v += __shfl_xor_sync(0xffffffffu, v, 2);
         dsum[b][side] = v;
       }
+    if (lane == 0) sh.slabs[warp][0] = exact_slabs, sh.slabs[warp][1] = split_slabs;
     // The CTA's sums: the warps' leave theirs in shared memory, half of them at a time, and
     // each thread adds its entries over the warps in warp order.
     float total[kSumsPerThread];
@@ -450,8 +464,13 @@ struct InputStats {
         if (tj != tk) partial[KP + k * KP + j] = total[i];
       }
     }
-    // Phase 3 raises the flag; it is cleared here, before the barriers that order the two.
-    if (blockIdx.x == 0 && t == 0) reinterpret_cast<unsigned*>(ws)[L.flag] = 0u;
+    // Phase 3 raises the flag and counts the slabs; they are cleared here, before the barriers
+    // that order the two.
+    if (blockIdx.x == 0 && t == 0) {
+      unsigned* words = reinterpret_cast<unsigned*>(ws);
+      words[L.flag] = 0u;
+      words[L.exact_slabs] = words[L.split_slabs] = 0u;
+    }
     __syncthreads();
     if (t == 0) grid_barrier_arrive_and_wait();
     __syncthreads();
@@ -487,6 +506,12 @@ struct InputStats {
 
     // Phase 3: columns blockIdx.x, + ctas, ... Every CTA derives xbar, S and its bound from the
     // sums the same way: dbar = sum d / M, S = sum d d^T / M - dbar dbar^T.
+    if (t == 0) {
+      unsigned exact = 0, split = 0;
+      for (int w = 0; w < kWarps; ++w) exact += sh.slabs[w][0], split += sh.slabs[w][1];
+      atomicAdd(reinterpret_cast<unsigned*>(ws) + L.exact_slabs, exact);
+      atomicAdd(reinterpret_cast<unsigned*>(ws) + L.split_slabs, split);
+    }
     if (static_cast<int>(blockIdx.x) >= Spec::N) return;
     const float inv_rows = 1.f / static_cast<float>(m);
     static_assert((KP * KP) % kThreads == 0, "input_stats: S in whole rounds");
@@ -521,7 +546,9 @@ struct InputStats {
       block_sum3(sh, mean, var, bound);
       if (t == 0) {
         columns[n] = make_float2(mean, var);
-        // Also false for a negative or NaN var; 0 <= 0 for a column that is constant.
+        // Also false for a negative or NaN var. A constant column gives 0 <= 0 where the shift
+        // is its value (16-bit x); an fp32 column's shift, a mean of 64 equal values, can miss
+        // it by a rounding, and the column then takes the fallback.
         if (!(bound <= input_stats_cancellation_limit<Spec>() * var))
           atomicOr(reinterpret_cast<unsigned*>(ws) + L.flag, 1u);
       }

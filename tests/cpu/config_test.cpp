@@ -193,15 +193,16 @@ TEST_CASE("grid_sync: recompute's warpspec twins without cluster or pingpong, ke
   refused("warpspec.128x256x64.c2.s4.g16.cl2.p1.rc.gs", "cluster");
   refused("warpspec.128x128x64.c2.s5.g8.cl1.p1.pp.rc.gs", "pingpong");
   CHECK(!gs.valid_for(problem(DType::bf16, Mode::train, 128, 2048, 512), h100));  // one pass
-  // The twins: every warpspec recompute candidate that can be grid_sync comes both ways, the
-  // grid_sync one first; no other candidate is grid_sync.
+  // The twins: every warpspec recompute candidate that can be grid_sync (all but the
+  // statistics-from-x twin, which is never grid_sync) comes both ways, the grid_sync one first;
+  // no other candidate is grid_sync.
   for (const Problem& p : {train, problem(DType::bf16, Mode::train, 65536, 256, 64),
                            problem(DType::tf32, Mode::train, 4096, 4096, 4096)}) {
     const std::vector<KernelConfig> list = candidate_configs(p, h100);
     for (const KernelConfig& c : list) {
       CAPTURE(c.key());
-      const bool can =
-          c.recompute && c.variant == Variant::warpspec && c.cluster_m == 1 && !c.pingpong;
+      const bool can = c.recompute && !c.input_stats && c.variant == Variant::warpspec &&
+                       c.cluster_m == 1 && !c.pingpong;
       CHECK((!c.grid_sync || can));
       if (!can) continue;
       KernelConfig other = c;
@@ -576,7 +577,7 @@ TEST_CASE(
     for (const KernelConfig& c : candidate_configs(p, h100)) CHECK(!c.overlap_apply);
 }
 
-TEST_CASE("input_stats: recompute with K <= 64 only, key suffix .cv after .rc, not a candidate") {
+TEST_CASE("input_stats: recompute with K <= 64 only, key suffix .cv after .rc, a tuner candidate") {
   const Device h100 = Device::for_arch("sm_90a");
   const Problem train = problem(DType::bf16, Mode::train, 65536, 256, 64);
   const KernelConfig cv = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv.xm");
@@ -597,7 +598,26 @@ TEST_CASE("input_stats: recompute with K <= 64 only, key suffix .cv after .rc, n
   refused(train, "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv.gs", "not with grid_sync");
   refused(problem(DType::bf16, Mode::train, 65536, 256, 72),
           "warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv", "K = 72 above 64");
-  // Measured slower than recompute on H200 (docs/performance.md): opt-in, never offered.
-  for (const Problem& p : {train, problem(DType::bf16, Mode::train, 16384, 1024, 64)})
+  // Measured level with recompute at best on H200 (docs/performance.md): the tuner times one
+  // twin per variant (K <= 64, train), the heuristic never picks it, and neither K above 64,
+  // eval, strict fp32 nor 3xTF32 gets one.
+  for (const Problem& p : {train, problem(DType::bf16, Mode::train, 16384, 1024, 64),
+                           problem(DType::tf32, Mode::train, 65536, 256, 64)}) {
+    CAPTURE(p.M);
+    int twins = 0;
+    for (const KernelConfig& c : candidate_configs(p, h100)) {
+      if (!c.input_stats) continue;
+      ++twins;
+      CHECK(c.recompute);
+      CHECK(!c.grid_sync);
+      CHECK(c.valid_for(p, h100));
+    }
+    CHECK(twins == 2);  // warpspec and tiled
+    CHECK(!default_config(p, h100).input_stats);
+  }
+  for (const Problem& p : {problem(DType::bf16, Mode::train, 65536, 256, 72),
+                           problem(DType::bf16, Mode::eval, 65536, 256, 64),
+                           problem(DType::fp32, Mode::train, 65536, 256, 64),
+                           problem(DType::tf32x3, Mode::train, 65536, 256, 64)})
     for (const KernelConfig& c : candidate_configs(p, h100)) CHECK(!c.input_stats);
 }

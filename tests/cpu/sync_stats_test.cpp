@@ -194,7 +194,7 @@ TEST_CASE("a synchronized problem's kernel choice is a two-pass config that can 
         CAPTURE(c.key());
         CHECK(tuned.source == KernelChoice::Source::exact);
         KernelConfig twin = c;
-        twin.recompute = twin.grid_sync = false;
+        twin.recompute = twin.grid_sync = twin.input_stats = false;
         CHECK(tuned.config.key() == twin.key());
         CHECK(tuned.config.valid_for(p, dev));
         // The unsynchronized plan still gets the recompute config itself.

@@ -51,7 +51,12 @@ struct Outcome {
   CaseOutputs out;
   bool gemm_statistics = false;  // the statistics GEMM wrote partials (their poison is gone)
   unsigned flag = 0;             // fj_input_stats' flag (input_stats plans)
+  // Its 16-row slabs multiplied exactly in x's 16-bit type, and in three bf16 parts.
+  unsigned exact_slabs = 0, split_slabs = 0;
 };
+
+// Which of fj_input_stats' products a run took (its slab counts).
+enum class Products { any, exact, split, both };
 
 // `rows` rows of `in` through `plan` on a poisoned caller workspace.
 Outcome run_rows(const Plan& plan, const CaseInputs& in, std::int64_t rows) {
@@ -61,7 +66,12 @@ Outcome run_rows(const Plan& plan, const CaseInputs& in, std::int64_t rows) {
   Outcome o;
   o.out = r.out;
   o.gemm_statistics = r.written(layout.partials_offset, layout.partials_bytes);
-  if (layout.xstats_bytes > 0) o.flag = r.region<unsigned>(layout.xstats_offset, 4)[0];
+  if (layout.xstats_bytes > 0) {
+    const auto words = r.region<unsigned>(layout.xstats_offset, 3 * sizeof(unsigned));
+    o.flag = words[0];
+    o.exact_slabs = words[1];
+    o.split_slabs = words[2];
+  }
   return o;
 }
 
@@ -70,12 +80,20 @@ void check_against_float64(const CaseInputs& in, const CaseOutputs& got, std::in
   CHECK_MESSAGE(fusejit::test::rows_pass_float64(in, got, rows, &why), why);
 }
 
-// A run whose statistics came from x: no statistics GEMM, no flag, float64's results.
-void check_from_input(const Plan& plan, const CaseInputs& in, std::int64_t rows) {
+// A run whose statistics came from x: no statistics GEMM, no flag, float64's results, every
+// slab counted once, on the products `expect` names.
+void check_from_input(const Plan& plan, const CaseInputs& in, std::int64_t rows,
+                      Products expect = Products::any) {
   const Outcome o = run_rows(plan, in, rows);
   CHECK(o.flag == 0u);
   CHECK_MESSAGE(!o.gemm_statistics, "the statistics GEMM ran");
   check_against_float64(in, o.out, rows);
+  CAPTURE(o.exact_slabs);
+  CAPTURE(o.split_slabs);
+  CHECK(o.exact_slabs + o.split_slabs == static_cast<unsigned>((rows + 15) / 16));
+  if (expect == Products::exact) CHECK(o.split_slabs == 0u);
+  if (expect == Products::split) CHECK(o.exact_slabs == 0u);
+  if (expect == Products::both) CHECK((o.exact_slabs > 0u && o.split_slabs > 0u));
 }
 
 struct Keyed {
@@ -116,8 +134,8 @@ TEST_CASE("input_stats: statistics from x pass float64 and skip the statistics G
     // and no affine.
     for (const char* tail : {"", " momentum=none nobias noaffine"}) {
       for (const int kdim : {64, four_byte ? 36 : 40}) {
-        // 40000 rows: 2500 slabs of 16 rows, so every warp of the cooperative grid (at most
-        // 264 CTAs of 8) adds several.
+        // 40000 rows: 2500 slabs of 16 rows, so at one CTA of 8 warps per SM every warp adds
+        // two or more.
         const std::string line = fmt::format("40000x328x{} {} train{}", kdim, k.dtype, tail);
         CAPTURE(line);
         CAPTURE(k.key);
@@ -126,7 +144,9 @@ TEST_CASE("input_stats: statistics from x pass float64 and skip the statistics G
         REQUIRE_MESSAGE(cv.valid_for(c.problem, dev), cv.why_invalid(c.problem, dev));
         const CaseInputs in = make_case_inputs(c);
         CAPTURE(in.seed);
-        check_from_input(fusejit::test::forced_plan(c.problem, cv, false), in, c.problem.M);
+        // x ~ N(0, 1): no shift, so every 16-bit slab is exact; fp32 x is always split.
+        check_from_input(fusejit::test::forced_plan(c.problem, cv, false), in, c.problem.M,
+                         four_byte ? Products::split : Products::exact);
       }
     }
   }
@@ -143,7 +163,9 @@ TEST_CASE("input_stats: adversarial inputs: large means, K = 1, near-zero varian
     REQUIRE(cv.valid_for(c.problem, dev));
     CaseInputs in = make_case_inputs(c);
     make_x_large_mean(in);
-    check_from_input(fusejit::test::forced_plan(c.problem, cv, false), in, c.problem.M);
+    // Shifted by ~1000, whose bf16 neighbours lie 4 apart: every d is a small bf16 value.
+    check_from_input(fusejit::test::forced_plan(c.problem, cv, false), in, c.problem.M,
+                     Products::exact);
   }
   // The same with an entry near zero in every seventh column, past the first 64 rows and each in
   // its own row (in shared rows they would correlate the columns, whose quadratic forms then
@@ -157,7 +179,8 @@ TEST_CASE("input_stats: adversarial inputs: large means, K = 1, near-zero varian
     for (std::int64_t kk = 0; kk < c.problem.K; kk += 7)
       in.x.set(static_cast<std::size_t>((100 + 37 * kk) * c.problem.lda_x() + kk),
                1e-3f * static_cast<float>(kk + 1));
-    check_from_input(fusejit::test::forced_plan(c.problem, cv, false), in, c.problem.M);
+    check_from_input(fusejit::test::forced_plan(c.problem, cv, false), in, c.problem.M,
+                     Products::both);
   }
   // Columns of near-zero variance: W's first rows scaled down by 1e-4 (var_a by 1e-8): eps
   // then dominates their normalization, and their statistics must still be right.

@@ -731,6 +731,12 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c, Ge
       us += 3.0 + (rounds - 1.0) *
                       (10.5 + (x_bytes > l2_bytes * 2.0 / 3.0 ? x_bytes / 12e12 * 1e6 : 0.0));
       us += std::max(0.0, rounds - waves) * wave_us;
+    } else if (c.recompute && c.input_stats) {
+      // fj_input_stats instead of the statistics GEMM: ~10 us of grid barriers, sums and
+      // columns beside reading x (20.5 us under ncu's clocks at 65536x256x64 bf16, H200), and
+      // the statistics GEMM's and fj_finalize's launches that the fallback keeps in every run,
+      // ~7 us though they return at once (docs/performance.md).
+      us += 10.0 + x_bytes / 2.5e12 * 1e6 + 7.0;
     } else if (c.recompute) {
       us += 3.0 + waves * (wave_us + 2.0 * sharing) + 3.0;
     } else {  // two more launches and one read + write of y (fj_apply)
@@ -765,6 +771,25 @@ std::vector<KernelConfig> recompute_twins(const std::vector<KernelConfig>& list,
   return out;
 }
 
+// Train with K <= 64 (kInputStatsMaxK): the statistics-from-x twin (KernelConfig::input_stats)
+// of the first plain recompute twin in `list`, for the tuner to time. One per variant: it
+// replaces only the statistics pass, which does not depend on the tile, and measured level with
+// the heuristic's pick at 65536x256x64 and 20% behind it at 16384x1024x64 (H200,
+// docs/performance.md), so the tuner, not the time model, decides where it pays.
+// Not for strict fp32 or 3xTF32: each warp chains all of its slabs' products in the tensor
+// cores' accumulators, whose rounding at millions of rows is not shown to stay within their 2e-5
+// (the tests stop at 40000), and the tuner checks a candidate at one M only.
+std::vector<KernelConfig> input_stats_twin(const Problem& p,
+                                           const std::vector<KernelConfig>& list) {
+  if (p.K > fj::kInputStatsMaxK || p.dtype == DType::fp32 || p.dtype == DType::tf32x3) return {};
+  for (KernelConfig c : recompute_twins(list, 1)) {
+    if (c.grid_sync) continue;
+    c.input_stats = true;
+    return {c};
+  }
+  return {};
+}
+
 }  // namespace
 
 std::vector<KernelConfig> candidate_configs(const Problem& p, const Device& d) {
@@ -779,10 +804,12 @@ std::vector<KernelConfig> candidate_configs(const Problem& p, const Device& d) {
     const std::vector<KernelConfig> ws = warpspec_candidates(p);
     keep(ws);
     if (train) keep(recompute_twins(ws, 3));
+    if (train) keep(input_stats_twin(p, ws));
   }
   const std::vector<KernelConfig> tiled = tiled_candidates(p, d);
   keep(tiled);
   if (train) keep(recompute_twins(tiled, 1));
+  if (train) keep(input_stats_twin(p, tiled));
   // Cheapest estimate first; the stable sort keeps the lists' preference among equals.
   std::stable_sort(out.begin(), out.end(), [&](const KernelConfig& a, const KernelConfig& b) {
     return estimated_us(p, d, a) < estimated_us(p, d, b);

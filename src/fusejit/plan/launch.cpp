@@ -108,7 +108,7 @@ RunShape run_shape(const PlanCore& c, std::int64_t rows, const WorkspaceLayout& 
   r.overlap = s.overlap;
   if (s.input_stats)
     r.input_stats_grid = static_cast<unsigned>(std::min<std::int64_t>(
-        c.input_stats_ctas, (rows + fj::kInputStatsTileRows - 1) / fj::kInputStatsTileRows));
+        c.input_stats_ctas, (rows + fj::kInputStatsCtaRows - 1) / fj::kInputStatsCtaRows));
   if (s.pad) {
     // One thread per 16-byte unit of W's and x's padded rows, in at most 8 blocks per SM (the
     // kernel's grid-stride loop takes the rest).
