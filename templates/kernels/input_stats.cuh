@@ -167,23 +167,23 @@ struct InputStats {
     d1 = col_ok && row0 + elem_row(e + 1) < m ? to_float(raw[e + 1]) - shift[b][side] : 0.f;
   }
 
+  // The pair (lo, hi) rounded to P and packed as an mma register (pack2), and what the rounding
+  // left of each.
+  template <class P>
+  __device__ static unsigned split_pair(float& lo, float& hi) {
+    const unsigned b = pack2<P>(lo, hi);
+    const float2 v = unpack2<P>(b);
+    lo -= v.x;
+    hi -= v.y;
+    return b;
+  }
+
   // The pair (d0, d1) in x's own 16-bit type as one mma register; `exact` stays true while every
-  // such pair was exact.
+  // such pair came back unchanged.
   __device__ static unsigned pack_exact(float d0, float d1, bool& exact) {
-    unsigned b;
-    float back0, back1;
-    if constexpr (kExactMath == kMathFp16) {
-      asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(b) : "f"(d1), "f"(d0));
-      const unsigned short lo = static_cast<unsigned short>(b & 0xffffu);
-      const unsigned short hi = static_cast<unsigned short>(b >> 16);
-      asm("cvt.f32.f16 %0, %1;" : "=f"(back0) : "h"(lo));
-      asm("cvt.f32.f16 %0, %1;" : "=f"(back1) : "h"(hi));
-    } else {
-      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(b) : "f"(d1), "f"(d0));
-      back0 = __uint_as_float(b << 16);
-      back1 = __uint_as_float(b & 0xffff0000u);
-    }
-    exact = exact && back0 == d0 && back1 == d1;
+    const unsigned b = pack2<T>(d0, d1);
+    const float2 back = unpack2<T>(b);
+    exact = exact && back.x == d0 && back.y == d1;
     return b;
   }
 
@@ -205,16 +205,6 @@ struct InputStats {
     return exact;
   }
 
-  // The pair (lo, hi) rounded to bf16 and packed as an mma register, and what rounding left of
-  // each.
-  __device__ static unsigned split_pair(float& lo, float& hi) {
-    unsigned b;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(b) : "f"(hi), "f"(lo));
-    lo -= __uint_as_float(b << 16);
-    hi -= __uint_as_float(b & 0xffff0000u);
-    return b;
-  }
-
   // The slab's d as three bf16 parts (hi + mid + lo keeps d's 24 bits); with `dsum`, its column
   // sums too (the exact path took them already otherwise).
   __device__ static void split_fragments(const T (&raw)[kElems], const float (&shift)[kBlocks][2],
@@ -229,9 +219,9 @@ struct InputStats {
         dsum[b][side] += d0;
         dsum[b][side] += d1;
       }
-      f[0][b][reg] = split_pair(d0, d1);
-      f[1][b][reg] = split_pair(d0, d1);
-      f[2][b][reg] = split_pair(d0, d1);
+      f[0][b][reg] = split_pair<bf16_t>(d0, d1);
+      f[1][b][reg] = split_pair<bf16_t>(d0, d1);
+      f[2][b][reg] = split_pair<bf16_t>(d0, d1);
     }
   }
 

@@ -604,15 +604,11 @@ TEST_CASE("input_stats: recompute with K <= 64 only, key suffix .cv after .rc, a
   for (const Problem& p : {train, problem(DType::bf16, Mode::train, 16384, 1024, 64),
                            problem(DType::tf32, Mode::train, 65536, 256, 64)}) {
     CAPTURE(p.M);
-    int twins = 0;
-    for (const KernelConfig& c : candidate_configs(p, h100)) {
-      if (!c.input_stats) continue;
-      ++twins;
-      CHECK(c.recompute);
-      CHECK(!c.grid_sync);
-      CHECK(c.valid_for(p, h100));
-    }
-    CHECK(twins == 2);  // warpspec and tiled
+    // (candidate_configs keeps only valid configs, and valid_for holds .cv to recompute without
+    // grid_sync: the count is what can go wrong.)
+    const std::vector<KernelConfig> list = candidate_configs(p, h100);
+    CHECK(std::count_if(list.begin(), list.end(),
+                        [](const KernelConfig& c) { return c.input_stats; }) == 2);  // ws, tiled
     CHECK(!default_config(p, h100).input_stats);
   }
   for (const Problem& p : {problem(DType::bf16, Mode::train, 65536, 256, 72),

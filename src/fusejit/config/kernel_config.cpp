@@ -772,7 +772,7 @@ std::vector<KernelConfig> recompute_twins(const std::vector<KernelConfig>& list,
 }
 
 // Train with K <= 64 (kInputStatsMaxK): the statistics-from-x twin (KernelConfig::input_stats)
-// of the first plain recompute twin in `list`, for the tuner to time. One per variant: it
+// of the first config in `list`, for the tuner to time. One per variant: it
 // replaces only the statistics pass, which does not depend on the tile, and measured level with
 // the heuristic's pick at 65536x256x64 and 20% behind it at 16384x1024x64 (H200,
 // docs/performance.md), so the tuner, not the time model, decides where it pays.
@@ -781,13 +781,12 @@ std::vector<KernelConfig> recompute_twins(const std::vector<KernelConfig>& list,
 // (the tests stop at 40000), and the tuner checks a candidate at one M only.
 std::vector<KernelConfig> input_stats_twin(const Problem& p,
                                            const std::vector<KernelConfig>& list) {
-  if (p.K > fj::kInputStatsMaxK || p.dtype == DType::fp32 || p.dtype == DType::tf32x3) return {};
-  for (KernelConfig c : recompute_twins(list, 1)) {
-    if (c.grid_sync) continue;
-    c.input_stats = true;
-    return {c};
-  }
-  return {};
+  if (list.empty() || p.K > fj::kInputStatsMaxK || p.dtype == DType::fp32 ||
+      p.dtype == DType::tf32x3)
+    return {};
+  KernelConfig c = list.front();
+  c.recompute = c.input_stats = true;
+  return {c};
 }
 
 }  // namespace
