@@ -19,6 +19,9 @@ constexpr int kInputStatsMaxCtas = 264;
 // at K = 64) and leaves them in shared memory for its CTA's sums, and the per-CTA partials grow
 // as K^2.
 constexpr int kInputStatsMaxK = 64;
+// The fallback (kernels/input_stats.cuh, phase 4) takes the flagged columns this many at a time:
+// a CTA's partials of a round are [columns][2] floats, and its shared memory holds their W rows.
+constexpr int kInputStatsFallbackCols = 64;
 
 // K padded to the kernel's tile (16, 32 or 64): S is computed as KP x KP with zero padding.
 FJ_HOST_DEVICE constexpr int input_stats_kp(int k) {
@@ -27,15 +30,18 @@ FJ_HOST_DEVICE constexpr int input_stats_kp(int k) {
 
 // The region (Params::ws_xstats), in floats from its start; every part 16-byte aligned.
 //  - flag: one word, nonzero when some column's quadratic form cancelled too much to trust
-//    (the run then takes the statistics GEMM's instead); then two counts of the run's 16-row
-//    slabs, those multiplied exactly in x's own type and those in three bf16 parts (the tests
-//    read them).
+//    (the kernel then takes that column's statistics from a itself); two counts of the run's
+//    16-row slabs, those multiplied exactly in x's own type and those in three bf16 parts (the
+//    tests read them); and how many columns were flagged.
 //  - columns: [N] x {mean_a, var_a}.
+//  - flagged_columns: [N] ints, the flagged columns' indices (in the order they were flagged).
+//  - fallback: per CTA, [kInputStatsFallbackCols][2] sums of a round of flagged columns.
 //  - merged: the sums over every row of d = x - shift (kernels/input_stats.cuh): sum d [KP],
 //    then sum d d^T [KP][KP].
 //  - partials: per CTA the same sums over its row tiles, `partial_stride` floats apart.
 struct InputStatsLayout {
-  long long flag, exact_slabs, split_slabs, columns, merged, partials, partial_stride, total;
+  long long flag, exact_slabs, split_slabs, flagged, columns, flagged_columns, fallback, merged,
+      partials, partial_stride, total;
 };
 FJ_HOST_DEVICE constexpr long long input_stats_round4(long long v) {
   return (v + 3) / 4 * 4;
@@ -45,8 +51,11 @@ FJ_HOST_DEVICE constexpr InputStatsLayout input_stats_layout(long long n, int kp
   l.flag = 0;
   l.exact_slabs = 1;
   l.split_slabs = 2;
+  l.flagged = 3;
   l.columns = 4;
-  l.merged = input_stats_round4(l.columns + 2 * n);
+  l.flagged_columns = input_stats_round4(l.columns + 2 * n);
+  l.fallback = input_stats_round4(l.flagged_columns + n);
+  l.merged = input_stats_round4(l.fallback + kInputStatsMaxCtas * kInputStatsFallbackCols * 2);
   l.partials = input_stats_round4(l.merged + kp + static_cast<long long>(kp) * kp);
   l.partial_stride = kp + static_cast<long long>(kp) * kp;
   l.total = l.partials + kInputStatsMaxCtas * l.partial_stride;

@@ -44,8 +44,8 @@ struct Params {
   // (kernels/overlap_apply.cuh, OverlapCounters), zeroed by the GEMM itself.
   unsigned* ws_overlap;
   // Workspace (train, KernelConfig::input_stats): fj_input_stats' partials, x's mean and
-  // covariance, each column's (mean_a, var_a) and the flag that says whether to trust them
-  // (common/input_stats.h, InputStatsLayout).
+  // covariance, each column's (mean_a, var_a), the columns it could not trust and its
+  // fallback's partials (common/input_stats.h, InputStatsLayout).
   float* ws_xstats;
   // Rows of this run: x is [m][ldx], y [m][ldy]. Kernels compiled for an exact M ignore it
   // (common/rows.cuh).
@@ -62,10 +62,6 @@ struct Params {
   // it); 0 when the driver refused that launch and fj_gemm runs as the two-pass GEMM, followed
   // by fj_finalize and fj_apply.
   int overlap;
-  // Train, KernelConfig::input_stats: 1 when fj_input_stats ran before the statistics GEMM (its
-  // cooperative launch went out), so that the GEMM and fj_finalize may take its statistics; 0
-  // when the driver refused that launch and the run is recompute's.
-  int input_stats;
 };
 
 }  // namespace fj

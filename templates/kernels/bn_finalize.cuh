@@ -7,7 +7,6 @@
 // this kernel is not launched: see finalize_column.
 #pragma once
 #include "common/grid_dependency.cuh"
-#include "common/input_stats_flag.cuh"
 #include "common/params.h"
 #include "common/rows.cuh"
 #include "epilogue/bn_math.cuh"
@@ -53,19 +52,6 @@ __device__ __forceinline__ bool merge_column_partials(const Params& p, int& n, f
   return true;
 }
 
-// KernelConfig::input_stats, when fj_input_stats trusted every column: each column's
-// (mean_a, var_a) is in the region already; one thread per column records and folds it.
-template <class Spec>
-__device__ __forceinline__ void finalize_from_input(const Params& p) {
-  using S = FinalizeShape<Spec>;
-  const int n = blockIdx.x * S::kCols + threadIdx.x % S::kCols;
-  if (threadIdx.x / S::kCols != 0 || n >= Spec::N) return;
-  constexpr InputStatsLayout L = input_stats_layout(Spec::N, input_stats_kp(Spec::K));
-  const float2 mv = reinterpret_cast<const float2*>(p.ws_xstats + L.columns)[n];
-  const Affine f = train_column<Spec>(p, n, mv.x, mv.y, momentum_factor<Spec>(p), true);
-  reinterpret_cast<float4*>(p.ws_coef)[n] = make_float4(f.a, f.b, mv.x, 0.f);
-}
-
 template <class Spec>
 __device__ void bn_finalize(const Params& p) {
   wait_for_prior_grid();
@@ -74,10 +60,6 @@ __device__ void bn_finalize(const Params& p) {
   // writes (fj_apply nothing; the affine GEMM x and W): letting it launch now lets the affine
   // GEMM's loads and mainloop run on the SMs this small grid leaves idle.
   allow_dependent_launch();
-  if (statistics_from_input<Spec>(p)) {
-    finalize_from_input<Spec>(p);
-    return;
-  }
   int n;
   float cnt, mean, m2;
   if (!merge_column_partials<Spec>(p, n, cnt, mean, m2)) return;

@@ -7,7 +7,8 @@
 // y. The reference beside it: bench/stats_before_gemm_study.py (numpy), and the float64 checks of
 // tests/gpu/input_stats_test.cpp.
 //
-// One cooperative kernel, three phases split by grid barriers:
+// One cooperative kernel, four phases split by grid barriers, and the run's only pass before
+// the affine GEMM (a programmatic dependent launch of this kernel):
 //  1. Every CTA takes a shift from x's first kInputStatsTileRows rows (their column means; for
 //     16-bit x rounded to x's type, or 0 where the mean is within eight standard deviations),
 //     the same bits in every CTA. Then each warp takes 16-row slabs of d = x - shift in turn,
@@ -24,20 +25,26 @@
 //     relative to, so both the form's cancellation and the shift's subtraction count. fp32
 //     leaves var_a a relative error of about 2^-24 times that factor
 //     (bench/stats_before_gemm_study.py), which no plan-time rule can bound (it depends on the
-//     data: correlated features and a weight row that takes their difference). Above the dtype's
-//     limit the column is not trusted: the kernel raises the region's flag, and the run's
-//     statistics GEMM (which otherwise returns at once) and fj_finalize (which otherwise only
-//     records what this kernel left) take the statistics from the GEMM's accumulators instead,
-//     as recompute does (bit for bit recompute's then).
+//     data: correlated features and a weight row that takes their difference). A trusted column
+//     is recorded here (running and saved stats, the affine GEMM's coefficients: what
+//     fj_finalize does for the other schedules); above the dtype's limit it is flagged.
+//  4. Only when a column was flagged: those columns' statistics from a itself, a = x w_n on the
+//     CUDA cores, summed around mean_a and added over the CTAs in a fixed order. This costs M K
+//     products per flagged column, but it keeps the fallback inside this kernel: the runs whose
+//     columns are all trusted (all but adversarial data) launch nothing else before the affine
+//     GEMM. (A fallback through recompute's statistics GEMM and fj_finalize, which this kernel
+//     had first, cost those two launches on every run, ~6 us at 65536x256x64 bf16 though both
+//     returned at once.)
 #pragma once
 #include "common/grid_barrier.cuh"
+#include "common/grid_dependency.cuh"
 #include "common/input_stats.h"
-#include "common/input_stats_flag.cuh"
 #include "common/math_kind.cuh"
 #include "common/mma.cuh"
 #include "common/params.h"
 #include "common/rows.cuh"
 #include "common/types.cuh"
+#include "epilogue/bn_math.cuh"
 
 namespace fj {
 
@@ -100,6 +107,15 @@ struct InputStats {
   static_assert(K <= kInputStatsMaxK, "input_stats: K above kInputStatsMaxK");
   static_assert(kThreads % KP == 0 && (R * KP) % kThreads == 0,
                 "input_stats: the block must tile the first tile's rows and columns");
+  // Phase 4: chunks of kFbRows rows of x in shared memory, a thread per row and column group,
+  // each group kFbPerThread of the round's kInputStatsFallbackCols columns.
+  static constexpr int kFbRows = 64;
+  static constexpr int kFbGroups = kThreads / kFbRows;
+  static constexpr int kFbPerThread = kInputStatsFallbackCols / kFbGroups;
+  static constexpr int kFbWarpsPerGroup = kFbRows / 32;
+  static_assert(kThreads % kFbRows == 0 && kInputStatsFallbackCols % kFbGroups == 0 &&
+                    2 * kInputStatsFallbackCols <= kThreads,
+                "input_stats: the fallback's rows and columns must tile the block");
 
   struct SharedStorage {
     union {
@@ -107,15 +123,24 @@ struct InputStats {
       struct {
         float s[KP * KP];      // S
         float bound[KP * KP];  // |R / M| + |dbar dbar^T|: what S's rounding is relative to
-      } q;                     // phase 3
+        float2 col[kThreads];  // a batch of the CTA's columns: (mean_a, var_a)
+        int trusted[kThreads];
+        float w[kWarps][KP];  // each warp's column's row of W
+      } q;                    // phase 3
+      struct {
+        // x's rows and the round's W rows, a word of padding per row: the threads of a warp
+        // read consecutive rows' same element, in distinct banks.
+        float x[kFbRows][KP + 1];
+        float w[kInputStatsFallbackCols][KP + 1];
+        float shift[kInputStatsFallbackCols];
+        float red[kWarps][kFbPerThread][2];
+      } fb;  // phase 4
     } u;
     float shift[KP];
     float part[kColGroups][KP];
     float part2[kColGroups][KP];
     float dbar[KP];
     float xbar[KP];
-    float w[KP];
-    float red[3][kWarps];
     float chunk[kWarps][32];
     unsigned slabs[kWarps][2];  // exact, three-part: counted for the tests (InputStatsLayout)
   };
@@ -261,19 +286,6 @@ struct InputStats {
     return v;
   }
 
-  // The block's sum of (v0, v1, v2) in a fixed order (lanes by a butterfly, then warps in
-  // order); valid in thread 0.
-  __device__ static void block_sum3(SharedStorage& sh, float& v0, float& v1, float& v2) {
-    v0 = warp_sum(v0), v1 = warp_sum(v1), v2 = warp_sum(v2);
-    const int warp = threadIdx.x / 32;
-    if (threadIdx.x % 32 == 0) sh.red[0][warp] = v0, sh.red[1][warp] = v1, sh.red[2][warp] = v2;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      v0 = sh.red[0][0], v1 = sh.red[1][0], v2 = sh.red[2][0];
-      for (int w = 1; w < kWarps; ++w) v0 += sh.red[0][w], v1 += sh.red[1][w], v2 += sh.red[2][w];
-    }
-  }
-
   // The shift, from x's first R rows, which every CTA computes from the same loads in the same
   // order, so that all of them subtract the same bits: the column's mean there, which takes a
   // large column mean out of the sums (it would cancel when S subtracts dbar dbar^T). For 16-bit
@@ -324,6 +336,45 @@ struct InputStats {
     return t < K ? to_float(wt[static_cast<long long>(n) * Spec::LDW + t]) : 0.f;
   }
 
+  // Phase 3's warp per column: lane l holds W's elements l, l + 32, ... of the column's row.
+  static constexpr int kWSlots = (KP + 31) / 32;
+  __device__ static void load_w_slots(const Params& p, int n, float (&wv)[kWSlots]) {
+#pragma unroll
+    for (int i = 0; i < kWSlots; ++i) wv[i] = w_row(p, n, threadIdx.x % 32 + 32 * i);
+  }
+
+  // Column n's mean_a = w . xbar, var_a = w^T S w and the bound of its rounding, |w|^T bound
+  // |w|, by one warp: lane l takes S's columns l, l + 32, ... (consecutive words: no bank
+  // conflict), each summed over S's rows in order; then the lanes by a butterfly.
+  __device__ static void column_form(SharedStorage& sh, const float (&wv)[kWSlots], float& mean,
+                                     float& var, float& bound) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float* w = sh.u.q.w[warp];
+#pragma unroll
+    for (int i = 0; i < kWSlots; ++i)
+      if (lane + 32 * i < KP) w[lane + 32 * i] = wv[i];
+    __syncwarp();
+    mean = var = bound = 0.f;
+#pragma unroll
+    for (int i = 0; i < kWSlots; ++i) {
+      const int k = lane + 32 * i;
+      if (k >= KP) continue;
+      float u = 0.f, ub = 0.f;
+#pragma unroll 8
+      for (int j = 0; j < KP; ++j) {
+        u = fmaf(w[j], sh.u.q.s[j * KP + k], u);
+        ub = fmaf(fabsf(w[j]), sh.u.q.bound[j * KP + k], ub);
+      }
+      mean = fmaf(wv[i], sh.xbar[k], mean);
+      var = fmaf(wv[i], u, var);
+      bound = fmaf(fabsf(wv[i]), ub, bound);
+    }
+    mean = warp_sum(mean);
+    var = warp_sum(var);
+    bound = warp_sum(bound);
+    __syncwarp();  // w is read before the warp's next column overwrites it
+  }
+
   __device__ static void run(const Params& p) {
     __shared__ SharedStorage sh;
     constexpr InputStatsLayout L = input_stats_layout(Spec::N, KP);
@@ -332,6 +383,10 @@ struct InputStats {
     const int ctas = static_cast<int>(gridDim.x);
     float* ws = p.ws_xstats;
     const T* x = static_cast<const T*>(p.x);
+    // The affine GEMM after this kernel waits for all of it before its epilogues (and reads
+    // nothing this kernel writes before them): let it launch now, so that its CTAs take the SMs
+    // as this grid's leave them.
+    allow_dependent_launch();
 
     // Centred on the shift, the sums below hold no large column mean, and dbar, the rest of the
     // mean, is about the first tile's sampling error (~1/8 of the spread) or, unshifted, at most
@@ -342,10 +397,6 @@ struct InputStats {
     int slab = static_cast<int>(blockIdx.x) * kWarps + warp;
     if (slab < slabs) load_slab(x, m, slab * 16, raw);  // in flight while the shift is found
     first_tile_shift(sh, x, m);
-    // Phase 3's first column's row of W, loaded now rather than after the grid's last barrier.
-    const float w_first = t < KP && static_cast<int>(blockIdx.x) < Spec::N
-                              ? w_row(p, static_cast<int>(blockIdx.x), t)
-                              : 0.f;
     float shift[kBlocks][2];
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b)
@@ -454,11 +505,11 @@ struct InputStats {
         if (tj != tk) partial[KP + k * KP + j] = total[i];
       }
     }
-    // Phase 3 raises the flag and counts the slabs; they are cleared here, before the barriers
-    // that order the two.
+    // Phase 3 raises the flag, counts the slabs and lists the flagged columns; the counts are
+    // cleared here, before the barriers that order the two.
     if (blockIdx.x == 0 && t == 0) {
       unsigned* words = reinterpret_cast<unsigned*>(ws);
-      words[L.flag] = 0u;
+      words[L.flag] = words[L.flagged] = 0u;
       words[L.exact_slabs] = words[L.split_slabs] = 0u;
     }
     __syncthreads();
@@ -494,21 +545,30 @@ struct InputStats {
     if (t == 0) grid_barrier_arrive_and_wait();
     __syncthreads();
 
-    // Phase 3: columns blockIdx.x, + ctas, ... Every CTA derives xbar, S and its bound from the
-    // sums the same way: dbar = sum d / M, S = sum d d^T / M - dbar dbar^T.
+    // Phase 3: columns blockIdx.x, + ctas, ..., a warp each, in batches of one per thread (which
+    // records it). Every CTA derives xbar, S and its bound from the sums the same way: dbar =
+    // sum d / M, S = sum d d^T / M - dbar dbar^T. (One column at a time by the whole block, as
+    // this phase first ran, waited for each column's row of W and three block barriers per
+    // column: with eight columns a CTA, at 16384x1024x64 bf16, the run was 5.4 us behind
+    // recompute's, where at 65536x256x64's two it was 1.3 us ahead.)
     if (t == 0) {
       unsigned exact = 0, split = 0;
       for (int w = 0; w < kWarps; ++w) exact += sh.slabs[w][0], split += sh.slabs[w][1];
       atomicAdd(reinterpret_cast<unsigned*>(ws) + L.exact_slabs, exact);
       atomicAdd(reinterpret_cast<unsigned*>(ws) + L.split_slabs, split);
     }
-    if (static_cast<int>(blockIdx.x) >= Spec::N) return;
     const float inv_rows = 1.f / static_cast<float>(m);
+    const float factor = momentum_factor<Spec>(p);
     static_assert((KP * KP) % kThreads == 0, "input_stats: S in whole rounds");
     constexpr int kPerThread = KP * KP / kThreads;
-    float r[kPerThread];  // all of this thread's loads go out before the barrier
+    // All of this thread's loads go out before the barrier: S's entries, and the row of W of
+    // the warp's first column.
+    float r[kPerThread];
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) r[i] = ws[L.merged + KP + t + i * kThreads] * inv_rows;
+    const int first_n = static_cast<int>(blockIdx.x) + warp * ctas;
+    float wv[kWSlots];
+    if (first_n < Spec::N) load_w_slots(p, first_n, wv);
     if (t < KP) {
       const float db = ws[L.merged + t] * inv_rows;
       sh.dbar[t] = db;
@@ -522,25 +582,152 @@ struct InputStats {
       sh.u.q.s[e] = r[i] - dd;
       sh.u.q.bound[e] = fabsf(r[i]) + fabsf(dd);
     }
+    __syncthreads();
     float2* columns = reinterpret_cast<float2*>(ws + L.columns);
-    for (int n = blockIdx.x; n < Spec::N; n += ctas) {
-      __syncthreads();  // S is in; the previous column's w and sums are read
-      if (t < KP) sh.w[t] = n == static_cast<int>(blockIdx.x) ? w_first : w_row(p, n, t);
-      __syncthreads();
-      float var = 0.f, bound = 0.f, mean = t < KP ? sh.w[t] * sh.xbar[t] : 0.f;
-      for (int e = t; e < KP * KP; e += kThreads) {
-        const float wj = sh.w[e / KP], wk = sh.w[e % KP];
-        var += wj * sh.u.q.s[e] * wk;
-        bound += fabsf(wj) * sh.u.q.bound[e] * fabsf(wk);
-      }
-      block_sum3(sh, mean, var, bound);
-      if (t == 0) {
-        columns[n] = make_float2(mean, var);
+    for (int base = blockIdx.x; base < Spec::N; base += kThreads * ctas) {
+      // Thread i records the batch's column i: its parameters' loads in flight meanwhile.
+      const int mine = base + t * ctas;
+      const ColumnParams cp = mine < Spec::N ? column_params<Spec>(p, mine) : ColumnParams{};
+      const int count = min(kThreads, (Spec::N - base + ctas - 1) / ctas);
+      for (int i = warp; i < count; i += kWarps) {
+        const int n = base + i * ctas;
+        if (n != first_n) load_w_slots(p, n, wv);
+        float mean, var, bound;
+        column_form(sh, wv, mean, var, bound);
         // Also false for a negative or NaN var. A constant column gives 0 <= 0 where the shift
         // is its value (16-bit x); an fp32 column's shift, a mean of 64 equal values, can miss
         // it by a rounding, and the column then takes the fallback.
-        if (!(bound <= input_stats_cancellation_limit<Spec>() * var))
-          atomicOr(reinterpret_cast<unsigned*>(ws) + L.flag, 1u);
+        if (lane == 0) {
+          sh.u.q.col[i] = make_float2(mean, var);
+          sh.u.q.trusted[i] = bound <= input_stats_cancellation_limit<Spec>() * var;
+        }
+      }
+      __syncthreads();
+      if (mine < Spec::N) {
+        const float2 mv = sh.u.q.col[t];
+        columns[mine] = mv;  // a flagged column's mean_a: phase 4's shift
+        if (sh.u.q.trusted[t]) {
+          record(p, cp, mine, mv.x, mv.y, factor);
+        } else {
+          unsigned* words = reinterpret_cast<unsigned*>(ws);
+          const unsigned slot = atomicAdd(words + L.flagged, 1u);
+          reinterpret_cast<int*>(ws + L.flagged_columns)[slot] = mine;
+          atomicOr(words + L.flag, 1u);
+        }
+      }
+      __syncthreads();  // the batch's results are read before the next batch writes its own
+    }
+    __syncthreads();
+    if (t == 0) grid_barrier_arrive_and_wait();
+    __syncthreads();
+    const int flagged = static_cast<int>(reinterpret_cast<const volatile unsigned*>(ws)[L.flagged]);
+    if (flagged > 0) fallback(p, sh, m, flagged, factor);
+  }
+
+  // The column's batch statistics recorded (running and saved stats) and folded into the
+  // affine GEMM's coefficients, as fj_finalize writes them for the other schedules.
+  __device__ static void record(const Params& p, const ColumnParams& cp, int n, float mean_a,
+                                float var_a, float factor) {
+    const Affine f = train_column_of<Spec>(p, cp, n, mean_a, var_a, factor, true,
+                                           static_cast<float>(rows_of<Spec>(p)));
+    reinterpret_cast<float4*>(p.ws_coef)[n] = make_float4(f.a, f.b, mean_a, 0.f);
+  }
+
+  // Phase 4: the flagged columns' statistics from a = x w_n itself, in fp32 on the CUDA cores
+  // (the products of 16-bit values exact; fp32 x's rounded once each, as phase 1's three parts
+  // keep them), as sums of a - mean_a (phase 3's W xbar, which a cancelling quadratic form does
+  // not disturb: the shift only keeps the squares small), a thread's rows in order, then its
+  // warp by a butterfly, its group's warps and the CTAs in order. Rounds of
+  // kInputStatsFallbackCols columns: each CTA adds its 64-row chunks of x for the round's
+  // columns into its partial, a grid barrier, and each of the round's columns merged and
+  // recorded by one CTA.
+  __device__ static void fallback(const Params& p, SharedStorage& sh, int m, int flagged,
+                                  float factor) {
+    constexpr InputStatsLayout L = input_stats_layout(Spec::N, KP);
+    constexpr int kCols = kInputStatsFallbackCols;
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+    const int row = t % kFbRows, grp = t / kFbRows;
+    const int ctas = static_cast<int>(gridDim.x);
+    float* ws = p.ws_xstats;
+    const int* list = reinterpret_cast<const int*>(ws + L.flagged_columns);
+    const float2* columns = reinterpret_cast<const float2*>(ws + L.columns);
+    const T* x = static_cast<const T*>(p.x);
+    for (int c0 = 0; c0 < flagged; c0 += kCols) {
+      const int nc = min(kCols, flagged - c0);
+      __syncthreads();  // the previous round's shared memory, or phase 3's, is read
+      for (int e = t; e < kCols * KP; e += kThreads) {
+        const int j = e / KP, k = e % KP;
+        sh.u.fb.w[j][k] = j < nc ? w_row(p, list[c0 + j], k) : 0.f;
+      }
+      if (t < kCols) sh.u.fb.shift[t] = t < nc ? columns[list[c0 + t]].x : 0.f;
+      float s1[kFbPerThread], s2[kFbPerThread];
+#pragma unroll
+      for (int j = 0; j < kFbPerThread; ++j) s1[j] = s2[j] = 0.f;
+      for (int chunk = blockIdx.x; chunk * kFbRows < m; chunk += ctas) {
+        __syncthreads();  // the round's W rows are in; the previous chunk's rows are read
+        for (int e = t; e < kFbRows * KP; e += kThreads) {
+          const int rr = e / KP, k = e % KP, xr = chunk * kFbRows + rr;
+          sh.u.fb.x[rr][k] =
+              xr < m && k < K ? to_float(x[static_cast<long long>(xr) * Spec::LDX + k]) : 0.f;
+        }
+        __syncthreads();
+        if (chunk * kFbRows + row >= m) continue;
+        float xv[KP];
+#pragma unroll
+        for (int k = 0; k < KP; ++k) xv[k] = sh.u.fb.x[row][k];
+#pragma unroll
+        for (int j = 0; j < kFbPerThread; ++j) {
+          const int c = grp * kFbPerThread + j;
+          float a = 0.f;
+#pragma unroll
+          for (int k = 0; k < KP; ++k) a = fmaf(xv[k], sh.u.fb.w[c][k], a);
+          const float d = a - sh.u.fb.shift[c];
+          s1[j] += d;
+          s2[j] = fmaf(d, d, s2[j]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kFbPerThread; ++j) {
+        s1[j] = warp_sum(s1[j]);
+        s2[j] = warp_sum(s2[j]);
+      }
+      if (lane == 0)
+#pragma unroll
+        for (int j = 0; j < kFbPerThread; ++j)
+          sh.u.fb.red[warp][j][0] = s1[j], sh.u.fb.red[warp][j][1] = s2[j];
+      __syncthreads();
+      if (t < 2 * kCols) {
+        const int c = t / 2, g = c / kFbPerThread, j = c % kFbPerThread;
+        float v = sh.u.fb.red[g * kFbWarpsPerGroup][j][t % 2];
+        for (int w = 1; w < kFbWarpsPerGroup; ++w)
+          v += sh.u.fb.red[g * kFbWarpsPerGroup + w][j][t % 2];
+        ws[L.fallback + static_cast<long long>(blockIdx.x) * 2 * kCols + t] = v;
+      }
+      __syncthreads();
+      if (t == 0) grid_barrier_arrive_and_wait();
+      __syncthreads();
+      if (warp == 0)
+        for (int j = blockIdx.x; j < nc; j += ctas) {
+          float v1 = 0.f, v2 = 0.f;
+          for (int g = lane; g < ctas; g += 32) {
+            v1 += ws[L.fallback + static_cast<long long>(g) * 2 * kCols + 2 * j];
+            v2 += ws[L.fallback + static_cast<long long>(g) * 2 * kCols + 2 * j + 1];
+          }
+          v1 = warp_sum(v1);
+          v2 = warp_sum(v2);
+          if (lane == 0) {
+            const int n = list[c0 + j];
+            const float db = v1 / static_cast<float>(m);
+            const float mean = sh.u.fb.shift[j] + db;
+            const float var = fmaxf(v2 / static_cast<float>(m) - db * db, 0.f);
+            reinterpret_cast<float2*>(ws + L.columns)[n] = make_float2(mean, var);
+            record(p, column_params<Spec>(p, n), n, mean, var, factor);
+          }
+        }
+      // The next round writes the partials again once every CTA has read this round's.
+      if (c0 + kCols < flagged) {
+        __syncthreads();
+        if (t == 0) grid_barrier_arrive_and_wait();
       }
     }
   }

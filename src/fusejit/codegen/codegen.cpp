@@ -181,9 +181,6 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   // Likewise only recompute sets name STATS_ONLY (fj_gemm stores no y) and SpecAffine, the
   // second pass: eval mode's GEMM with the finalize's coefficients (WS_AFFINE).
   if (c.recompute) t += "  static constexpr bool STATS_ONLY = true;\n";
-  // And only input_stats sets name INPUT_STATS: fj_gemm and fj_finalize first ask whether
-  // fj_input_stats' statistics stand.
-  if (c.input_stats) t += "  static constexpr bool INPUT_STATS = true;\n";
   // And only grid_sync sets name GRID_SYNC: their fj_gemm may finish a run alone.
   if (c.grid_sync) t += "  static constexpr bool GRID_SYNC = true;\n";
   // And only overlap_apply sets name OVERLAP_APPLY: their fj_gemm applies y itself.
@@ -243,22 +240,18 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
   // A GEMM kernel (fj_gemm, or recompute's fj_gemm_affine) running `type`: warpspec takes the
   // TMA descriptors of x, W and y beside the parameters.
   const auto gemm_kernel = [&](const std::string& name, const char* type) {
-    // input_stats: the statistics GEMM returns at once when fj_input_stats' statistics stand.
-    const std::string skip = c.input_stats && name == "fj_gemm"
-                                 ? "if (fj::statistics_from_input<Spec>(p)) return; "
-                                 : "";
     if (!ws)
       return fmt::format(
           "extern \"C\" __global__ void __launch_bounds__(Spec::THREADS)\n"
-          "{}(const fj::Params p) {{ {}{}::run(p); }}\n",
-          name, skip, type);
+          "{}(const fj::Params p) {{ {}::run(p); }}\n",
+          name, type);
     const std::string indent(name.size() + 1, ' ');
     return fmt::format(
         "extern \"C\" __global__ void __launch_bounds__(Spec::THREADS, 1)\n"
         "{}(const __grid_constant__ fj::Params p, const __grid_constant__ fj::TmaDescriptor tx,\n"
         "{}const __grid_constant__ fj::TmaDescriptor tw,\n"
-        "{}const __grid_constant__ fj::TmaDescriptor ty) {{ {}{}::run(p, tx, tw, &ty); }}\n",
-        name, indent, indent, skip, type);
+        "{}const __grid_constant__ fj::TmaDescriptor ty) {{ {}::run(p, tx, tw, &ty); }}\n",
+        name, indent, indent, type);
   };
   for (const auto& k : kernels) {
     if (k == "fj_gemm" || k == "fj_gemm_affine") {

@@ -274,7 +274,9 @@ std::string KernelConfig::why_invalid(const Problem& p, const Device& d) const {
     if (pingpong) return "grid_sync: not with pingpong (one tile per CTA)";
   }
   if (input_stats) {
-    if (!recompute) return "input_stats: only with recompute (its statistics GEMM is the fallback)";
+    if (!recompute)
+      return "input_stats: only with recompute (its kernels run where the driver refuses "
+             "fj_input_stats' cooperative launch)";
     if (grid_sync) return "input_stats: not with grid_sync";
     if (p.K > fj::kInputStatsMaxK)
       return fmt::format("input_stats: K = {} above {} (x's K x K covariance)", p.K,
@@ -732,11 +734,14 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c, Ge
                       (10.5 + (x_bytes > l2_bytes * 2.0 / 3.0 ? x_bytes / 12e12 * 1e6 : 0.0));
       us += std::max(0.0, rounds - waves) * wave_us;
     } else if (c.recompute && c.input_stats) {
-      // fj_input_stats instead of the statistics GEMM: ~10 us of grid barriers, sums and
-      // columns beside reading x (20.5 us under ncu's clocks at 65536x256x64 bf16, H200), and
-      // the statistics GEMM's and fj_finalize's launches that the fallback keeps in every run,
-      // ~7 us though they return at once (docs/performance.md).
-      us += 10.0 + x_bytes / 2.5e12 * 1e6 + 7.0;
+      // fj_input_stats instead of the statistics GEMM and fj_finalize: ~10 us of grid
+      // barriers, sums and columns beside reading x (22.3 and 18.7 us under ncu's clocks at
+      // 65536x256x64 and 16384x1024x64 bf16, H200, where the runs measured 5% and 4% faster
+      // than recompute's: docs/performance.md). Phase 3 takes a CTA's columns eight at a time
+      // (a warp each); each further eight, ~1 us, is an estimate: no layer with more than one
+      // such round per CTA has been measured.
+      const double column_rounds = std::ceil(double(p.N) / (double(sms) * 8.0));
+      us += 10.0 + x_bytes / 2.5e12 * 1e6 + (column_rounds - 1.0) * 1.0;
     } else if (c.recompute) {
       us += 3.0 + waves * (wave_us + 2.0 * sharing) + 3.0;
     } else {  // two more launches and one read + write of y (fj_apply)
@@ -772,10 +777,10 @@ std::vector<KernelConfig> recompute_twins(const std::vector<KernelConfig>& list,
 }
 
 // Train with K <= 64 (kInputStatsMaxK): the statistics-from-x twin (KernelConfig::input_stats)
-// of the first config in `list`, for the tuner to time. One per variant: it
-// replaces only the statistics pass, which does not depend on the tile, and measured level with
-// the heuristic's pick at 65536x256x64 and 20% behind it at 16384x1024x64 (H200,
-// docs/performance.md), so the tuner, not the time model, decides where it pays.
+// of the first config in `list`. One per variant: it replaces only the statistics pass, which
+// does not depend on the tile. The time model ranks it with the others (measured 4-5% faster
+// than recompute at 65536x256x64 and 16384x1024x64 bf16, level in tf32; H200,
+// docs/performance.md).
 // Not for strict fp32 or 3xTF32: each warp chains all of its slabs' products in the tensor
 // cores' accumulators, whose rounding at millions of rows is not shown to stay within their 2e-5
 // (the tests stop at 40000), and the tuner checks a candidate at one M only.

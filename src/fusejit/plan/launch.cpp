@@ -312,13 +312,12 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
       finalize = affine = true;
     }
   } else if (shape.input_stats_grid) {
-    // The statistics GEMM is a programmatic dependent launch of fj_input_stats: it waits for it
-    // and returns at once unless a column was flagged. A refused cooperative launch (a device
-    // shared or partitioned in ways the occupancy query does not see) leaves recompute's run.
-    prm.input_stats = 1;
-    if (!launch_input_stats(c, shape, stream, args)) prm.input_stats = 0;
-    if (prm.input_stats)
-      gemm(c.gemm, c.smem_bytes, "fj_gemm", "cuLaunchKernelEx(fj_gemm, dependent)");
+    // fj_input_stats records the statistics and the coefficients itself (its fallback for
+    // columns it cannot trust included), and the affine GEMM below is its programmatic
+    // dependent. A refused cooperative launch (a device shared or partitioned in ways the
+    // occupancy query does not see) leaves recompute's run: statistics GEMM, finalize, affine.
+    if (launch_input_stats(c, shape, stream, args))
+      finalize = false;
     else
       gemm(c.gemm, c.smem_bytes, "fj_gemm");
   } else if (shape.gemm) {

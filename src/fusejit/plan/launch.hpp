@@ -137,7 +137,7 @@ void validate_stream(CUcontext context, CUstream stream);
 void launch(const PlanCore&, const RunShape& shape, CUstream stream, const Tensors&,
             void* workspace, RunCache* cache = nullptr, const StatsExchange* exchange = nullptr);
 // fj_input_stats (KernelConfig::input_stats) as a cooperative launch of shape.input_stats_grid
-// CTAs with `args` (the run's fj::Params, input_stats set): false when the driver refuses it as
+// CTAs with `args` (the run's fj::Params): false when the driver refuses it as
 // too large for the device as it is now (nothing enqueued: the caller runs recompute's
 // schedule), true when launched; other failures throw.
 bool launch_input_stats(const PlanCore&, const RunShape& shape, CUstream stream, void** args);
