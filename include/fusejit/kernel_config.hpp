@@ -86,8 +86,10 @@ struct KernelConfig {
   // its dtype allows (correlated features and a weight row that takes their difference), the
   // same kernel takes that column's statistics from a = x w_n itself, on the device, with no
   // host sync; where the driver refuses the cooperative launch, the run is recompute's (key
-  // suffix ".cv" after ".rc"). Ranked by the time model with the others: measured 4-5% faster
-  // than recompute at 65536x256x64 and 16384x1024x64 bf16 (docs/performance.md).
+  // suffix ".cv" after ".rc"). Tuner candidates (twins of the first three warpspec configs and
+  // the first tiled one), never the heuristic's pick: measured 4-17% faster than recompute at
+  // 65536x256x64, 16384x1024x64 and 131072x128x32 bf16 but 15-20% slower at 4096x4096x64 and
+  // 8192x512x64 (docs/performance.md).
   bool input_stats = false;
 
   int threads() const;

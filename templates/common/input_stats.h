@@ -28,6 +28,14 @@ FJ_HOST_DEVICE constexpr int input_stats_kp(int k) {
   return k <= 16 ? 16 : (k <= 32 ? 32 : 64);
 }
 
+// A CTA's sums (kernels/input_stats.cuh), in the order its warps leave them: d^T d's upper
+// 16x16 tiles fragment by fragment ([tile][half][register][lane]: InputStats::entry_index says
+// where S's entry (j, k) is), then sum d [KP].
+FJ_HOST_DEVICE constexpr long long input_stats_sums(int kp) {
+  const long long blocks = kp / 16;
+  return blocks * (blocks + 1) / 2 * 256 + kp;
+}
+
 // The region (Params::ws_xstats), in floats from its start; every part 16-byte aligned.
 //  - flag: one word, nonzero when some column's quadratic form cancelled too much to trust
 //    (the kernel then takes that column's statistics from a itself); two counts of the run's
@@ -36,8 +44,7 @@ FJ_HOST_DEVICE constexpr int input_stats_kp(int k) {
 //  - columns: [N] x {mean_a, var_a}.
 //  - flagged_columns: [N] ints, the flagged columns' indices (in the order they were flagged).
 //  - fallback: per CTA, [kInputStatsFallbackCols][2] sums of a round of flagged columns.
-//  - merged: the sums over every row of d = x - shift (kernels/input_stats.cuh): sum d [KP],
-//    then sum d d^T [KP][KP].
+//  - merged: the sums over every row of d = x - shift (input_stats_sums' layout).
 //  - partials: per CTA the same sums over its row tiles, `partial_stride` floats apart.
 struct InputStatsLayout {
   long long flag, exact_slabs, split_slabs, flagged, columns, flagged_columns, fallback, merged,
@@ -56,8 +63,8 @@ FJ_HOST_DEVICE constexpr InputStatsLayout input_stats_layout(long long n, int kp
   l.flagged_columns = input_stats_round4(l.columns + 2 * n);
   l.fallback = input_stats_round4(l.flagged_columns + n);
   l.merged = input_stats_round4(l.fallback + kInputStatsMaxCtas * kInputStatsFallbackCols * 2);
-  l.partials = input_stats_round4(l.merged + kp + static_cast<long long>(kp) * kp);
-  l.partial_stride = kp + static_cast<long long>(kp) * kp;
+  l.partials = input_stats_round4(l.merged + input_stats_sums(kp));
+  l.partial_stride = input_stats_sums(kp);
   l.total = l.partials + kInputStatsMaxCtas * l.partial_stride;
   return l;
 }

@@ -95,15 +95,20 @@ struct InputStats {
   // down the three-part path.
   static constexpr bool kExactPath = sizeof(T) == 2;
   static constexpr int kExactMath = Spec::MATH == kMathFp16 ? kMathFp16 : kMathBf16;
-  // A CTA's sums (InputStatsLayout's partial), and the CTAs each warp adds in phase 2.
-  static constexpr int kSums = KP + KP * KP;
-  static constexpr int kChunks = (kSums + 31) / 32;
-  static constexpr int kCtasPerWarp = (kInputStatsMaxCtas + kWarps - 1) / kWarps;
   // A warp's sums as it leaves them in shared memory: its accumulators register by register
-  // ([tile][half][register][lane]), then its column sums ([block][side][g]).
+  // ([tile][half][register][lane]), then its column sums ([block][side][g], which is column
+  // order). A CTA's partial and the merged sums keep this order (input_stats_sums): no index
+  // arithmetic between the warps' registers and the partial (writing each entry at its place
+  // in S, and its mirror, took a fifth of this kernel's samples at 65536x256x64 bf16), and only
+  // the upper tiles to add in phase 2; phase 3 finds S's entries with entry_index.
   static constexpr int kWarpAcc = kOutTiles * 2 * 4 * 32;
   static constexpr int kWarpSums = kWarpAcc + 2 * kBlocks * 8;
   static constexpr int kSumsPerThread = (kWarpSums + kThreads - 1) / kThreads;
+  static_assert(kWarpSums == input_stats_sums(KP), "input_stats: the partial's layout");
+  // The CTAs each warp adds in phase 2, and its chunks of 32 entries.
+  static constexpr int kSums = kWarpSums;
+  static constexpr int kChunks = (kSums + 31) / 32;
+  static constexpr int kCtasPerWarp = (kInputStatsMaxCtas + kWarps - 1) / kWarps;
   static_assert(K <= kInputStatsMaxK, "input_stats: K above kInputStatsMaxK");
   static_assert(kThreads % KP == 0 && (R * KP) % kThreads == 0,
                 "input_stats: the block must tile the first tile's rows and columns");
@@ -169,6 +174,23 @@ struct InputStats {
   __device__ static int elem_col(int e) {
     const int g = (threadIdx.x % 32) / 4;
     return 16 * (e / 8) + ((e / 2) % 2) * 8 + g;
+  }
+
+  // Where S's entry (j, k) is among the sums (kWarpSums' order): in its upper tile, as lane
+  // (j % 8) * 4 + (k % 8) / 2 of the mma accumulators holds it (register 2 (j % 16 / 8) + k % 2
+  // of half k % 16 / 8). An entry below the diagonal tiles is its mirror's; a diagonal tile
+  // holds both of its entries itself (they may differ in their last bit: the part products
+  // add in another order).
+  __device__ static int entry_index(int j, int k) {
+    if (j / 16 > k / 16) {
+      const int swap = j;
+      j = k;
+      k = swap;
+    }
+    const int tj = j / 16, tk = k / 16, jj = j % 16, kk = k % 16;
+    const int u = tj * kBlocks - tj * (tj - 1) / 2 + tk - tj;
+    const int lane = (jj % 8) * 4 + (kk % 8) / 2, reg = 2 * (jj / 8) + kk % 2, half = kk / 8;
+    return ((u * 2 + half) * 4 + reg) * 32 + lane;
   }
 
   // Issues the loads of this lane's elements of the slab at `row0` into `raw`, from clamped
@@ -483,27 +505,13 @@ struct InputStats {
       }
       __syncthreads();
     }
-    // Into the CTA's partial (InputStatsLayout): column sums first, then d^T d, with the mirror
-    // of each off-diagonal tile (a diagonal tile holds both of its entries itself; they may
-    // differ in their last bit, the part products adding in another order).
+    // Into the CTA's partial, in the warps' order (kWarpSums).
     float* partial = ws + L.partials + static_cast<long long>(blockIdx.x) * L.partial_stride;
 #pragma unroll
     for (int i = 0; i < kSumsPerThread; ++i) {
       const int f = t + i * kThreads;
       if (f >= kWarpSums) break;
-      if (f >= kWarpAcc) {
-        const int c = f - kWarpAcc;  // (b * 2 + side) * 8 + g: column 16 b + 8 side + g
-        partial[16 * (c / 16) + 8 * ((c / 8) % 2) + c % 8] = total[i];
-      } else {
-        const int l = f % 32, reg = (f / 32) % 4, h = (f / 128) % 2;
-        int u = f / 256, tj = 0;
-        while (u >= kBlocks - tj) u -= kBlocks - tj, ++tj;
-        const int tk = tj + u;
-        const int j = tj * 16 + l / 4 + 8 * (reg >> 1);
-        const int k = tk * 16 + h * 8 + 2 * (l % 4) + (reg & 1);
-        partial[KP + j * KP + k] = total[i];
-        if (tj != tk) partial[KP + k * KP + j] = total[i];
-      }
+      partial[f] = total[i];
     }
     // Phase 3 raises the flag, counts the slabs and lists the flagged columns; the counts are
     // cleared here, before the barriers that order the two.
@@ -565,12 +573,15 @@ struct InputStats {
     // the warp's first column.
     float r[kPerThread];
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) r[i] = ws[L.merged + KP + t + i * kThreads] * inv_rows;
+    for (int i = 0; i < kPerThread; ++i) {
+      const int e = t + i * kThreads;
+      r[i] = ws[L.merged + entry_index(e / KP, e % KP)] * inv_rows;
+    }
     const int first_n = static_cast<int>(blockIdx.x) + warp * ctas;
     float wv[kWSlots];
     if (first_n < Spec::N) load_w_slots(p, first_n, wv);
     if (t < KP) {
-      const float db = ws[L.merged + t] * inv_rows;
+      const float db = ws[L.merged + kWarpAcc + t] * inv_rows;
       sh.dbar[t] = db;
       sh.xbar[t] = sh.shift[t] + db;
     }

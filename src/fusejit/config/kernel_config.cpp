@@ -734,12 +734,12 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c, Ge
                       (10.5 + (x_bytes > l2_bytes * 2.0 / 3.0 ? x_bytes / 12e12 * 1e6 : 0.0));
       us += std::max(0.0, rounds - waves) * wave_us;
     } else if (c.recompute && c.input_stats) {
-      // fj_input_stats instead of the statistics GEMM and fj_finalize: ~10 us of grid
-      // barriers, sums and columns beside reading x (22.3 and 18.7 us under ncu's clocks at
-      // 65536x256x64 and 16384x1024x64 bf16, H200, where the runs measured 5% and 4% faster
-      // than recompute's: docs/performance.md). Phase 3 takes a CTA's columns eight at a time
-      // (a warp each); each further eight, ~1 us, is an estimate: no layer with more than one
-      // such round per CTA has been measured.
+      // fj_input_stats instead of the statistics GEMM and fj_finalize (this orders the tuner's
+      // candidates only: default_config skips these): ~10 us of grid barriers, sums and
+      // columns beside reading x (22.3 and 18.7 us under ncu's clocks at 65536x256x64 and
+      // 16384x1024x64 bf16, H200: docs/performance.md). Phase 3 takes a CTA's columns eight at
+      // a time (a warp each); each further eight, ~1 us, is an estimate: no layer with more
+      // than one such round per CTA has been measured.
       const double column_rounds = std::ceil(double(p.N) / (double(sms) * 8.0));
       us += 10.0 + x_bytes / 2.5e12 * 1e6 + (column_rounds - 1.0) * 1.0;
     } else if (c.recompute) {
@@ -776,22 +776,23 @@ std::vector<KernelConfig> recompute_twins(const std::vector<KernelConfig>& list,
   return out;
 }
 
-// Train with K <= 64 (kInputStatsMaxK): the statistics-from-x twin (KernelConfig::input_stats)
-// of the first config in `list`. One per variant: it replaces only the statistics pass, which
-// does not depend on the tile. The time model ranks it with the others (measured 4-5% faster
-// than recompute at 65536x256x64 and 16384x1024x64 bf16, level in tf32; H200,
-// docs/performance.md).
+// Train with K <= 64 (kInputStatsMaxK): the statistics-from-x twins (KernelConfig::input_stats)
+// of the first `count` configs of `list`, as recompute_twins takes them: the statistics pass
+// does not depend on the tile, but the affine GEMM after it does (131072x128x32 bf16 with the
+// 128x256 tile's twin: 0.0447 ms against recompute's 128x128, 0.0437; H200).
 // Not for strict fp32 or 3xTF32: each warp chains all of its slabs' products in the tensor
 // cores' accumulators, whose rounding at millions of rows is not shown to stay within their 2e-5
 // (the tests stop at 40000), and the tuner checks a candidate at one M only.
-std::vector<KernelConfig> input_stats_twin(const Problem& p,
-                                           const std::vector<KernelConfig>& list) {
-  if (list.empty() || p.K > fj::kInputStatsMaxK || p.dtype == DType::fp32 ||
-      p.dtype == DType::tf32x3)
-    return {};
-  KernelConfig c = list.front();
-  c.recompute = c.input_stats = true;
-  return {c};
+std::vector<KernelConfig> input_stats_twins(const Problem& p, const std::vector<KernelConfig>& list,
+                                            std::size_t count) {
+  if (p.K > fj::kInputStatsMaxK || p.dtype == DType::fp32 || p.dtype == DType::tf32x3) return {};
+  std::vector<KernelConfig> out;
+  for (std::size_t i = 0; i < std::min(count, list.size()); ++i) {
+    KernelConfig c = list[i];
+    c.recompute = c.input_stats = true;
+    out.push_back(c);
+  }
+  return out;
 }
 
 }  // namespace
@@ -808,12 +809,12 @@ std::vector<KernelConfig> candidate_configs(const Problem& p, const Device& d) {
     const std::vector<KernelConfig> ws = warpspec_candidates(p);
     keep(ws);
     if (train) keep(recompute_twins(ws, 3));
-    if (train) keep(input_stats_twin(p, ws));
+    if (train) keep(input_stats_twins(p, ws, 3));
   }
   const std::vector<KernelConfig> tiled = tiled_candidates(p, d);
   keep(tiled);
   if (train) keep(recompute_twins(tiled, 1));
-  if (train) keep(input_stats_twin(p, tiled));
+  if (train) keep(input_stats_twins(p, tiled, 1));
   // Cheapest estimate first; the stable sort keeps the lists' preference among equals.
   std::stable_sort(out.begin(), out.end(), [&](const KernelConfig& a, const KernelConfig& b) {
     return estimated_us(p, d, a) < estimated_us(p, d, b);
@@ -852,10 +853,16 @@ KernelConfig default_config(const Problem& p, const Device& d, std::optional<Var
   // unless a config cannot run this M itself (32-bit counts at the largest M).
   Problem ranked = p;
   ranked.M = m_class(p.M).representative();
+  // Statistics from x (KernelConfig::input_stats) only through the tuner: its fixed chain of
+  // grid barriers and latencies beats recompute by 4-5% at 65536x256x64 and 16384x1024x64 bf16
+  // but loses 20% at 8192x512x64, which shares the latter's M class (H200, docs/performance.md).
+  const auto heuristic = [&](const KernelConfig& c) {
+    return (!variant || c.variant == *variant) && !c.input_stats;
+  };
   for (const auto& c : candidate_configs(ranked, d))
-    if ((!variant || c.variant == *variant) && c.valid_for(p, d)) return c;
+    if (heuristic(c) && c.valid_for(p, d)) return c;
   for (const auto& c : candidate_configs(p, d))
-    if (!variant || c.variant == *variant) return c;
+    if (heuristic(c)) return c;
   std::string reasons;
   const auto all = variant == Variant::warpspec ? warpspec_candidates(p) : tiled_candidates(p, d);
   for (const auto& c : all) reasons += "\n  " + c.key() + ": " + c.why_invalid(p, d);
