@@ -37,8 +37,9 @@ struct KernelSchedule {
   // fj_gemm_affine, the GEMM again, stores y = A a + B and bumps num_batches_tracked.
   bool affine = false;
   // KernelConfig::input_stats (with `affine`): fj_input_stats goes out first as a cooperative
-  // launch, and the statistics GEMM and fj_finalize take its statistics unless it flagged a
-  // column (then they run as recompute's).
+  // launch and records the statistics itself, its fallback for flagged columns included; the
+  // affine GEMM follows. The statistics GEMM and fj_finalize run (as recompute's) only where
+  // the driver refuses the cooperative launch.
   bool input_stats = false;
   // KernelConfig::grid_sync, and the run can be resident (resident_grid, config/candidates.hpp,
   // from the device's `resident_tiles`): fj_gemm goes out alone as a cooperative launch and
