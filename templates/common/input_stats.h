@@ -7,12 +7,14 @@
 
 namespace fj {
 
-// The kernel's block; the rows of x whose column means are its shift; and the rows a CTA takes
-// per round (a 16-row slab per warp), by which a run of few rows gets fewer CTAs
-// (plan/launch.cpp).
+// The kernel's block and its warps; the rows of x whose column means are its shift; and the
+// rows a CTA takes per round (a 16-row slab per warp), by which a run of few rows gets fewer
+// CTAs (plan/launch.cpp). Phase 3 takes a column per warp, so a CTA takes kInputStatsWarps
+// columns at a time.
 constexpr int kInputStatsThreads = 256;
+constexpr int kInputStatsWarps = kInputStatsThreads / 32;
 constexpr int kInputStatsTileRows = 64;
-constexpr int kInputStatsCtaRows = 16 * (kInputStatsThreads / 32);
+constexpr int kInputStatsCtaRows = 16 * kInputStatsWarps;
 // The most CTAs a run's cooperative grid has: the workspace holds one partial per CTA.
 constexpr int kInputStatsMaxCtas = 264;
 // The largest K: each warp holds d^T d's upper 16x16 tiles in its accumulators (80 registers

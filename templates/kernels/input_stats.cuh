@@ -75,7 +75,7 @@ struct InputStats {
   static constexpr int KP = input_stats_kp(K);
   static constexpr int R = kInputStatsTileRows;
   static constexpr int kThreads = kInputStatsThreads;
-  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kWarps = kInputStatsWarps;
   // Column blocks of 16: a warp's mma A fragment of block b over a 16-row slab of d holds d's
   // columns 16 b + g and 16 b + 8 + g (g = lane / 4) in rows 2 q, 2 q + 1, 2 q + 8 and 2 q + 9
   // (q = lane % 4), and so does the B fragment of the same columns (mma_16x8: A row-major, B

@@ -737,10 +737,10 @@ double estimated_us(const Problem& p, const Device& d, const KernelConfig& c, Ge
       // fj_input_stats instead of the statistics GEMM and fj_finalize (this orders the tuner's
       // candidates only: default_config skips these): ~10 us of grid barriers, sums and
       // columns beside reading x (22.3 and 18.7 us under ncu's clocks at 65536x256x64 and
-      // 16384x1024x64 bf16, H200: docs/performance.md). Phase 3 takes a CTA's columns eight at
-      // a time (a warp each); each further eight, ~1 us, is an estimate: no layer with more
-      // than one such round per CTA has been measured.
-      const double column_rounds = std::ceil(double(p.N) / (double(sms) * 8.0));
+      // 16384x1024x64 bf16, H200: docs/performance.md). Phase 3 takes a CTA's columns
+      // kInputStatsWarps at a time (a warp each); each further round, ~1 us, is an estimate: no
+      // layer with more than one such round per CTA has been measured.
+      const double column_rounds = std::ceil(double(p.N) / (double(sms) * fj::kInputStatsWarps));
       us += 10.0 + x_bytes / 2.5e12 * 1e6 + (column_rounds - 1.0) * 1.0;
     } else if (c.recompute) {
       us += 3.0 + waves * (wave_us + 2.0 * sharing) + 3.0;

@@ -106,14 +106,14 @@ RunShape run_shape(const PlanCore& c, std::int64_t rows, const WorkspaceLayout& 
   r.grid_sync = s.grid_sync;
   if (s.grid_sync) r.resident_grid = resident_grid(c.config, c.problem.N, rows, c.resident_tiles);
   r.overlap = s.overlap;
-  // fj_input_stats: a CTA per kInputStatsCtaRows rows, or per eight columns (phase 3 takes a
-  // column a warp) where that is more (4096x4096x64 on 32 CTAs, one per 128 rows, took 128
-  // columns a CTA: 0.058 ms against recompute's 0.032), up to what the device holds at once.
+  // fj_input_stats: a CTA per kInputStatsCtaRows rows, or per kInputStatsWarps columns (phase
+  // 3 takes a column a warp) where that is more (4096x4096x64 on 32 CTAs, one per 128 rows,
+  // took 128 columns a CTA: 0.058 ms against recompute's 0.032), up to what the device holds.
   if (s.input_stats)
     r.input_stats_grid = static_cast<unsigned>(std::min<std::int64_t>(
         c.input_stats_ctas,
         std::max<std::int64_t>((rows + fj::kInputStatsCtaRows - 1) / fj::kInputStatsCtaRows,
-                               (c.problem.N + 7) / 8)));
+                               (c.problem.N + fj::kInputStatsWarps - 1) / fj::kInputStatsWarps)));
   if (s.pad) {
     // One thread per 16-byte unit of W's and x's padded rows, in at most 8 blocks per SM (the
     // kernel's grid-stride loop takes the rest).

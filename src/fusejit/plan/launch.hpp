@@ -53,7 +53,7 @@ struct RunShape {
   // KernelSchedule::overlap: fj_gemm goes out alone as a cooperative launch and applies y itself.
   bool overlap = false;
   // KernelSchedule::input_stats: fj_input_stats' cooperative grid (0: not launched), one CTA
-  // per kInputStatsCtaRows rows or per eight columns, whichever is more, up to
+  // per kInputStatsCtaRows rows or per kInputStatsWarps columns, whichever is more, up to
   // PlanCore::input_stats_ctas.
   unsigned input_stats_grid = 0;
   WorkspaceLayout workspace;  // the plan's: sized for its M, of which a run uses a prefix
