@@ -121,4 +121,12 @@ __device__ __forceinline__ Affine train_column(const Params& p, int n, float mea
                                static_cast<float>(rows_of<Spec>(p)));
 }
 
+// A train column's folded affine and batch mean of a, where the WS_AFFINE epilogues and fj_apply
+// read them (p.ws_coef's {A, B, mean_a, -}: eval_affine, eval_saved_offset). One writer per
+// column per run.
+__device__ __forceinline__ void store_column_coefficients(const Params& p, int n, const Affine& f,
+                                                          float mean_a) {
+  reinterpret_cast<float4*>(p.ws_coef)[n] = make_float4(f.a, f.b, mean_a, 0.f);
+}
+
 }  // namespace fj

@@ -65,7 +65,7 @@ __device__ void bn_finalize(const Params& p) {
   if (!merge_column_partials<Spec>(p, n, cnt, mean, m2)) return;
   const Affine f = train_column<Spec>(p, n, mean, m2 / static_cast<float>(rows_of<Spec>(p)),
                                       momentum_factor<Spec>(p), true);
-  reinterpret_cast<float4*>(p.ws_coef)[n] = make_float4(f.a, f.b, mean, 0.f);
+  store_column_coefficients(p, n, f, mean);
 }
 
 }  // namespace fj

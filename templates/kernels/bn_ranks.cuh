@@ -57,7 +57,7 @@ __device__ void bn_rank_finalize(const Params& p) {
   // normalized with them. PyTorch raises here; a kernel after the exchange cannot.
   if (cnt == 0.f) mean = __int_as_float(0x7fc00000);
   const Affine f = train_column_of<Spec>(p, n, mean, m2 / cnt, momentum_factor<Spec>(p), true, cnt);
-  reinterpret_cast<float4*>(p.ws_coef)[n] = make_float4(f.a, f.b, mean, 0.f);
+  store_column_coefficients(p, n, f, mean);
 }
 
 }  // namespace fj

@@ -643,7 +643,7 @@ struct InputStats {
                                 float var_a, float factor) {
     const Affine f = train_column_of<Spec>(p, cp, n, mean_a, var_a, factor, true,
                                            static_cast<float>(rows_of<Spec>(p)));
-    reinterpret_cast<float4*>(p.ws_coef)[n] = make_float4(f.a, f.b, mean_a, 0.f);
+    store_column_coefficients(p, n, f, mean_a);
   }
 
   // Phase 4: the flagged columns' statistics from a = x w_n itself, in fp32 on the CUDA cores

@@ -333,7 +333,7 @@ struct OverlapApplyOps {
       }
       if (live && g == 0) {
         const Affine f = train_column<Spec>(p, n, mean, m2 / rows, factor, true);
-        reinterpret_cast<float4*>(p.ws_coef)[n] = make_float4(f.a, f.b, mean, 0.f);
+        store_column_coefficients(p, n, f, mean);
       }
     }
     sync<BAR, THREADS>();  // every column's writes before the count's release
