@@ -48,6 +48,17 @@ __device__ __forceinline__ unsigned to_tf32(unsigned f32_bits) {
                                                                          : f32_bits;
 }
 
+// The value a tf32 product takes for the fp32 operand v: v rounded to nearest (to_tf32, where
+// the kernel rounds its fragments) or its raw bits with the low 13 mantissa bits ignored (where
+// the tensor core reads them as they are: warpspec's TMA-loaded stages). For code that must
+// agree with a GEMM's products without running them (InputStats' statistics of x W^T). Inf and
+// NaN are left as they are.
+__device__ __forceinline__ float tf32_operand_value(float v, bool rounded) {
+  const unsigned bits = __float_as_uint(v);
+  if (!(fabsf(v) < __uint_as_float(0x7f800000u))) return v;
+  return __uint_as_float((rounded ? to_tf32(bits) : bits) & 0xffffe000u);
+}
+
 // 3xTF32 (kMathTf32x3): x = big + small, big = x rounded to tf32 (nearest, exactly the value
 // the tensor core multiplies) and small = x - big, exact in fp32 (big keeps x's leading 11
 // bits), returned through to_tf32 so the core rounds it to nearest too. big * big + big * small

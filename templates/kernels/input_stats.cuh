@@ -69,7 +69,8 @@ __device__ __forceinline__ constexpr float input_stats_cancellation_limit() {
     return 16384.f;
 }
 
-template <class Spec>
+// Gemm: the affine GEMM the statistics feed (its kTf32Rounded).
+template <class Spec, class Gemm>
 struct InputStats {
   using T = typename Spec::T;
   static constexpr int K = Spec::K;
@@ -194,6 +195,18 @@ struct InputStats {
     return ((u * 2 + half) * 4 + reg) * 32 + lane;
   }
 
+  // An element of x or W as the affine GEMM multiplies it: in tf32 rounded to nearest or
+  // truncated as that kernel's products take it (Gemm::kTf32Rounded), so that the statistics
+  // are those of the a it normalizes. Taken at full fp32 precision, a truncating GEMM's a is
+  // ~2^-10 of |a| smaller than the W xbar they give, a shift of y that grows with the column's
+  // mean over its spread. tf32 products of these values are exact in fp32, as 16-bit ones are.
+  __device__ static float operand(T v) {
+    if constexpr (Spec::MATH == kMathTf32)
+      return tf32_operand_value(to_float(v), Gemm::kTf32Rounded);
+    else
+      return to_float(v);
+  }
+
   // Issues the loads of this lane's elements of the slab at `row0` into `raw`, from clamped
   // addresses (every load goes out; loads under a condition went out one at a time: ncu, 87 us
   // at 65536x256x64 bf16 in this kernel's first build).
@@ -211,8 +224,8 @@ struct InputStats {
                                 int row0, int e, float& d0, float& d1) {
     const int b = e / 8, side = (e / 2) % 2;
     const bool col_ok = elem_col(e) < K;
-    d0 = col_ok && row0 + elem_row(e) < m ? to_float(raw[e]) - shift[b][side] : 0.f;
-    d1 = col_ok && row0 + elem_row(e + 1) < m ? to_float(raw[e + 1]) - shift[b][side] : 0.f;
+    d0 = col_ok && row0 + elem_row(e) < m ? operand(raw[e]) - shift[b][side] : 0.f;
+    d1 = col_ok && row0 + elem_row(e + 1) < m ? operand(raw[e + 1]) - shift[b][side] : 0.f;
   }
 
   // The pair (lo, hi) rounded to P and packed as an mma register (pack2), and what the rounding
@@ -327,7 +340,7 @@ struct InputStats {
 #pragma unroll
     for (int i = 0; i < kLoads; ++i)
       if (grp + i * kColGroups < valid && col < K) {
-        const float v = to_float(first[i]);
+        const float v = operand(first[i]);
         s1 += v;
         s2 += v * v;
       }
@@ -353,10 +366,10 @@ struct InputStats {
     __syncthreads();
   }
 
-  // Element t of W's row n as a float (0 past K).
+  // Element t of W's row n as the GEMM multiplies it (0 past K).
   __device__ static float w_row(const Params& p, int n, int t) {
     const T* wt = static_cast<const T*>(p.w);
-    return t < K ? to_float(wt[static_cast<long long>(n) * Spec::LDW + t]) : 0.f;
+    return t < K ? operand(wt[static_cast<long long>(n) * Spec::LDW + t]) : 0.f;
   }
 
   // Phase 3's warp per column: lane l holds W's elements l, l + 32, ... of the column's row.
@@ -648,10 +661,10 @@ struct InputStats {
   }
 
   // Phase 4: the flagged columns' statistics from a = x w_n itself, in fp32 on the CUDA cores
-  // (the products of 16-bit values exact; fp32 x's rounded once each, as phase 1's three parts
-  // keep them), as sums of a - mean_a (phase 3's W xbar, which a cancelling quadratic form does
-  // not disturb: the shift only keeps the squares small), a thread's rows in order, then its
-  // warp by a butterfly, its group's warps and the CTAs in order. Rounds of
+  // (the products of 16-bit and tf32 operands exact; strict fp32's and 3xTF32's rounded once
+  // each, as phase 1's three parts keep them), as sums of a - mean_a (phase 3's W xbar, which a
+  // cancelling quadratic form does not disturb: the shift only keeps the squares small), a thread's
+  // rows in order, then its warp by a butterfly, its group's warps and the CTAs in order. Rounds of
   // kInputStatsFallbackCols columns: each CTA adds its 64-row chunks of x for the round's
   // columns into its partial, a grid barrier, and each of the round's columns merged and
   // recorded by one CTA.
@@ -682,7 +695,7 @@ struct InputStats {
         for (int e = t; e < kFbRows * KP; e += kThreads) {
           const int rr = e / KP, k = e % KP, xr = chunk * kFbRows + rr;
           sh.u.fb.x[rr][k] =
-              xr < m && k < K ? to_float(x[static_cast<long long>(xr) * Spec::LDX + k]) : 0.f;
+              xr < m && k < K ? operand(x[static_cast<long long>(xr) * Spec::LDX + k]) : 0.f;
         }
         __syncthreads();
         if (chunk * kFbRows + row >= m) continue;

@@ -29,6 +29,9 @@ struct TiledGemm {
   using Operands = LinearOperands<Spec>;
   using Mainloop = typename Select<Spec::MATH == kMathSimtFp32, SimtFp32Mainloop<Operands>,
                                    TiledMmaMainloop<Operands>>::type;
+  // Whether tf32 operands are rounded before their products (TiledMmaMainloop's TF32_ROUND) or
+  // truncated by the tensor core: fj_input_stats takes x and W as these products do.
+  static constexpr bool kTf32Rounded = detail::Tf32Round<Operands>::value;
   using Epilogue = BnEpilogue<Spec, Spec::THREADS>;
   using Tile = AccTile<Spec::BM, Spec::BN>;
   // Tile counts are (D + T - 1) / T in int (Problem::validate, KernelConfig::why_invalid).

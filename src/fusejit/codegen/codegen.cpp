@@ -278,8 +278,11 @@ KernelSource generate(const Problem& p, const KernelConfig& c) {
       t += "extern \"C\" __global__ void __launch_bounds__(fj::kPadThreads)\n"
            "fj_pad_operands(const fj::Params p) { fj::pad_operands<Spec>(p); }\n";
     } else if (k == "fj_input_stats") {
-      t += "extern \"C\" __global__ void __launch_bounds__(fj::kInputStatsThreads, 1)\n"
-           "fj_input_stats(const fj::Params p) { fj::InputStats<Spec>::run(p); }\n";
+      // The affine GEMM's type: in tf32 the statistics take x and W rounded as its products do.
+      t += fmt::format(
+          "extern \"C\" __global__ void __launch_bounds__(fj::kInputStatsThreads, 1)\n"
+          "fj_input_stats(const fj::Params p) {{ fj::InputStats<Spec, {}>::run(p); }}\n",
+          gemm_affine);
     } else if (k == "fj_bump") {
       t += "extern \"C\" __global__ void fj_bump(const fj::Params p) { fj::bump_batches(p); }\n";
     }
