@@ -48,15 +48,22 @@ __device__ __forceinline__ unsigned to_tf32(unsigned f32_bits) {
                                                                          : f32_bits;
 }
 
-// The value a tf32 product takes for the fp32 operand v: v rounded to nearest (to_tf32, where
-// the kernel rounds its fragments) or its raw bits with the low 13 mantissa bits ignored (where
-// the tensor core reads them as they are: warpspec's TMA-loaded stages). For code that must
-// agree with a GEMM's products without running them (InputStats' statistics of x W^T). Inf and
-// NaN are left as they are.
-__device__ __forceinline__ float tf32_operand_value(float v, bool rounded) {
+// How a tf32 GEMM takes its fp32 operands: rounded to nearest with ties away from zero (to_tf32:
+// the tiled kernel's fragments), to nearest with ties to even (the copy engine, loading through
+// a CU_TENSOR_MAP_DATA_TYPE_TFLOAT32 map: warpspec's stages; seen on H200 at the ties), or
+// truncated (raw bits, the low 13 mantissa bits ignored by the tensor core).
+enum class Tf32Rounding { nearest_away, nearest_even, truncate };
+
+// The value a tf32 product takes for the fp32 operand v under `r`, for code that must agree
+// with a GEMM's products without running them (InputStats' statistics of x W^T). Inf and NaN
+// are left as they are.
+__device__ __forceinline__ float tf32_operand_value(float v, Tf32Rounding r) {
   const unsigned bits = __float_as_uint(v);
   if (!(fabsf(v) < __uint_as_float(0x7f800000u))) return v;
-  return __uint_as_float((rounded ? to_tf32(bits) : bits) & 0xffffe000u);
+  const unsigned up = r == Tf32Rounding::nearest_away   ? 0x1000u
+                      : r == Tf32Rounding::nearest_even ? 0x0fffu + ((bits >> 13) & 1u)
+                                                        : 0u;
+  return __uint_as_float((bits + up) & 0xffffe000u);
 }
 
 // 3xTF32 (kMathTf32x3): x = big + small, big = x rounded to tf32 (nearest, exactly the value

@@ -69,7 +69,7 @@ __device__ __forceinline__ constexpr float input_stats_cancellation_limit() {
     return 16384.f;
 }
 
-// Gemm: the affine GEMM the statistics feed (its kTf32Rounded).
+// Gemm: the affine GEMM the statistics feed (its kTf32Rounding).
 template <class Spec, class Gemm>
 struct InputStats {
   using T = typename Spec::T;
@@ -195,14 +195,15 @@ struct InputStats {
     return ((u * 2 + half) * 4 + reg) * 32 + lane;
   }
 
-  // An element of x or W as the affine GEMM multiplies it: in tf32 rounded to nearest or
-  // truncated as that kernel's products take it (Gemm::kTf32Rounded), so that the statistics
-  // are those of the a it normalizes. Taken at full fp32 precision, a truncating GEMM's a is
-  // ~2^-10 of |a| smaller than the W xbar they give, a shift of y that grows with the column's
-  // mean over its spread. tf32 products of these values are exact in fp32, as 16-bit ones are.
+  // An element of x or W as the affine GEMM multiplies it: in tf32 rounded as that kernel's
+  // products take it (Gemm::kTf32Rounding), so that the statistics are those of the a it
+  // normalizes. Taken at full fp32 precision, they missed it where tf32's rounding is large
+  // against a column's spread: x ~ 1000 + N(0, 1), whose tf32 steps are 0.5, shifted y by 17%
+  // (input_stats_test, H200). tf32 products of these values are exact in fp32, as 16-bit ones
+  // are.
   __device__ static float operand(T v) {
     if constexpr (Spec::MATH == kMathTf32)
-      return tf32_operand_value(to_float(v), Gemm::kTf32Rounded);
+      return tf32_operand_value(to_float(v), Gemm::kTf32Rounding);
     else
       return to_float(v);
   }

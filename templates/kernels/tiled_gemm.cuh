@@ -29,9 +29,10 @@ struct TiledGemm {
   using Operands = LinearOperands<Spec>;
   using Mainloop = typename Select<Spec::MATH == kMathSimtFp32, SimtFp32Mainloop<Operands>,
                                    TiledMmaMainloop<Operands>>::type;
-  // Whether tf32 operands are rounded before their products (TiledMmaMainloop's TF32_ROUND) or
+  // tf32 operands rounded before their products (TiledMmaMainloop's TF32_ROUND, to_tf32) or
   // truncated by the tensor core: fj_input_stats takes x and W as these products do.
-  static constexpr bool kTf32Rounded = detail::Tf32Round<Operands>::value;
+  static constexpr Tf32Rounding kTf32Rounding =
+      detail::Tf32Round<Operands>::value ? Tf32Rounding::nearest_away : Tf32Rounding::truncate;
   using Epilogue = BnEpilogue<Spec, Spec::THREADS>;
   using Tile = AccTile<Spec::BM, Spec::BN>;
   // Tile counts are (D + T - 1) / T in int (Problem::validate, KernelConfig::why_invalid).

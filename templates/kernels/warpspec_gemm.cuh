@@ -95,9 +95,9 @@ struct WarpspecGemm {
   // consumers issue three wgmma per k-step where tf32 issues one, and add each slice's products
   // to the tile's sums in fp32 themselves.
   static constexpr bool kSplit3 = Spec::MATH == kMathTf32x3;
-  // tf32: wgmma reads the stages' fp32 bits as TMA wrote them, its top 19 bits (truncated toward
-  // zero; fj_input_stats takes x and W as these products do).
-  static constexpr bool kTf32Rounded = false;
+  // tf32: the copy engine rounds x and W as it loads them (the host's TFLOAT32 tensor maps:
+  // to nearest, ties to even); fj_input_stats takes them as these products do.
+  static constexpr Tf32Rounding kTf32Rounding = Tf32Rounding::nearest_even;
   // x and W come through TMA (16-byte aligned rows: the host's tensor maps check, and
   // KernelConfig::pad_operands copies rows that are not); VEC_BYTES is y's and saved's store
   // width, which TMA stores need whole.
