@@ -269,6 +269,63 @@ TEST_CASE("input_stats: columns that cancel take their statistics from a itself"
   }
 }
 
+TEST_CASE("input_stats: each tf32 GEMM rounds x and W as its kTf32Rounding says") {
+  // fj_input_stats rounds x and W as Gemm::kTf32Rounding names (common/mma.cuh): the tiled
+  // kernel to nearest with ties away (to_tf32), warpspec's TFLOAT32 tensor maps to nearest with
+  // ties to even. An eval run shows what the GEMM does: x[r][0] = 1 + r 2^-17 against w[0][0] =
+  // 1, and x[r][1] = 1 against w[n][1] = 1 + n 2^-17, so y[r][0] / y[0][0] and y[0][n] /
+  // y[0][0] are x's and W's values as multiplied (r, n < 128 span one tf32 step, 2^-10, with
+  // its tie at 64).
+  const Device dev = Device::current();
+  const SweepCase c = parse_sweep_line("128x128x32 tf32 eval");
+  struct Rounds {
+    const char* key;
+    bool hopper;
+    bool ties_even;
+  };
+  constexpr Rounds kRounds[] = {{"warpspec.128x128x32.c2.s6.g8.cl1.p1", true, true},
+                                {"tiled.128x128x32.w2x4.s3.g8", false, false}};
+  for (const Rounds& k : kRounds) {
+    if (k.hopper && !on_hopper()) continue;
+    const std::string key = k.key;
+    CAPTURE(key);
+    const KernelConfig cfg = KernelConfig::parse(k.key);
+    REQUIRE_MESSAGE(cfg.valid_for(c.problem, dev), cfg.why_invalid(c.problem, dev));
+    CaseInputs in = make_case_inputs(c);
+    const std::int64_t M = c.problem.M, N = c.problem.N, K = c.problem.K;
+    const std::int64_t ldx = c.problem.lda_x(), ldw = c.problem.lda_w();
+    const float step = std::ldexp(1.f, -17);
+    for (std::int64_t r = 0; r < M; ++r)
+      for (std::int64_t kk = 0; kk < K; ++kk)
+        in.x.set(static_cast<std::size_t>(r * ldx + kk),
+                 kk == 0 ? 1.f + static_cast<float>(r) * step : (kk == 1 ? 1.f : 0.f));
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t kk = 0; kk < K; ++kk) {
+        float v = 0.f;
+        if (kk == 0 && n == 0) v = 1.f;
+        if (kk == 1 && n > 0) v = 1.f + static_cast<float>(n) * step;
+        in.w.set(static_cast<std::size_t>(n * ldw + kk), v);
+      }
+    for (std::int64_t n = 0; n < N; ++n) {
+      const auto i = static_cast<std::size_t>(n);
+      in.bias.set(i, 0.f), in.scale.set(i, 1.f), in.gamma.set(i, 1.f), in.beta.set(i, 0.f);
+      in.running_mean.set(i, 0.f), in.running_var.set(i, 1.f);
+    }
+    const fusejit::test::PoisonedRun run = fusejit::test::run_poisoned(
+        fusejit::test::forced_plan(c.problem, cfg, false), in, M, false);
+    const std::vector<double>& y = run.out.y;
+    // The value of 1 + i 2^-17 as multiplied, in tf32 steps above 1.
+    const auto expected = [&](std::int64_t i) {
+      return i > 64 || (i == 64 && !k.ties_even) ? 1.0 : 0.0;
+    };
+    for (std::int64_t i = 1; i < 128; ++i) {
+      CAPTURE(i);
+      CHECK(std::round((y[static_cast<std::size_t>(i * N)] / y[0] - 1.0) * 1024.0) == expected(i));
+      CHECK(std::round((y[static_cast<std::size_t>(i)] / y[0] - 1.0) * 1024.0) == expected(i));
+    }
+  }
+}
+
 TEST_CASE("input_stats: in tf32 the statistics are those of the GEMM's own products") {
   // A tf32 GEMM multiplies x and W rounded to tf32: the tiled kernel rounds them to nearest with
   // ties away, warpspec's copy engine to nearest with ties to even. Statistics from the operands
