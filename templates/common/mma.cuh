@@ -54,26 +54,32 @@ __device__ __forceinline__ unsigned to_tf32(unsigned f32_bits) {
 // truncated (raw bits, the low 13 mantissa bits ignored by the tensor core).
 enum class Tf32Rounding { nearest_away, nearest_even, truncate };
 
-// The value a tf32 product takes for the fp32 operand v under `r`, for code that must agree
-// with a GEMM's products without running them (InputStats' statistics of x W^T). Inf stays
-// Inf and NaN NaN.
-__device__ __forceinline__ float tf32_operand_value(float v, Tf32Rounding r) {
+// The value a tf32 product takes for the fp32 operand v under R, for code that must agree with
+// a GEMM's products without running them (InputStats' statistics of x W^T). Inf stays Inf; a
+// NaN stays NaN unless its payload lies in the low 13 bits alone, which the tensor core too
+// reads as Inf.
+template <Tf32Rounding R>
+__device__ __forceinline__ float tf32_operand_value(float v) {
+  if constexpr (R == Tf32Rounding::nearest_even) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // sm_90's conversion: with the bit arithmetic below fj_input_stats issued 25% more
-  // instructions than unrounded and took 0.0574 ms against 0.0520 at 65536x256x64 tf32, with
-  // the conversion 6% more and 0.0525 (H200).
-  if (r == Tf32Rounding::nearest_even) {
+    // One conversion: the same rounding in bit arithmetic (six integer instructions) made the
+    // 65536x256x64 tf32 `.cv` run take 0.0574 ms against 0.0520 unrounded (fj_input_stats 33.0
+    // us against 26.7 under ncu, 25% more instructions), the conversion 0.0525 (27.7 us, 6%
+    // more; H200).
     unsigned t;
     asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(t) : "f"(v));
     return __uint_as_float(t & 0xffffe000u);
-  }
+#elif defined(__CUDA_ARCH__)
+    // Only warpspec's copy engine rounds ties to even, and warpspec is sm_90 only.
+    static_assert(R != Tf32Rounding::nearest_even, "tf32 ties to even: sm_90 and later");
+#else
+    return v;  // a host pass, which never runs device code
 #endif
-  const unsigned bits = __float_as_uint(v);
-  if (!(fabsf(v) < __uint_as_float(0x7f800000u))) return v;
-  const unsigned up = r == Tf32Rounding::nearest_away   ? 0x1000u
-                      : r == Tf32Rounding::nearest_even ? 0x0fffu + ((bits >> 13) & 1u)
-                                                        : 0u;
-  return __uint_as_float((bits + up) & 0xffffe000u);
+  } else if constexpr (R == Tf32Rounding::nearest_away) {
+    return __uint_as_float(to_tf32(__float_as_uint(v)) & 0xffffe000u);
+  } else {
+    return __uint_as_float(__float_as_uint(v) & 0xffffe000u);
+  }
 }
 
 // 3xTF32 (kMathTf32x3): x = big + small, big = x rounded to tf32 (nearest, exactly the value

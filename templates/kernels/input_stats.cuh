@@ -203,7 +203,7 @@ struct InputStats {
   // are.
   __device__ static float operand(T v) {
     if constexpr (Spec::MATH == kMathTf32)
-      return tf32_operand_value(to_float(v), Gemm::kTf32Rounding);
+      return tf32_operand_value<Gemm::kTf32Rounding>(to_float(v));
     else
       return to_float(v);
   }

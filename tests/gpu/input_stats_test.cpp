@@ -9,9 +9,10 @@
 //    takes their difference) is flagged, and its statistics then come from a itself, inside
 //    the kernel (the statistics GEMM still does not run): float64's results, with one flagged
 //    column and with 130 (three of the fallback's rounds);
-//  - in tf32 the statistics are those of the values the GEMM multiplies (rounded or truncated
-//    to tf32 as its kernel takes them): recompute's twin agrees on large means and on unrounded
-//    cancelling columns;
+//  - in tf32 the statistics are those of the values the GEMM multiplies (rounded to tf32 as its
+//    kernel takes them, ties included): recompute's twin agrees on large means, on operands
+//    that all sit on tf32 ties, and on unrounded cancelling columns; and each GEMM rounds as
+//    its kTf32Rounding says;
 //  - a refused cooperative launch gives recompute's bits (its statistics GEMM ran);
 //  - runs of fewer rows than the plan's, and a captured run replayed with momentum=None.
 #include <doctest/doctest.h>
@@ -20,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -129,12 +131,29 @@ bool runs_here(const Keyed& k) {
   return !k.hopper || on_hopper();
 }
 
-// Feature 1 = feature 0 + 1e-3 noise (in 16-bit storage mostly rounded back to feature 0), and
-// W's rows 7, 8, ... (`count` of them) = (1 + n / 128) (e0 - e1): those columns of a have almost
-// none of the variance their weights and features suggest (a cancellation factor above 1e5,
-// past every dtype's limit), and fj_input_stats flags them. `tf32_values`: both features
-// rounded to tf32.
-void make_cancelling_columns(CaseInputs& in, int count, bool tf32_values) {
+// Every finite element of `t` (fp32 storage) moved onto the tie between its two nearest tf32
+// values: its tf32 rounding plus half a tf32 step, where the tie rules part.
+void place_on_tf32_ties(HostTensor& t) {
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    const float v = t.get(i);
+    if (!std::isfinite(v)) continue;
+    std::uint32_t bits;
+    const float r = round_to_tf32(v);
+    std::memcpy(&bits, &r, 4);
+    bits |= 0x1000u;
+    float tie;
+    std::memcpy(&tie, &bits, 4);
+    t.set(i, tie);
+  }
+}
+
+// Feature 1 = feature 0 + `noise` N(0, 1), and W's rows 7, 8, ... (`count` of them) =
+// (1 + n / 128) (e0 - e1): those columns of a have almost none of the variance their weights
+// and features suggest (a cancellation factor above 1e5 at noise 5e-3, past every dtype's
+// limit), and fj_input_stats flags them. Their scale is 1, so that z's variance is a's (a
+// random scale made some of them far smaller than eps). `tf32_values`: both features rounded
+// to tf32.
+void make_cancelling_columns(CaseInputs& in, int count, bool tf32_values, double noise) {
   const Problem& p = in.c.problem;
   std::mt19937_64 rng(in.seed + 1);
   std::normal_distribution<double> normal;
@@ -144,9 +163,10 @@ void make_cancelling_columns(CaseInputs& in, int count, bool tf32_values) {
     const float x0 = value(in.x.get(static_cast<std::size_t>(m * ldx)));
     in.x.set(static_cast<std::size_t>(m * ldx), x0);
     in.x.set(static_cast<std::size_t>(m * ldx + 1),
-             value(x0 + static_cast<float>(1e-3 * normal(rng))));
+             value(x0 + static_cast<float>(noise * normal(rng))));
   }
   for (std::int64_t n = 7; n < 7 + count; ++n) {
+    if (in.scale.size() > 0) in.scale.set(static_cast<std::size_t>(n), 1.f);
     const float f = 1.f + static_cast<float>(n) / 128.f;
     for (std::int64_t kk = 0; kk < p.K; ++kk)
       in.w.set(static_cast<std::size_t>(n * ldw + kk), kk == 0 ? f : (kk == 1 ? -f : 0.f));
@@ -253,18 +273,28 @@ TEST_CASE("input_stats: columns that cancel take their statistics from a itself"
       const KernelConfig cv = KernelConfig::parse(k.key);
       REQUIRE(cv.valid_for(c.problem, dev));
       // For fp32 storage both features are values of tf32, so that every dtype's GEMM forms
-      // those columns of a exactly (each product exact, one rounding of their difference), and
-      // float64's reference, which rounds tf32 operands to nearest with ties away, multiplies
-      // what the GEMM does: warpspec's copy engine breaks ties to even, and tf32's rounding
-      // alone is about half these columns' spread. The next case runs unrounded features
-      // against the GEMM's own statistics.
+      // those columns of a exactly (each product exact, one rounding of their difference) and
+      // float64's reference multiplies the same values however the GEMM breaks ties. The tf32
+      // case below runs unrounded features against the GEMM's own statistics.
+      // The noise 5e-3: at 1e-3 16-bit storage rounded most of it away, and in every dtype the
+      // columns' variance was below eps, which then set their normalization.
       CaseInputs in = make_case_inputs(c);
-      make_cancelling_columns(in, cancelling, storage_bytes(c.problem.dtype) == 4);
+      make_cancelling_columns(in, cancelling, storage_bytes(c.problem.dtype) == 4, 5e-3);
       const Outcome o = run_rows(fusejit::test::forced_plan(c.problem, cv, false), in, c.problem.M);
       CHECK(o.flag != 0u);
       CHECK(o.flagged == static_cast<unsigned>(cancelling));
       CHECK_MESSAGE(!o.gemm_statistics, "the statistics GEMM ran");
       check_against_float64(in, o.out, c.problem.M);
+      // The case's premise: the flagged columns' variance is above eps, so that their
+      // normalization tests the fallback's variances and not only its means.
+      const double eps = c.problem.eps;
+      double least_var = INFINITY;
+      for (int n = 7; n < 7 + cancelling; ++n) {
+        const double s = o.out.save_invstd[static_cast<std::size_t>(n)];
+        least_var = std::min(least_var, 1.0 / (s * s) - eps);
+      }
+      CAPTURE(least_var);
+      CHECK(least_var > eps);
     }
   }
 }
@@ -332,9 +362,10 @@ TEST_CASE("input_stats: in tf32 the statistics are those of the GEMM's own produ
   // at full precision miss the a the affine GEMM normalizes wherever tf32's rounding is large
   // against a column's spread (before the kernel rounded them: y 17% off at x ~ 1000 + N(0, 1),
   // H200). Recompute's twin takes its statistics from the same GEMM's products, so the two runs
-  // must agree far inside tf32's tolerance, on data where tf32's rounding is large against the
-  // spread: x ~ 1000 + N(0, 1) (x's tf32 steps are 0.5 there), and unrounded cancelling
-  // columns (flagged: the fallback's statistics).
+  // must agree, on data where tf32's rounding is large against the spread: x ~ 1000 + N(0, 1)
+  // (x's tf32 steps are 0.5 there); the same with every element of x and W on a tie between
+  // two tf32 values, where ties away and ties to even differ by a step in half of them; and
+  // unrounded cancelling columns (flagged: the fallback's statistics).
   const Device dev = Device::current();
   constexpr Keyed kTf32[] = {
       {"tf32", "warpspec.128x128x32.c2.s6.g8.cl1.p1.rc.cv", true},
@@ -345,22 +376,32 @@ TEST_CASE("input_stats: in tf32 the statistics are those of the GEMM's own produ
   // case, but ~2e-4 of y at the large means, where a column's mean is ~1000 of its deviations
   // and its rounding moves y by as many times more (H200). With the operands at full precision
   // (the kernel before this case) the large means gave 0.17 in y, 1.8e-4 in the means and
-  // 9e-3 in invstd, the cancelling columns 8.6e-3, 2e-4 and 1e-2.
+  // 9e-3 in invstd, the cancelling columns 8.6e-3, 2e-4 and 1e-2. The bounds: 2e-5 on the
+  // statistics; on y 1e-5 in the cancelling case, 2e-3 (tf32's tolerance, ten times the
+  // measured) at the large means.
   constexpr double kStats = 2e-5;
+  enum class Data { large_mean, ties, cancelling };
   for (const Keyed& k : kTf32) {
     if (!runs_here(k)) continue;
-    for (const bool cancelling : {false, true}) {
+    for (const Data data : {Data::large_mean, Data::ties, Data::cancelling}) {
       const SweepCase c = parse_sweep_line("3000x200x64 tf32 train");
       const std::string key = k.key;
       CAPTURE(key);
-      CAPTURE(cancelling);
+      const bool cancelling = data == Data::cancelling;
+      const int kind = static_cast<int>(data);
+      CAPTURE(kind);
       const KernelConfig cv = KernelConfig::parse(k.key);
       REQUIRE_MESSAGE(cv.valid_for(c.problem, dev), cv.why_invalid(c.problem, dev));
       CaseInputs in = make_case_inputs(c);
-      if (cancelling)
-        make_cancelling_columns(in, 130, false);
-      else
+      if (cancelling) {
+        make_cancelling_columns(in, 130, false, 1e-3);
+      } else {
         make_x_large_mean(in);
+        if (data == Data::ties) {
+          place_on_tf32_ties(in.x);
+          place_on_tf32_ties(in.w);
+        }
+      }
       CAPTURE(in.seed);
       const Outcome o = run_rows(fusejit::test::forced_plan(c.problem, cv, false), in, c.problem.M);
       const Outcome rc = run_rows(fusejit::test::forced_plan(c.problem, recompute_twin(cv), false),
