@@ -376,10 +376,10 @@ TEST_CASE("input_stats: in tf32 the statistics are those of the GEMM's own produ
   // case, but ~2e-4 of y at the large means, where a column's mean is ~1000 of its deviations
   // and its rounding moves y by as many times more (H200). With the operands at full precision
   // (the kernel before this case) the large means gave 0.17 in y, 1.8e-4 in the means and
-  // 9e-3 in invstd, the cancelling columns 8.6e-3, 2e-4 and 1e-2; with warpspec's tie rule
-  // declared as ties away, the ties gave 0.63, 7e-4 and 1.4e-2. The bounds: 2e-5 on the
-  // statistics; on y 1e-5 in the cancelling case, 2e-3 (tf32's tolerance, ten times the
-  // measured) at the large means.
+  // 9e-3 in invstd, the cancelling columns (random scales then) 8.6e-3, 2e-4 and 1e-2; with
+  // warpspec's tie rule declared as ties away, the ties gave 0.63, 7e-4 and 1.4e-2. The bounds:
+  // 2e-5 on the statistics; on y 1e-5 in the cancelling case, 2e-3 (tf32's tolerance, ten times
+  // the measured) at the large means.
   constexpr double kStats = 2e-5;
   enum class Data { large_mean, ties, cancelling };
   for (const Keyed& k : kTf32) {
