@@ -538,6 +538,31 @@ def test_import_fusejit_leaves_torch_alone():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@cuda_only
+def test_first_compile_after_importing_torch(tmp_path):
+    # A fresh process that imports torch first, then compiles a kernel set (an empty cache
+    # directory: NVRTC runs, and its ptxas report is parsed with std::regex) and checks the
+    # forward against float64. While libfusejit.so exported its libstdc++ instantiations, this
+    # process bound fusejit's std::regex calls to PyTorch's and died of a stack overflow in the
+    # first compile (H200; cmake/libfusejit.map). A subprocess, so that such a crash fails this
+    # test instead of ending the session.
+    code = "\n".join([
+        "import torch, fusejit.torch as fjt, layer_reference",
+        "ours, ref64 = layer_reference.pair(96, 80, torch.float32, 'cuda')",
+        "x = layer_reference.make_x(200, 96, 'rand', torch.float32, 'cuda')",
+        "err = layer_reference.rel_err(ours(x), ref64(x.double()))",
+        "assert err < 2e-5, err",
+        "print('ok', err)",
+    ])
+    env = dict(os.environ, FUSEJIT_CACHE_DIR=str(tmp_path))
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (os.path.dirname(__file__), env.get("PYTHONPATH")) if p)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert p.returncode == 0, f"exit {p.returncode}: {p.stderr[-3000:]}"
+    assert p.stdout.startswith("ok"), p.stdout
+    assert any(tmp_path.rglob("*.fjc")), "no kernel was compiled into the fresh cache"
+
+
 def test_functional_form_matches_module():
     M, K, N = 64, 48, 40
     ours, ref64 = pair(K, N)
