@@ -49,7 +49,7 @@ TIMING = ("GPU time, side by side: each system's calls captured once in a CUDA g
           "before capture), the graphs replayed in 7-31 rounds with every system once per "
           "round in a rotating order, each between CUDA events; the median per call over the "
           "rounds. Where capture fails, the calls themselves without a graph (detail says "
-          "so). Inputs fixed across calls (operands stay in L2 where they fit in its 50 MB); "
+          "so). Inputs fixed across calls (operands stay in L2 where they fit in its {l2_mb} MB); "
           "forward under torch.no_grad; train calls update running stats as a training step "
           "does")
 SYSTEMS = {
@@ -297,7 +297,9 @@ def cmd_measure(a):
         for dtype in split(a.backward_dtypes):
             backward.append(backward_entry(shape, dtype, dtype in split(a.compile_dtypes)))
     with open(a.out, "w") as f:
-        json.dump({"systems": SYSTEMS, "timing": TIMING, "forward": forward,
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        l2_mb = getattr(props, "L2_cache_size", 0) >> 20  # the timing text names this GPU's L2
+        json.dump({"systems": SYSTEMS, "timing": TIMING.format(l2_mb=l2_mb), "forward": forward,
                    "backward": backward}, f, indent=1)
 
 
