@@ -49,7 +49,7 @@ TIMING = ("GPU time, side by side: each system's calls captured once in a CUDA g
           "before capture), the graphs replayed in 7-31 rounds with every system once per "
           "round in a rotating order, each between CUDA events; the median per call over the "
           "rounds. Where capture fails, the calls themselves without a graph (detail says "
-          "so). Inputs fixed across calls (operands stay in L2 where they fit in its {l2_mb} MB); "
+          "so). Inputs fixed across calls (operands stay in L2 where they fit in its {l2}); "
           "forward under torch.no_grad; train calls update running stats as a training step "
           "does")
 SYSTEMS = {
@@ -299,7 +299,8 @@ def cmd_measure(a):
     with open(a.out, "w") as f:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         l2_mb = getattr(props, "L2_cache_size", 0) >> 20  # the timing text names this GPU's L2
-        json.dump({"systems": SYSTEMS, "timing": TIMING.format(l2_mb=l2_mb), "forward": forward,
+        l2 = f"{l2_mb} MB" if l2_mb else "L2"
+        json.dump({"systems": SYSTEMS, "timing": TIMING.format(l2=l2), "forward": forward,
                    "backward": backward}, f, indent=1)
 
 

@@ -548,16 +548,19 @@ def test_first_compile_after_importing_torch(tmp_path):
     # test instead of ending the session.
     code = "\n".join([
         "import torch, fusejit.torch as fjt, layer_reference",
+        "torch.backends.cuda.matmul.allow_tf32 = False",  # strict fp32, whatever the environment
         "ours, ref64 = layer_reference.pair(96, 80, torch.float32, 'cuda')",
         "x = layer_reference.make_x(200, 96, 'rand', torch.float32, 'cuda')",
         "err = layer_reference.rel_err(ours(x), ref64(x.double()))",
         "assert err < 2e-5, err",
         "print('ok', err)",
     ])
-    env = dict(os.environ, FUSEJIT_CACHE_DIR=str(tmp_path))
+    env = dict(os.environ, FUSEJIT_CACHE_DIR=str(tmp_path), FUSEJIT_AUTOTUNE="0")
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (os.path.dirname(__file__), env.get("PYTHONPATH")) if p)
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    # faulthandler: a crash leaves the Python stack in stderr.
+    p = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], env=env,
+                       capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, f"exit {p.returncode}: {p.stderr[-3000:]}"
     assert p.stdout.startswith("ok"), p.stdout
     assert any(tmp_path.rglob("*.fjc")), "no kernel was compiled into the fresh cache"
