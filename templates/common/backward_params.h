@@ -36,10 +36,10 @@ struct BackwardParams {
   float* ws_dy_partials;  // [slabs][N] x {sum dy, sum dy c} (train) or {sum dy, sum dy zh} (eval)
   float* ws_dz_partials;  // eval: [slabs][N] x {sum dz, sum dz u}
   float* ws_coef;         // train: [N] x da's {A, B, C, 0} (kernels/bn_backward.cuh, backward_da)
-  void* ws_da;            // [m][N], T: da, the operand of both gradient GEMMs; null: not needed
-  int m;                  // rows of this run
-  int slabs;              // ceil(m / slab_rows): the host's split (backward_slabs)
-  int slab_rows;          // a multiple of kBackwardRowThreads
+  void* ws_da;    // [m][Spec::LDDA], T: da, the operand of both gradient GEMMs; null: not needed
+  int m;          // rows of this run
+  int slabs;      // ceil(m / slab_rows): the host's split (backward_slabs)
+  int slab_rows;  // a multiple of kBackwardRowThreads
   float eps;
   int accumulate;  // != 0: the parameter gradients are added to what their buffers hold
 };

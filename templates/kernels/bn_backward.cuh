@@ -98,18 +98,26 @@ __device__ __forceinline__ void load_row(const void* base, long long row, int c,
   }
 }
 
-// da [m][N] (packed) from VEC floats.
+// da [m][LDDA] from VEC floats. Its rows are padded to 16 bytes (grad_da_row_elements) so that the
+// gradient GEMMs load them with TMA or 16-byte copies whatever N is. The GEMMs never use the
+// padding (TMA's bounds and the tiled loads' byte counts stop at N), but a 16-byte copy at a row's
+// end reads it: the thread that writes a row's last columns writes the padding as zeros, so no
+// load ever reads memory the run did not write.
 template <class Spec, int VEC>
 __device__ __forceinline__ void store_da(const BackwardParams& p, long long row, int c, int n_here,
                                          const float (&v)[VEC]) {
   using T = typename Spec::T;
-  T* dst = static_cast<T*>(p.ws_da) + row * Spec::N + c;
-  // da is packed: its rows are 16-byte aligned only when N is a multiple of VEC.
-  if (n_here == VEC && Spec::N % VEC == 0) {
+  static_assert(Spec::LDDA >= Spec::N && Spec::LDDA * sizeof(T) % 16 == 0,
+                "da's rows are N padded to 16 bytes");
+  T* dst = static_cast<T*>(p.ws_da) + row * Spec::LDDA + c;
+  if (n_here == VEC) {
     store_vec<T, VEC>(dst, v);
   } else {
     for (int j = 0; j < n_here; ++j) dst[j] = from_float<T>(v[j]);
   }
+  if constexpr (Spec::LDDA > Spec::N)
+    if (c + n_here == Spec::N)
+      for (int j = n_here; j < n_here + Spec::LDDA - Spec::N; ++j) dst[j] = from_float<T>(0.f);
 }
 
 template <class Spec>

@@ -103,7 +103,9 @@ struct GradWgmma {
   static_assert(G::ROWS >= 0 && G::ROWS <= kMaxDim && G::COLS >= 1 && G::COLS <= kMaxDim &&
                     G::RED >= 0 && G::RED <= kMaxDim,
                 "ROWS, COLS and RED must be at most kMaxDim (common/limits.h), COLS positive");
-  static_assert(LDC >= COLS && LDC % 2 == 0, "LDC must cover COLS and keep column pairs aligned");
+  static_assert(
+      LDC >= COLS && (LDC % 2 == 0 || G::VEC_BYTES < 2 * static_cast<int>(sizeof(T))),
+      "LDC must cover COLS, and keep column pairs aligned where they are stored as pairs");
   static_assert(BN == 64 || BN == 128 || BN == 192 || BN == 256, "grad wgmma: BN in {64..256}");
   static_assert(BK <= 256, "grad wgmma: a TMA box has at most 256 rows");
   static constexpr int kWgM = BM / CONSUMERS;  // rows of a tile one consumer owns
@@ -333,14 +335,19 @@ struct GradWgmma {
     });
   }
 
-  // C = (or +=) the fragment, a pair of T per store (one element at an odd COLS's end).
+  // C = (or +=) the fragment, a pair of T per store (one element at an odd COLS's end), or each
+  // element alone where C's rows are aligned to one element only (VEC_BYTES: an odd LDC in a
+  // 16-bit type, whose operands the GEMM reads from padded copies).
   __device__ __forceinline__ static void store(const GemmParams& p, const Acc& acc, int m0, int n0,
                                                int rows, int wtid) {
     T* const out = static_cast<T*>(p.c);
     const bool accumulate = p.accumulate != 0;
     for_each_pair(acc, m0, n0, rows, wtid, [&](int r, int col, float v0, float v1) {
       T* const dst = out + static_cast<long long>(r) * LDC + col;
-      if constexpr (sizeof(T) == 4) {
+      if constexpr (G::VEC_BYTES < 2 * static_cast<int>(sizeof(T))) {
+        dst[0] = from_float<T>(v0 + (accumulate ? to_float(dst[0]) : 0.f));
+        if (col + 1 < COLS) dst[1] = from_float<T>(v1 + (accumulate ? to_float(dst[1]) : 0.f));
+      } else if constexpr (sizeof(T) == 4) {
         if (COLS % 2 == 0 || col + 1 < COLS) {
           float2 v = make_float2(v0, v1);
           if (accumulate) {

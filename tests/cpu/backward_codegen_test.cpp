@@ -161,12 +161,11 @@ TEST_CASE("the gradient GEMMs copy da at its own width, W, x and C at the layer'
     int da, layer;
   };
   for (const Case& c : {
-           // K odd in bf16: x's and W's rows 4-byte aligned, da's (N = 1536) 16.
+           // K odd in bf16: x's and W's rows 4-byte aligned, da's 16.
            Case{"777x1536x2050 bf16 train", 16, 4},
-           // N = 1502 limits da's rows and, through y's, the layer's promise as well.
-           Case{"777x1502x2048 bf16 train", 4, 4},
-           // Padded rows of y: the layer stays 16-byte aligned while da's rows (N = 70) are not.
-           Case{"300x70x40 bf16 train ldx=48 ldw=48 ldy=72", 4, 16},
+           // N = 1502 limits, through y's rows, the layer's promise; da's rows are padded to 1504.
+           Case{"777x1502x2048 bf16 train", 16, 4},
+           Case{"300x70x40 bf16 train ldx=48 ldw=48 ldy=72", 16, 16},
            Case{"300x72x40 tf32 eval", 16, 16},
        }) {
     CAPTURE(c.line);
@@ -183,6 +182,25 @@ TEST_CASE("the gradient GEMMs copy da at its own width, W, x and C at the layer'
     REQUIRE(dw != std::string::npos);
     CHECK(text.find(widths, dx) < dw);
     CHECK(text.find(widths, dw) != std::string::npos);
+  }
+  // da's rows are N padded to 16 bytes, in the Spec fj_bwd_da writes by, the GEMMs' LDA and the
+  // workspace.
+  struct Padded {
+    const char* line;
+    std::int64_t ld;
+  };
+  for (const Padded& c : {Padded{"300x66x40 bf16 train", 72}, Padded{"300x66x40 tf32 eval", 68},
+                          Padded{"300x72x40 fp16 train", 72}}) {
+    CAPTURE(c.line);
+    const Problem p = parse_sweep_line(c.line).problem;
+    const std::int64_t ld = grad_da_row_elements(p);
+    CHECK(ld == c.ld);
+    const std::string text = generate_backward(p, tiled).text;
+    CHECK(text.find(fmt::format("LDDA = {},", ld)) != std::string::npos);
+    CHECK(text.find(fmt::format("LDA = {}, LDB", ld)) != std::string::npos);
+    const BackwardWorkspace w = backward_workspace(p, tiled, 300);
+    CHECK(w.total >=
+          w.da_offset + std::size_t{300} * static_cast<std::size_t>(ld) * storage_bytes(p.dtype));
   }
 }
 
@@ -209,31 +227,47 @@ TEST_CASE("tf32x3: BackwardPlan takes it; its gradient GEMMs are strict fp32's")
 TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compiles for sm_90a") {
   const Device hopper = Device::for_arch("sm_90a");
   const Problem p = parse_sweep_line("300x72x40 bf16 train").problem;
-  // The heuristic picks them on Hopper for 16-bit types with 16-byte aligned rows and tf32 with
-  // 8-byte aligned ones (N's 16-byte aligned), never elsewhere; tf32's read K-major copies
-  // with padded rows (grad_gemm_reads_copies), 16-bit ones the operands.
+  // The heuristic picks them on Hopper for 16-bit types and tf32, never elsewhere; tf32's read
+  // K-major copies with padded rows (grad_gemm_reads_copies), 16-bit ones the operands in place
+  // where their rows are 16-byte aligned and copies of x and W where not.
   CHECK(default_backward_config(p, hopper).dx.variant == Variant::warpspec);
   CHECK(default_backward_config(p, hopper).dw.variant == Variant::warpspec);
   CHECK(default_backward_config(p, Device::for_arch("sm_80")).dx.variant == Variant::tiled);
   CHECK(!grad_gemm_reads_copies(p, default_backward_config(p, hopper).dx));
+  // Copies of x and W (and tf32's of dA) for tf32, and for 16-bit layers whose rows TMA cannot
+  // load (N = 60: y's 120 bytes bound the one alignment promise; a padded x; odd K and N); a
+  // 16-bit dW reads dA in place, MN-major.
   for (const char* line :
-       {"300x72x40 tf32 train", "300x72x42 tf32 train",
-        "4096x4096x4096 tf32 train ldx=4098 ldw=4098" /* packed, it takes TMA stores */}) {
+       {"300x72x40 tf32 train", "300x72x42 tf32 train", "300x70x40 tf32 train",
+        "300x72x41 tf32 train",
+        "4096x4096x4096 tf32 train ldx=4098 ldw=4098" /* packed, it takes TMA stores */,
+        "300x60x40 bf16 train", "300x72x40 bf16 train ldx=44", "4097x4095x129 bf16 train",
+        "777x1536x2050 fp16 train"}) {
     CAPTURE(line);
     const Problem q = parse_sweep_line(line).problem;
+    const bool tf32 = q.dtype == DType::tf32;
     const BackwardConfig c = default_backward_config(q, hopper);
     CHECK(c.dx.variant == Variant::warpspec);
     CHECK(c.dw.variant == Variant::warpspec);
     CHECK(grad_gemm_reads_copies(q, c.dx));
     CHECK(grad_gemm_reads_copies(q, c.dw));
+    CHECK(grad_gemm_reads_da_copy(q, c.dw) == tf32);
     if (q.effective_alignment() < 16) CHECK((!c.dx.tma_store && !c.dw.tma_store));
     CHECK(backward_kernel_set(q, c) == std::vector<std::string>{"fj_bwd_reduce", "fj_bwd_coef",
                                                                 "fj_bwd_da", "fj_bwd_transpose",
                                                                 "fj_bwd_dx", "fj_bwd_dw"});
+    // dX reads both operands K-major (dA in place, W^T); dW reads x^T K-major and dA^T (tf32)
+    // or dA MN-major.
+    const std::string text = generate_backward(q, c).text;
+    const std::size_t dx = text.find("struct DxSpec"), dw = text.find("struct DwSpec");
+    REQUIRE(dx != std::string::npos);
+    REQUIRE(dw != std::string::npos);
+    CHECK(text.find("A_MN_MAJOR = false, B_MN_MAJOR = false", dx) < dw);
+    CHECK(text.find(tf32 ? "A_MN_MAJOR = false, B_MN_MAJOR = false"
+                         : "A_MN_MAJOR = true, B_MN_MAJOR = false",
+                    dw) != std::string::npos);
   }
-  for (const char* line :
-       {"300x72x40 tf32x3 train", "300x60x40 bf16 train", "300x72x40 fp32 eval",
-        "300x72x40 bf16 eval ldx=44", "300x70x40 tf32 train", "300x72x41 tf32 train"}) {
+  for (const char* line : {"300x72x40 tf32x3 train", "300x72x40 fp32 eval"}) {
     CAPTURE(line);
     const Problem q = parse_sweep_line(line).problem;
     const BackwardConfig c = default_backward_config(q, hopper);
@@ -317,18 +351,22 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
   CHECK(
       why(parse_sweep_line("300x72x40 tf32x3 train").problem, "warpspec.128x128x32.c2.s5.g8.cl1.p1")
           .find("strict fp32") != std::string::npos);
+  // da's rows are padded, and x and W copied into padded rows where TMA cannot load them: any
+  // alignment takes the thread stores, not TMA stores.
   CHECK(why(parse_sweep_line("300x70x40 tf32 train").problem, "warpspec.128x128x32.c2.s5.g8.cl1.p1")
-            .find("multiple of 4") != std::string::npos);
+            .empty());
   CHECK(why(parse_sweep_line("300x60x40 bf16 train").problem, "warpspec.128x128x64.c2.s5.g8.cl1.p1")
-            .find("16-byte") != std::string::npos);
-  // tf32 reads padded copies: 8-byte rows of x and W suffice, not for TMA stores; 4-byte do not.
+            .empty());
+  CHECK(why(parse_sweep_line("4097x4095x129 bf16 train").problem,
+            "warpspec.128x128x64.c2.s5.g8.cl1.p1.ts")
+            .find("TMA stores need 16-byte") != std::string::npos);
   CHECK(why(parse_sweep_line("300x72x42 tf32 train").problem, "warpspec.128x128x32.c2.s5.g8.cl1.p1")
             .empty());
   CHECK(why(parse_sweep_line("300x72x64 tf32 train ldx=66 ldw=66").problem,
             "warpspec.128x128x32.c2.s5.g8.cl1.p1.ts")
             .find("TMA stores need 16-byte") != std::string::npos);
   CHECK(why(parse_sweep_line("300x72x41 tf32 train").problem, "warpspec.128x128x32.c2.s5.g8.cl1.p1")
-            .find("8-byte") != std::string::npos);
+            .empty());
   CHECK(why(p, "warpspec.64x64x64.c1.s8.g8.cl1.p1.k4.ts").find("tma_store") != std::string::npos);
   CHECK(why(p, "warpspec.64x64x64.c1.s8.g8.cl1.p1.k64").find("split_k") != std::string::npos);
   // Split-K on either variant, even with more splits than a run's reduction has k tiles.
@@ -342,6 +380,8 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
   };
   const std::vector<const char*> sixteen = {"300x72x40 bf16 train", "777x328x520 fp16 eval"};
   const std::vector<const char*> tf32 = {"300x72x40 tf32 train", "777x328x520 tf32 eval"};
+  // 16-bit copies of x and W and element stores (odd K and N, a padded x).
+  const std::vector<const char*> unaligned = {"301x71x41 bf16 train", "300x72x40 fp16 eval ldx=44"};
   const Tiles tiles[] = {
       {"warpspec.128x256x64.c2.s4.g16.cl1.p1", "warpspec.128x256x64.c2.s4.g16.cl1.p0", sixteen},
       {"warpspec.64x128x64.c1.s6.g8.cl1.p0", "warpspec.64x128x64.c1.s6.g8.cl1.p1", sixteen},
@@ -353,7 +393,12 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
       {"warpspec.64x128x64.c1.s6.g8.cl1.p0.k3", "tiled.64x128x64.w2x2.s3.g8.k5", sixteen},
       {"warpspec.128x128x64.c2.s6.g8.cl1.p1.ts", "warpspec.64x128x64.c1.s6.g8.cl1.p1.k16", sixteen},
       {"warpspec.128x256x32.c2.s4.g16.cl1.p1.ts", "warpspec.128x128x32.c2.s6.g8.cl1.p1", tf32},
-      {"warpspec.64x128x32.c1.s6.g8.cl1.p0.ts", "warpspec.128x128x32.c1.s4.g8.cl1.p1.ts", tf32}};
+      {"warpspec.64x128x32.c1.s6.g8.cl1.p0.ts", "warpspec.128x128x32.c1.s4.g8.cl1.p1.ts", tf32},
+      {"warpspec.128x128x32.c2.s6.g8.cl1.p1",
+       "warpspec.64x128x32.c1.s6.g8.cl1.p0",
+       {"301x71x41 tf32 train"}},
+      {"warpspec.128x256x64.c2.s4.g16.cl1.p1", "warpspec.64x64x64.c1.s8.g8.cl1.p1.k8", unaligned},
+      {"warpspec.64x128x64.c1.s6.g8.cl1.p0", "warpspec.128x128x64.c2.s6.g8.cl1.p1", unaligned}};
   std::vector<fusejit::test::CompileJob> jobs;
   for (const Tiles& pair : tiles) {
     // Named copies, not structured bindings: CAPTURE's lambda cannot capture those (clang 14).

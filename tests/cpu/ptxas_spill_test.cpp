@@ -7,7 +7,8 @@
 // local-memory traffic in its hottest code. Two were found this way: the resident train GEMM's
 // missed-round loop (388 bytes, tf32 128x256; rewritten) and the backward's dX GEMM on 64x64 warp
 // tiles with 4-byte copies (128-192 bytes; at 777x1536x2050 its backward ran 0.120 ms against
-// 0.093 with the tile the heuristic now ranks first, H200).
+// 0.093 with the tile the heuristic then ranked first, H200). The tiled tf32 dW of rows aligned
+// to 4 bytes only spilled 12-20 bytes until such layers moved to the warpspec GEMMs.
 #include <doctest/doctest.h>
 
 #include <fmt/format.h>
@@ -46,12 +47,6 @@ constexpr KnownSpill kKnown[] = {
      "3xTF32's 128x128 mainloop holds the kernel at its 168-register bound: 8 bytes, in the "
      "eval epilogue"},
     {"fj.tf32x3.train.", "fj_gemm_affine", "the same, in recompute's affine pass"},
-    {"fj.tf32.train.backward.", "fj_bwd_dw",
-     "tf32 gradient GEMMs of rows aligned to 4 bytes only (1000x1001x1003, 4097x4095x129; 8-byte "
-     "aligned ones run on warpspec): the tiled kernel's only tf32 tile with 8 warps (128x256, a "
-     "64x64 warp tile; 4-warp tf32 tiles spill more) copies MN-major operands one element at a "
-     "time"},
-    {"fj.tf32.eval.backward.", "fj_bwd_dw", "the same"},
 };
 
 const KnownSpill* known_spill(std::string_view set, std::string_view function) {

@@ -146,10 +146,12 @@ TEST_CASE("backward: forced gradient GEMM tiles, and configs it cannot take") {
   check("1000x200x136 fp16 eval", o);
   const Problem p = parse_sweep_line("256x64x64 bf16 train").problem;
   const Problem tf32x3 = parse_sweep_line("256x64x64 tf32x3 train").problem;
-  const Problem narrow = parse_sweep_line("256x60x64 bf16 train").problem;  // dA rows 120 bytes
-  // x and W rows of 264 bytes (8-byte aligned) while K = 64 would take TMA stores packed.
+  // Rows TMA cannot load run on copies, but not with TMA stores: dA's rows of 120 bytes (and y's,
+  // the one alignment promise); x and W rows of 264 bytes (8-byte aligned) while K = 64 would take
+  // TMA stores packed; odd K in a 16-bit type.
+  const Problem narrow = parse_sweep_line("256x60x64 bf16 train").problem;
   const Problem tf32_8 = parse_sweep_line("256x64x64 tf32 train ldx=66 ldw=66").problem;
-  const Problem tf32_4 = parse_sweep_line("256x64x65 tf32 train").problem;  // x rows 260 bytes
+  const Problem odd = parse_sweep_line("256x64x65 bf16 train").problem;
   struct Refused {
     const Problem* problem;
     const char* key;
@@ -159,12 +161,12 @@ TEST_CASE("backward: forced gradient GEMM tiles, and configs it cannot take") {
         Refused{&p, "warpspec.128x128x64.c2.s5.g8.cl1.p1.pp"},
         Refused{&p, "warpspec.128x256x64.c2.s5.g8.cl1.p1.ts"} /* stages exceed smem */,
         Refused{&tf32x3, "warpspec.128x128x32.c2.s5.g8.cl1.p1"} /* strict fp32 gradients */,
-        Refused{&narrow, "warpspec.128x128x64.c2.s5.g8.cl1.p1"},
+        Refused{&narrow, "warpspec.128x128x64.c2.s4.g8.cl1.p1.ts"},
         Refused{&p, "tiled.64x64x64.w2x2.s3.g8.k64"} /* above kMaxSplitK */,
         Refused{&p, "warpspec.64x64x64.c1.s8.g8.cl1.p1.k2.ts"} /* slices need thread stores */,
         Refused{&p, "tiled.64x64x64.w2x2.s3.g8.xm"},
         Refused{&tf32_8, "warpspec.128x128x32.c1.s4.g8.cl1.p1.ts"} /* dW rows 8-byte aligned */,
-        Refused{&tf32_4, "warpspec.128x128x32.c1.s4.g8.cl1.p1"} /* C rows 4-byte aligned */}) {
+        Refused{&odd, "warpspec.64x128x64.c1.s6.g8.cl1.p0.ts"} /* C rows 2-byte aligned */}) {
     CAPTURE(r.key);
     BackwardOptions bo;
     bo.dw_config = KernelConfig::parse(r.key);
@@ -209,10 +211,33 @@ TEST_CASE("backward: warpspec gradient GEMMs (sm_90a): tile shapes, tails, persi
                 "300x72x40 tf32 train ldx=42 ldw=46 ldy=76", "777x328x522 tf32 eval",
                 "300x72x41 tf32 train ldx=42 ldw=42" /* odd K: C's last column alone */},
                "300x136x97 tf32 train ldx=98 ldw=98", "1000x64x98 tf32 eval");
+  // tf32 whose rows are only 4-byte aligned (odd K) or whose N is not a multiple of 4 (dA's rows,
+  // padded where fj_bwd_da writes them): C's stores one element at a time.
+  check_forced("warpspec.128x128x32.c2.s6.g8.cl1.p1", "warpspec.64x128x32.c1.s6.g8.cl1.p0",
+               {"301x71x41 tf32 train", "300x70x40 tf32 eval", "2x23x17 tf32 train",
+                "777x330x521 tf32 train"},
+               "300x70x41 tf32 train", "1000x66x97 tf32 eval");
+  // 16-bit layers whose rows TMA cannot load (odd K and N, K % 8 in 1..7, padded strides, N % 8
+  // != 0 alone): x and W through K-major copies, dA in place from its padded rows (MN-major for
+  // dW), dx and dW stored an element at a time where their rows need it; split and unsplit.
+  const std::vector<std::string> unaligned = {"301x71x41 bf16 train",
+                                              "300x72x44 fp16 eval",
+                                              "2x23x17 bf16 train",
+                                              "777x330x521 fp16 train",
+                                              "300x72x40 bf16 eval ldx=44",
+                                              "1000x60x64 bf16 train",
+                                              "1000x200x138 fp16 eval ldw=139",
+                                              "4097x127x129 bf16 train non_centred"};
+  check_forced("warpspec.128x256x64.c2.s4.g16.cl1.p1", "warpspec.128x128x64.c2.s6.g8.cl1.p1",
+               unaligned, "300x70x41 bf16 train", "1000x66x97 fp16 eval");
+  check_forced("warpspec.64x128x64.c1.s6.g8.cl1.p0.k4", "warpspec.64x64x64.c1.s8.g8.cl1.p1.k8",
+               unaligned, "300x70x41 fp16 train", "1000x66x97 bf16 eval");
   // The heuristic splits dW of a narrow 8-byte-aligned tf32 layer (fp32 slices, then the sum).
   check("4100x40x26 tf32 train");
-  // The heuristic takes warpspec there too.
-  for (const char* line : {"777x1536x2050 tf32 train", "777x1536x2050 tf32 eval"}) {
+  // The heuristic takes warpspec there too, and for unaligned 16-bit layers.
+  for (const char* line :
+       {"777x1536x2050 tf32 train", "777x1536x2050 tf32 eval", "777x1536x2050 bf16 train",
+        "4097x4095x129 bf16 train", "4097x4095x129 fp16 eval"}) {
     CHECK(BackwardPlan(parse_sweep_line(line).problem).config_key().find("tiled") ==
           std::string::npos);
     check(line);
@@ -243,8 +268,8 @@ TEST_CASE("backward: split-K gradient GEMMs, tiled and warpspec") {
     std::vector<std::string> lines = {"1000x200x136 bf16 train", "300x72x40 fp16 eval",
                                       "2x24x16 bf16 train", "4097x328x520 bf16 eval",
                                       "3000x64x256 fp16 train non_centred"};
-    // K = 13 (rows of 26 bytes) for the tiled kernels; warpspec needs 16-byte rows.
-    if (KernelConfig::parse(t.dx).variant == Variant::tiled)
+    // K = 13 (rows of 26 bytes): warpspec reads copies of x and W, without TMA stores.
+    if (!KernelConfig::parse(t.dx).tma_store && !KernelConfig::parse(t.dw).tma_store)
       lines.push_back("777x96x13 bf16 train");
     check_forced(t.dx, t.dw, lines, "1300x136x96 bf16 train", "3000x64x96 bf16 eval");
   }

@@ -20,7 +20,7 @@ const char* b(bool v) {
 // One gradient GEMM's Spec: C [ROWS][LDC] = sum over RED of A(r, k) B(c, k)
 // (kernels/grad_gemm.cuh, and kernels/grad_wgmma.cuh for the warpspec variant, which reads
 // CONSUMERS = warps_m and PERSISTENT, and its operands through tensor maps: LDA and LDB are the
-// tiled kernel's, 0 where the GEMM reads tf32's copies).
+// tiled kernel's, 0 for an operand read from a copy).
 std::string gemm_spec(const char* name, const Problem& p, const KernelConfig& c, int rows, int cols,
                       int red, bool a_mn, bool b_mn, std::int64_t lda, std::int64_t ldb,
                       std::int64_t ldc, GradGemmVecBytes vec) {
@@ -109,13 +109,29 @@ DType grad_gemm_dtype(DType d) {
 }
 
 bool grad_gemm_reads_copies(const Problem& p, const KernelConfig& c) {
-  return c.variant == Variant::warpspec && grad_gemm_dtype(p.dtype) == DType::tf32;
+  if (c.variant != Variant::warpspec) return false;
+  return grad_gemm_dtype(p.dtype) == DType::tf32 ||
+         (storage_bytes(p.dtype) == 2 && p.effective_alignment() < 16);
+}
+
+bool grad_gemm_reads_da_copy(const Problem& p, const KernelConfig& c) {
+  return grad_gemm_reads_copies(p, c) && grad_gemm_dtype(p.dtype) == DType::tf32;
+}
+
+std::int64_t grad_row_elements(std::int64_t elements, DType d) {
+  const auto per16 = static_cast<std::int64_t>(16 / storage_bytes(d));
+  return (elements + per16 - 1) / per16 * per16;
+}
+
+std::int64_t grad_da_row_elements(const Problem& p) {
+  return grad_row_elements(p.N, p.dtype);
 }
 
 GradGemmVecBytes grad_gemm_vec_bytes(const Problem& p) {
   // da's region starts 256-byte aligned (backward_workspace), so its row stride decides.
   const auto es = static_cast<std::int64_t>(storage_bytes(p.dtype));
-  return {natural_alignment(0, p.N * es), std::min(p.effective_alignment(), 16)};
+  return {natural_alignment(0, grad_da_row_elements(p) * es),
+          std::min(p.effective_alignment(), 16)};
 }
 
 Problem dx_gemm_problem(const Problem& p) {
@@ -171,20 +187,23 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
   t += "struct Spec {\n";
   t += fmt::format("  using T = {};\n  using P = {};\n", template_type_name(p.dtype),
                    template_type_name(p.param_dtype));
-  t += fmt::format("  static constexpr int N = {}, K = {}, LDY = {}, VEC_BYTES = {};\n", p.N, p.K,
-                   p.lda_y(), vec);
+  t += fmt::format("  static constexpr int N = {}, K = {}, LDY = {}, LDDA = {}, VEC_BYTES = {};\n",
+                   p.N, p.K, p.lda_y(), grad_da_row_elements(p), vec);
   t += fmt::format(
       "  static constexpr bool TRAIN = {}, HAS_BIAS = {}, HAS_SCALE = {}, HAS_AFFINE = {};\n",
       b(p.mode == Mode::train), b(p.has_bias), b(p.has_scale), b(p.has_affine));
   t += "};\n";
   const GradGemmVecBytes gemm_vec = grad_gemm_vec_bytes(p);
-  // A GEMM that reads copies reads every operand K-major (grad_gemm_reads_copies).
+  // An operand read from a copy is K-major (grad_gemm_reads_copies, grad_gemm_reads_da_copy).
   const bool dx_copies = grad_gemm_reads_copies(p, c.dx),
-             dw_copies = grad_gemm_reads_copies(p, c.dw);
+             dw_copies = grad_gemm_reads_copies(p, c.dw),
+             dw_da_copy = grad_gemm_reads_da_copy(p, c.dw);
+  const std::int64_t ld_da = grad_da_row_elements(p);
   t += gemm_spec("DxSpec", p, c.dx, 0, static_cast<int>(p.K), static_cast<int>(p.N), false,
-                 !dx_copies, p.N, dx_copies ? 0 : p.lda_w(), p.lda_x(), gemm_vec);
-  t += gemm_spec("DwSpec", p, c.dw, static_cast<int>(p.N), static_cast<int>(p.K), 0, !dw_copies,
-                 !dw_copies, dw_copies ? 0 : p.N, dw_copies ? 0 : p.lda_x(), p.lda_w(), gemm_vec);
+                 !dx_copies, ld_da, dx_copies ? 0 : p.lda_w(), p.lda_x(), gemm_vec);
+  t +=
+      gemm_spec("DwSpec", p, c.dw, static_cast<int>(p.N), static_cast<int>(p.K), 0, !dw_da_copy,
+                !dw_copies, dw_da_copy ? 0 : ld_da, dw_copies ? 0 : p.lda_x(), p.lda_w(), gemm_vec);
   t += "#include \"kernels/bn_backward.cuh\"\n#include \"kernels/grad_gemm.cuh\"\n";
   if (dx_copies || dw_copies) t += "#include \"kernels/transpose.cuh\"\n";
   if (c.dx.split_k > 1 || c.dw.split_k > 1) t += "#include \"kernels/grad_split_sum.cuh\"\n";
@@ -219,7 +238,9 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
            "fj_bwd_params(const fj::BackwardParams p) { fj::bn_backward_params<Spec>(p); }\n";
     else if (k == "fj_bwd_transpose")
       t += "extern \"C\" __global__ void __launch_bounds__(fj::kTransposeThreads)\n"
-           "fj_bwd_transpose(const fj::TransposeParams p) { fj::transpose_tile(p); }\n";
+           "fj_bwd_transpose(const fj::TransposeParams p) {\n"
+           "  fj::transpose_tile<sizeof(Spec::T)>(p);\n"
+           "}\n";
     else if (k == "fj_bwd_dx")
       t += gemm_kernel("fj_bwd_dx", "DxSpec", c.dx);
     else if (k == "fj_bwd_dw")

@@ -31,16 +31,28 @@ struct BackwardConfig {
 // it as SMEM_BYTES, which the template checks against sizeof(SharedStorage).
 int grad_wgmma_smem_bytes(const KernelConfig&, DType);
 
-// Whether a gradient GEMM of this config reads K-major copies of its MN-major operands (dX: W^T;
-// dW: dA^T and x^T) that the backward run makes first (kernels/transpose.cuh): warpspec tf32,
-// since wgmma has no MN-major tf32 operands.
+// Whether a warpspec gradient GEMM of this config reads its B operand (dX: W, dW: x) from a
+// K-major copy the backward run makes first (kernels/transpose.cuh: W^T, x^T) rather than in
+// place with TMA: always for tf32, since wgmma has no MN-major tf32 operands, and for 16-bit
+// types whose rows of x and W are not 16-byte aligned (TMA's row strides), since the copies' rows
+// are padded (grad_row_elements).
 bool grad_gemm_reads_copies(const Problem&, const KernelConfig&);
+// Whether dW's A is a K-major copy dA^T too (tf32 reading copies); 16-bit types read dA in place
+// through wgmma's transpose bits.
+bool grad_gemm_reads_da_copy(const Problem&, const KernelConfig&);
+
+// A row of `elements` of the layer's storage type rounded up to 16 bytes: the row stride, in
+// elements, of da in the workspace (grad_da_row_elements) and of the copies above, which TMA
+// loads from.
+std::int64_t grad_row_elements(std::int64_t elements, DType);
+// da's row stride in the workspace: N padded to 16 bytes, so that TMA loads da and its rows take
+// 16-byte copies whatever N is.
+std::int64_t grad_da_row_elements(const Problem&);
 
 // The tiled gradient GEMMs' copy widths in bytes, each the widest its rows allow, at most 16
 // (their Specs' A_VEC_BYTES <- da; B_VEC_BYTES and VEC_BYTES <- layer). `da`: A of both GEMMs,
-// [M][N] packed in the workspace, as aligned as N allows. `layer`: their B (W, x) and C (dx, dW),
-// the caller's tensors, whose one promise (Problem::effective_alignment) also covers y's rows,
-// so with y packed it is never wider than da's.
+// [M][grad_da_row_elements] in the workspace, 16. `layer`: their B (W, x) and C (dx, dW), the
+// caller's tensors, whose one promise (Problem::effective_alignment) also covers y's rows.
 struct GradGemmVecBytes {
   int da;
   int layer;

@@ -81,21 +81,16 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
   return core;
 }
 
-// The row length, in elements, of tf32's K-major copies (grad_gemm_reads_copies) in the backward
-// workspace: rounded up to 4 elements, the 16 bytes TMA needs between rows.
-std::int64_t copy_row_elements(std::int64_t elements) {
-  return (elements + 3) / 4 * 4;
-}
-
-// A tf32 gradient GEMM on warpspec reads those copies, and dX's A, da, in place (rows of N, which
-// grad_gemm_why_invalid checks): the layer's alignment bounds only C's stores, which
-// grad_gemm_why_invalid checks too. The GEMM as the forward's rules (KernelConfig::why_invalid,
-// candidate_configs) should see it: rows as the copies have them.
-Problem read_from_copies(const Problem& g) {
+// A warpspec gradient GEMM reads every operand from 16-byte aligned rows: da's padded ones, the
+// copies' (grad_gemm_reads_copies) or, where it reads none, the layer's own, which are aligned.
+// The layer's alignment bounds only C's stores, which grad_gemm_why_invalid checks. The GEMM as
+// the forward's rules (KernelConfig::why_invalid, candidate_configs) should see it: rows padded
+// to 16 bytes.
+Problem as_wgmma_reads(const Problem& g) {
   Problem q = g;
-  q.ldx = copy_row_elements(g.K);
-  q.ldw = copy_row_elements(g.K);
-  q.ldy = copy_row_elements(g.N);
+  q.ldx = grad_row_elements(g.K, g.dtype);
+  q.ldw = grad_row_elements(g.K, g.dtype);
+  q.ldy = grad_row_elements(g.N, g.dtype);
   q.alignment = 0;
   return q;
 }
@@ -120,10 +115,15 @@ std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& 
                                                const Device& d) {
   // The forward's candidates for the GEMM's shape: a gradient GEMM's shared memory is the
   // forward's ring and TMA-store boxes without its epilogue's scratch, so each fits as it is.
-  // tf32's warpspec ones read padded copies: offered as for rows padded so (read_from_copies),
-  // then judged, like every candidate, at the layer's alignment (grad_gemm_why_invalid).
-  const bool copies = grad_gemm_dtype(p.dtype) == DType::tf32;
-  std::vector<KernelConfig> candidates = candidate_configs(copies ? read_from_copies(g) : g, d);
+  // Where the warpspec ones would read copies (tf32, or on Hopper 16-bit rows TMA cannot load),
+  // they are offered as for the rows they read (as_wgmma_reads), then judged, like every
+  // candidate, at the layer's alignment (grad_gemm_why_invalid); elsewhere for the GEMM's own
+  // rows, which keeps the tiled candidates of those layers on other GPUs as they were.
+  KernelConfig warpspec;
+  warpspec.variant = Variant::warpspec;
+  const bool copies = grad_gemm_dtype(p.dtype) == DType::tf32 ||
+                      (d.cc() == 90 && grad_gemm_reads_copies(p, warpspec));
+  std::vector<KernelConfig> candidates = candidate_configs(copies ? as_wgmma_reads(g) : g, d);
   // The forward's own split twins (add_split_k) follow the forward's rules, not these: dropped.
   std::erase_if(candidates, [](const KernelConfig& c) { return c.split_k != 1; });
   const std::int64_t sms = std::max(1, d.sm_count);
@@ -203,7 +203,6 @@ std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& c, const
     return "a split gradient GEMM stores fp32 slices with thread stores: no tma_store";
   if (c.exact_m) return "the gradient GEMMs read M at run time";
   if (c.pad_operands) return "the gradient GEMMs do not pad their operands";
-  const bool copies = grad_gemm_reads_copies(p, c);
   if (c.variant == Variant::warpspec) {
     if (storage_bytes(p.dtype) != 2 && grad_gemm_dtype(p.dtype) != DType::tf32)
       return "the warpspec gradient GEMMs multiply bf16, fp16 (MN-major operands through "
@@ -211,17 +210,6 @@ std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& c, const
     if (c.cluster_m != 1 || c.pingpong)
       return "the warpspec gradient GEMMs have no clusters or pingpong";
     if (c.bm > 256 || c.bn > 256) return "the warpspec gradient GEMMs' TMA boxes have <= 256 rows";
-    const auto es = static_cast<std::int64_t>(storage_bytes(p.dtype));
-    if ((p.N * es) % 16 != 0)
-      return fmt::format(
-          "the warpspec gradient GEMMs load dA with TMA, which needs 16-byte aligned rows (N a "
-          "multiple of {})",
-          16 / es);
-    if (!copies && p.effective_alignment() < 16)
-      return "the warpspec gradient GEMMs load x and W with TMA, which needs 16-byte aligned rows";
-    if (copies && p.effective_alignment() < 8)
-      return "tf32's warpspec gradient GEMMs read padded copies of x and W but store dx and dW in "
-             "pairs of elements: their rows must be 8-byte aligned";
     if (c.tma_store && p.effective_alignment() < 16)
       return "TMA stores need 16-byte aligned rows of dx and dW";
     if (const int bytes = grad_wgmma_smem_bytes(c, grad_gemm_dtype(p.dtype));
@@ -233,7 +221,7 @@ std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& c, const
   // and a run's reduction (dW's batch) may have fewer k tiles than splits (those store zeros).
   KernelConfig unsplit = c;
   unsplit.split_k = 1;
-  return unsplit.why_invalid(copies ? read_from_copies(gemm) : gemm, d);
+  return unsplit.why_invalid(c.variant == Variant::warpspec ? as_wgmma_reads(gemm) : gemm, d);
 }
 
 void require_grad_gemm_config(const Problem& p, const KernelConfig& c, bool dw, const Device& d,
@@ -291,7 +279,9 @@ BackwardWorkspace backward_workspace(const Problem& p, const BackwardConfig& c, 
   region(slabs * n * 8, w.dy_partials_offset);
   region(p.mode == Mode::eval ? slabs * n * 8 : 0, w.dz_partials_offset);
   region(p.mode == Mode::train ? n * 16 : 0, w.coef_offset);
-  region(static_cast<std::size_t>(rows) * n * storage_bytes(p.dtype), w.da_offset);
+  region(static_cast<std::size_t>(rows) * static_cast<std::size_t>(grad_da_row_elements(p)) *
+             storage_bytes(p.dtype),
+         w.da_offset);
   // Split slices: dX's are [S][rows][ld(K)], dW's [S][N][ld(K)], fp32.
   const auto slice_ld = static_cast<std::size_t>(fj::split_slice_ld(static_cast<int>(p.K)));
   auto slices = [&](const KernelConfig& k, std::int64_t out_rows) -> std::size_t {
@@ -301,17 +291,15 @@ BackwardWorkspace backward_workspace(const Problem& p, const BackwardConfig& c, 
   };
   region(slices(c.dx, rows), w.dx_slices_offset);
   region(slices(c.dw, p.N), w.dw_slices_offset);
-  w.copy_ld_n = copy_row_elements(p.N);
-  w.copy_ld_rows = copy_row_elements(rows);
+  w.copy_ld_n = grad_row_elements(p.N, p.dtype);
+  w.copy_ld_rows = grad_row_elements(rows, p.dtype);
   const std::size_t es = storage_bytes(p.dtype);
   auto elements = [](std::int64_t r, std::int64_t ld_elements) {
     return static_cast<std::size_t>(r) * static_cast<std::size_t>(ld_elements);
   };
   if (grad_gemm_reads_copies(p, c.dx)) region(elements(p.K, w.copy_ld_n) * es, w.w_t_offset);
-  if (grad_gemm_reads_copies(p, c.dw)) {
-    region(elements(p.N, w.copy_ld_rows) * es, w.da_t_offset);
-    region(elements(p.K, w.copy_ld_rows) * es, w.x_t_offset);
-  }
+  if (grad_gemm_reads_da_copy(p, c.dw)) region(elements(p.N, w.copy_ld_rows) * es, w.da_t_offset);
+  if (grad_gemm_reads_copies(p, c.dw)) region(elements(p.K, w.copy_ld_rows) * es, w.x_t_offset);
   return w;
 }
 
@@ -388,10 +376,11 @@ GradGemmMaps encode_grad_gemm_maps(const BackwardCore& c, std::int64_t rows, cha
   const Problem& p = c.problem;
   const int atom = static_cast<int>(128 / storage_bytes(p.dtype));
   const void* da = ws + w.da_offset;
+  const std::int64_t ld_da = grad_da_row_elements(p);
   GradGemmMaps m;
   if (t.dx && c.config.dx.variant == Variant::warpspec) {
     const KernelConfig& k = c.config.dx;
-    m.dx_a = encode_tma_tile_map(p.dtype, da, rows, p.N, p.N, k.bm, atom, "workspace");
+    m.dx_a = encode_tma_tile_map(p.dtype, da, rows, p.N, ld_da, k.bm, atom, "workspace");
     m.dx_b = grad_gemm_reads_copies(p, k)
                  ? encode_tma_tile_map(p.dtype, ws + w.w_t_offset, p.K, p.N, w.copy_ld_n, k.bn,
                                        atom, "workspace")
@@ -400,15 +389,14 @@ GradGemmMaps encode_grad_gemm_maps(const BackwardCore& c, std::int64_t rows, cha
   }
   if (t.dw && c.config.dw.variant == Variant::warpspec) {
     const KernelConfig& k = c.config.dw;
-    if (grad_gemm_reads_copies(p, k)) {
-      m.dw_a = encode_tma_tile_map(p.dtype, ws + w.da_t_offset, p.N, rows, w.copy_ld_rows, k.bm,
-                                   atom, "workspace");
-      m.dw_b = encode_tma_tile_map(p.dtype, ws + w.x_t_offset, p.K, rows, w.copy_ld_rows, k.bn,
-                                   atom, "workspace");
-    } else {
-      m.dw_a = encode_tma_tile_map(p.dtype, da, rows, p.N, p.N, k.bk, atom, "workspace");
-      m.dw_b = encode_tma_tile_map(p.dtype, t.x, rows, p.K, p.lda_x(), k.bk, atom, "x");
-    }
+    m.dw_a = grad_gemm_reads_da_copy(p, k)
+                 ? encode_tma_tile_map(p.dtype, ws + w.da_t_offset, p.N, rows, w.copy_ld_rows, k.bm,
+                                       atom, "workspace")
+                 : encode_tma_tile_map(p.dtype, da, rows, p.N, ld_da, k.bk, atom, "workspace");
+    m.dw_b = grad_gemm_reads_copies(p, k)
+                 ? encode_tma_tile_map(p.dtype, ws + w.x_t_offset, p.K, rows, w.copy_ld_rows, k.bn,
+                                       atom, "workspace")
+                 : encode_tma_tile_map(p.dtype, t.x, rows, p.K, p.lda_x(), k.bk, atom, "x");
     if (k.tma_store) m.dw_c = encode_tma_store_map(p.dtype, t.dw, p.N, p.K, p.lda_w(), "dw");
   }
   return m;
@@ -509,7 +497,7 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
        "cuLaunchKernelEx(fj_bwd_params)");
   }
   const GradGemmMaps maps = grad_gemm_maps(c, rows, ws, w, t, cache);
-  // tf32's K-major copies (grad_gemm_reads_copies), each right before the GEMM that reads it.
+  // The K-major copies (grad_gemm_reads_copies), each right before the GEMM that reads it.
   auto transpose = [&](const void* src, std::int64_t ld_src, std::int64_t src_rows,
                        std::int64_t src_cols, std::size_t dst_offset, std::int64_t ld_dst,
                        const char* what) {
@@ -563,12 +551,12 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
     gemm(c.dx, c.dx_sum, c.config.dx, rows, static_cast<unsigned>(c.dx_smem_bytes), t.w, t.dx,
          false, reinterpret_cast<float*>(ws + w.dx_slices_offset), maps.dx_a, maps.dx_b, maps.dx_c,
          "cuLaunchKernelEx(fj_bwd_dx)", "cuLaunchKernelEx(fj_bwd_dx_sum)");
-  if (t.dw && grad_gemm_reads_copies(p, c.config.dw)) {
-    transpose(bp.ws_da, p.N, rows, p.N, w.da_t_offset, w.copy_ld_rows,
+  if (t.dw && grad_gemm_reads_da_copy(p, c.config.dw))
+    transpose(bp.ws_da, grad_da_row_elements(p), rows, p.N, w.da_t_offset, w.copy_ld_rows,
               "cuLaunchKernelEx(fj_bwd_transpose, dA)");
+  if (t.dw && grad_gemm_reads_copies(p, c.config.dw))
     transpose(t.x, p.lda_x(), rows, p.K, w.x_t_offset, w.copy_ld_rows,
               "cuLaunchKernelEx(fj_bwd_transpose, x)");
-  }
   if (t.dw)
     gemm(c.dw, c.dw_sum, c.config.dw, p.N, static_cast<unsigned>(c.dw_smem_bytes), t.x, t.dw,
          accumulate, reinterpret_cast<float*>(ws + w.dw_slices_offset), maps.dw_a, maps.dw_b,

@@ -46,11 +46,11 @@ std::string backward_refusal(const Problem&);
 // Why `config` cannot run the gradient GEMM `gemm` (dx_gemm_problem or dw_gemm_problem of the
 // layer `p`) on `device`; empty when it can. Beyond KernelConfig::why_invalid: no exact M;
 // split-K on either variant (up to kMaxSplitK, not with TMA stores); warpspec only for 16-bit
-// types (MN-major operands through wgmma's transpose bits) and tf32 (K-major copies:
-// grad_gemm_reads_copies), without clusters or pingpong, with 16-byte aligned rows of dA (N) and,
-// for 16-bit types, of x and W; tf32's copies have padded rows, so there only dx's and dW's
-// stores (pairs of elements) need 8-byte aligned rows, and TMA stores 16-byte ones; and within
-// the device's shared memory (grad_wgmma_smem_bytes).
+// types (MN-major operands through wgmma's transpose bits) and tf32 (K-major copies), without
+// clusters or pingpong, TMA stores only onto 16-byte aligned rows of dx and dW, and within the
+// device's shared memory (grad_wgmma_smem_bytes). A warpspec GEMM loads only 16-byte aligned
+// rows whatever the layer's (da's padded rows; copies where x's and W's are not:
+// grad_gemm_reads_copies) and stores C one element at a time where its rows need it.
 std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& config, const Problem& gemm,
                                   const Device& device);
 
@@ -88,9 +88,10 @@ std::shared_ptr<const BackwardCore> backward_core(const Problem&, const Backward
 
 // Where each region of a backward run's workspace lies, for runs of up to `rows` rows with
 // `config`'s gradient GEMMs (a split one's fp32 slices: common/split_k.h).
-// tf32's K-major copies (grad_gemm_reads_copies) come last: W^T [K][copy_ld_n] for dX, dA^T
-// [N][copy_ld_rows] and x^T [K][copy_ld_rows] for dW, N and the rows rounded up to 4 elements
-// (TMA's 16-byte row strides); their offsets are 0 where the GEMM reads none.
+// da is [rows][grad_da_row_elements]. The K-major copies (grad_gemm_reads_copies) come last:
+// W^T [K][copy_ld_n] for dX, dA^T [N][copy_ld_rows] (tf32 only: grad_gemm_reads_da_copy) and x^T
+// [K][copy_ld_rows] for dW, N and the rows rounded up to 16 bytes (TMA's row strides); their
+// offsets are 0 where the GEMM reads none.
 struct BackwardWorkspace {
   std::size_t dy_partials_offset = 0, dz_partials_offset = 0, coef_offset = 0, da_offset = 0;
   std::size_t dx_slices_offset = 0, dw_slices_offset = 0;
@@ -106,7 +107,7 @@ void validate_backward_tensors(const Problem&, const BackwardTensors&);
 // What a backward plan's runs remember between calls (RunCache's counterpart, plan/launch.hpp):
 // the stream last found to belong to the core's context, and the warpspec gradient GEMMs'
 // tensor maps for the last (workspace, W, x, dX, dW, rows), re-encoded only when those change
-// (the workspace base and the rows fix where dA and tf32's copies lie). One run at a time uses
+// (the workspace base and the rows fix where dA and the copies lie). One run at a time uses
 // the maps (`busy`); a concurrent run encodes its own.
 struct BackwardRunCache {
   std::atomic<CUstream> checked_stream{nullptr};
