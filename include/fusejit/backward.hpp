@@ -58,9 +58,8 @@ struct BackwardOptions {
   // False: the plan allocates no workspace; every run() must be given one (workspace_size()).
   bool allocate_workspace = true;
   // Force the tiles of the gradient GEMMs (testing, benchmarking): tiled configs, or on Hopper
-  // warpspec ones without clusters, pingpong or .pad, where N x element size (dA's rows) is a
-  // multiple of 16 and, for bf16/fp16, K x element size too with 16-byte aligned rows, for tf32
-  // (its GEMMs read padded copies) 8-byte aligned rows; TMA stores (.ts) need K x element size a
+  // for bf16, fp16 and tf32 warpspec ones without clusters, pingpong or .pad, at any alignment
+  // (rows TMA cannot load are read from padded copies); TMA stores (.ts) need K x element size a
   // multiple of 16 and 16-byte aligned rows; split-K up to 32, not with .ts; never exact_m
   // (InvalidArgument "dx_config" / "dw_config" otherwise).
   // dx = da W is an M x K GEMM reducing over N; dW = da^T x an N x K GEMM reducing over the
@@ -82,7 +81,8 @@ class BackwardPlan {
 
   const Problem& problem() const;
   // Bytes of device workspace a run of up to problem().M rows needs, 256-byte aligned. It
-  // holds da ([M][N], storage type) and the column partials.
+  // holds da ([M][N], storage type, rows padded to 16 bytes), the column partials and, where the
+  // gradient GEMMs read them, split slices and operand copies.
   std::size_t workspace_size() const;
   // "dx.<config key>.dw.<config key>": the two GEMMs' tiles.
   std::string config_key() const;

@@ -2,7 +2,7 @@
 // C += A B), C [ROWS][LDC] in T, fp32 accumulation, on the tiled mainloops (tensor cores for
 // bf16/fp16/tf32, FFMA for strict fp32) with each operand K-major or MN-major
 // (mainloop/operands.cuh):
-//   dX [m][K] = dA W:    A = dA [m][N] K-major, B(c, k) = W[k][c] MN-major, RED = N, ROWS = 0
+//   dX [m][K] = dA W:    A = dA [m][LDA] K-major, B(c, k) = W[k][c] MN-major, RED = N, ROWS = 0
 //   dW [N][K] = dA^T x:  A(r, k) = dA[k][r] MN-major, B(c, k) = x[k][c] MN-major, RED = 0
 // One CTA per BM x BN output tile (blockIdx.x, grouped raster for L2 reuse) and split
 // (blockIdx.y, SPLIT_K of them), G::THREADS threads, kSmemBytes of dynamic shared memory. The

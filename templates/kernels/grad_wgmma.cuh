@@ -8,11 +8,13 @@
 //
 // MN-major operands (dX's W, dW's dA^T and x: their reduction index is the row of a row-major
 // matrix) are what wgmma's transpose bits read for 16-bit inputs, so neither GEMM needs a
-// transposed copy: TMA copies boxes of 64 MN-elements (one 128-byte swizzle row) by BK K-rows,
-// and the descriptor says where the next 64 MN-elements (the leading offset) and the next 8
-// K-rows (the stride offset) lie (mainloop/wgmma.cuh). tf32 has no transpose bits: its GEMMs
-// read K-major copies the plan makes first (W^T, dA^T, x^T: kernels/transpose.cuh), so both of
-// its operands are K-major here.
+// transposed copy of rows TMA can load: TMA copies boxes of 64 MN-elements (one 128-byte swizzle
+// row) by BK K-rows, and the descriptor says where the next 64 MN-elements (the leading offset)
+// and the next 8 K-rows (the stride offset) lie (mainloop/wgmma.cuh). tf32 has no transpose
+// bits: its GEMMs read K-major copies the plan makes first (W^T, dA^T, x^T:
+// kernels/transpose.cuh), so both of its operands are K-major here; 16-bit layers whose rows TMA
+// cannot load read K-major copies of W and x the same way, and dA (whose rows fj_bwd_da pads) in
+// place.
 //
 // The epilogue, two ways. Thread stores: each thread's accumulator pairs straight from
 // registers (the wgmma fragment: 2 adjacent columns per row). TMA_STORE: each warp writes its
@@ -29,11 +31,11 @@
 //
 // Host launch contract: grid.x = PERSISTENT ? min(tiles, max(1, SMs / SPLIT_K)) : tiles with
 // tiles = ceil(rows / BM) * ceil(COLS / BN), grid.y = SPLIT_K; block.x = THREADS = 128 * (CONSUMERS
-// + 1); dynamic shared memory kSmemBytes; tensor maps `ta`, `tb` (plan/backward_core.cpp; tf32:
-// of the workspace's K-major copies): a K-major operand [rows][red] in boxes of (its tile rows) x
-// 128 bytes, an MN-major one [red][rows] in boxes of BK x 128 bytes, elements past the matrix
-// read as zero; with TMA_STORE `tc`, C [rows][COLS] in WarpBoxStore's boxes (16 rows x 64 bytes,
-// 64-byte swizzle; unused otherwise).
+// + 1); dynamic shared memory kSmemBytes; tensor maps `ta`, `tb` (plan/backward_core.cpp; of the
+// workspace's K-major copies where the GEMM reads them): a K-major operand [rows][red] in boxes of
+// (its tile rows) x 128 bytes, an MN-major one [red][rows] in boxes of BK x 128 bytes, elements
+// past the matrix read as zero; with TMA_STORE `tc`, C [rows][COLS] in WarpBoxStore's boxes (16
+// rows x 64 bytes, 64-byte swizzle; unused otherwise).
 #pragma once
 #include "common/gemm_params.h"
 #include "common/grid_dependency.cuh"

@@ -217,9 +217,10 @@ TEST_CASE("backward: warpspec gradient GEMMs (sm_90a): tile shapes, tails, persi
                {"301x71x41 tf32 train", "300x70x40 tf32 eval", "2x23x17 tf32 train",
                 "777x330x521 tf32 train"},
                "300x70x41 tf32 train", "1000x66x97 tf32 eval");
-  // 16-bit layers whose rows TMA cannot load (odd K and N, K % 8 in 1..7, padded strides, N % 8
-  // != 0 alone): x and W through K-major copies, dA in place from its padded rows (MN-major for
-  // dW), dx and dW stored an element at a time where their rows need it; split and unsplit.
+  // 16-bit layers whose rows TMA cannot load (odd K and N, K % 8 in 1..7, padded strides, N = 60
+  // with K's rows aligned: y's rows bound the alignment promise): x and W through K-major copies,
+  // dA in place from its padded rows (MN-major for dW), dx and dW stored an element at a time
+  // where their rows need it; split and unsplit.
   const std::vector<std::string> unaligned = {"301x71x41 bf16 train",
                                               "300x72x44 fp16 eval",
                                               "2x23x17 bf16 train",

@@ -34,8 +34,8 @@ int grad_wgmma_smem_bytes(const KernelConfig&, DType);
 // Whether a warpspec gradient GEMM of this config reads its B operand (dX: W, dW: x) from a
 // K-major copy the backward run makes first (kernels/transpose.cuh: W^T, x^T) rather than in
 // place with TMA: always for tf32, since wgmma has no MN-major tf32 operands, and for 16-bit
-// types whose rows of x and W are not 16-byte aligned (TMA's row strides), since the copies' rows
-// are padded (grad_row_elements).
+// types whose one alignment promise (Problem::effective_alignment: x's, W's and y's rows and
+// pointers) is below TMA's 16 bytes, since the copies' rows are padded (grad_row_elements).
 bool grad_gemm_reads_copies(const Problem&, const KernelConfig&);
 // Whether dW's A is a K-major copy dA^T too (tf32 reading copies); 16-bit types read dA in place
 // through wgmma's transpose bits.

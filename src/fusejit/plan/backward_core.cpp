@@ -151,15 +151,17 @@ std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& 
                    [&](const KernelConfig& a, const KernelConfig& b) {
                      return estimated_us(g, d, a, kind) < estimated_us(g, d, b, kind);
                    });
-  // dX whose narrowest operand copy is 4 bytes (grad_gemm_vec_bytes), on the tiled kernel with a
-  // 64x64 warp tile: ptxas spills in fj_bwd_dx (sm_90a; `fusejit compile` reports it), and the
-  // time model cannot see registers. Backward alone, bf16 train, H200, `fusejit bench --backward`,
-  // one call: 777x1536x2050 (da copied 16 bytes at a time, W 4): 128x256 (16 B spilled) 0.093 ms,
-  // 128x128 (92 B) 0.102, 64x128 0.082, 128x64 0.076; 777x1502x2048 (everything 4 bytes: N sets
-  // da's rows and y's): 128x128 (16 B) 0.128, 64x128 0.119, 128x256 (4 B) 0.109. These tiles go
-  // last; the tuner still times them. (With 2-byte copies they do not spill; 16-bit dW's do not.)
+  // dX whose W and C are copied 4 bytes at a time (grad_gemm_vec_bytes; da's rows are 16-byte
+  // aligned), on the tiled kernel with a 64x64 warp tile: ptxas spills in fj_bwd_dx (sm_90a;
+  // `fusejit compile` reports it), and the time model cannot see registers. Backward alone, bf16
+  // train, H200, `fusejit bench --backward`, one call: 777x1536x2050 (da copied 16 bytes at a
+  // time, W 4): 128x256 (16 B spilled) 0.093 ms, 128x128 (92 B) 0.102, 64x128 0.082, 128x64
+  // 0.076; 777x1502x2048 (everything 4 bytes while da was packed: N = 1502): 128x128 (16 B)
+  // 0.128, 64x128 0.119, 128x256 (4 B) 0.109. These tiles go last; the tuner still times them.
+  // (With 2-byte copies they do not spill; 16-bit dW's do not.) On Hopper such 16-bit layers
+  // now run warpspec first (grad_gemm_reads_copies); this order is the tiled fallback's.
   const GradGemmVecBytes vec = grad_gemm_vec_bytes(p);
-  if (!dw && std::min(vec.da, vec.layer) == 4)
+  if (!dw && vec.layer == 4)
     std::stable_partition(candidates.begin(), candidates.end(), [](const KernelConfig& c) {
       return !(c.variant == Variant::tiled && c.bm / c.warps_m == 64 && c.bn / c.warps_n == 64);
     });
@@ -362,9 +364,10 @@ namespace {
 
 // The warpspec gradient GEMMs' operand maps (kernels/grad_wgmma.cuh): a K-major operand in
 // boxes of its tile rows x 128 bytes, an MN-major one in boxes of bk reduction rows x 128 bytes.
-// dX = dA W: dA K-major [rows][N], W MN-major [N][K]; dW = dA^T x: dA MN-major, x MN-major
-// [rows][K]; tf32 reads K-major copies instead (W^T [K][N], dA^T [N][rows], x^T [K][rows] in
-// the workspace: grad_gemm_reads_copies). With tma_store, C (dX [rows][K], dW [N][K]) in the
+// dX = dA W: dA K-major [rows][grad_da_row_elements], W MN-major [N][K]; dW = dA^T x: dA
+// MN-major, x MN-major [rows][K]. Where the GEMM reads copies (grad_gemm_reads_copies), W and x
+// are K-major copies instead (W^T [K][N], x^T [K][rows] in the workspace), and for tf32 dA too
+// (dA^T [N][rows]: grad_gemm_reads_da_copy). With tma_store, C (dX [rows][K], dW [N][K]) in the
 // per-warp boxes of the forward's y (encode_tma_store_map). Zeros for a tiled GEMM or one the run
 // skips.
 struct GradGemmMaps {
