@@ -339,7 +339,7 @@ struct GradWgmma {
 
   // C = (or +=) the fragment, a pair of T per store (one element at an odd COLS's end), or each
   // element alone where C's rows are aligned to one element only (VEC_BYTES: an odd LDC in a
-  // 16-bit type, whose operands the GEMM reads from padded copies).
+  // 16-bit type, or tf32 rows of 4 bytes; such GEMMs read their operands from padded copies).
   __device__ __forceinline__ static void store(const GemmParams& p, const Acc& acc, int m0, int n0,
                                                int rows, int wtid) {
     T* const out = static_cast<T*>(p.c);

@@ -108,10 +108,13 @@ DType grad_gemm_dtype(DType d) {
   return d == DType::tf32x3 ? DType::fp32 : d;
 }
 
-bool grad_gemm_reads_copies(const Problem& p, const KernelConfig& c) {
-  if (c.variant != Variant::warpspec) return false;
+bool grad_gemm_layer_reads_copies(const Problem& p) {
   return grad_gemm_dtype(p.dtype) == DType::tf32 ||
          (storage_bytes(p.dtype) == 2 && p.effective_alignment() < 16);
+}
+
+bool grad_gemm_reads_copies(const Problem& p, const KernelConfig& c) {
+  return c.variant == Variant::warpspec && grad_gemm_layer_reads_copies(p);
 }
 
 bool grad_gemm_reads_da_copy(const Problem& p, const KernelConfig& c) {

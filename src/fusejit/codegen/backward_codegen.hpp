@@ -37,6 +37,8 @@ int grad_wgmma_smem_bytes(const KernelConfig&, DType);
 // types whose one alignment promise (Problem::effective_alignment: x's, W's and y's rows and
 // pointers) is below TMA's 16 bytes, since the copies' rows are padded (grad_row_elements).
 bool grad_gemm_reads_copies(const Problem&, const KernelConfig&);
+// The same for the layer alone: whether its warpspec gradient GEMMs would read those copies.
+bool grad_gemm_layer_reads_copies(const Problem&);
 // Whether dW's A is a K-major copy dA^T too (tf32 reading copies); 16-bit types read dA in place
 // through wgmma's transpose bits.
 bool grad_gemm_reads_da_copy(const Problem&, const KernelConfig&);

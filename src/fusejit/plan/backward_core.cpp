@@ -119,10 +119,8 @@ std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& 
   // they are offered as for the rows they read (as_wgmma_reads), then judged, like every
   // candidate, at the layer's alignment (grad_gemm_why_invalid); elsewhere for the GEMM's own
   // rows, which keeps the tiled candidates of those layers on other GPUs as they were.
-  KernelConfig warpspec;
-  warpspec.variant = Variant::warpspec;
-  const bool copies = grad_gemm_dtype(p.dtype) == DType::tf32 ||
-                      (d.cc() == 90 && grad_gemm_reads_copies(p, warpspec));
+  const bool copies =
+      grad_gemm_dtype(p.dtype) == DType::tf32 || (d.cc() == 90 && grad_gemm_layer_reads_copies(p));
   std::vector<KernelConfig> candidates = candidate_configs(copies ? as_wgmma_reads(g) : g, d);
   // The forward's own split twins (add_split_k) follow the forward's rules, not these: dropped.
   std::erase_if(candidates, [](const KernelConfig& c) { return c.split_k != 1; });
