@@ -317,6 +317,26 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
          grad_gemm_candidates(short_k, backward_gemms(short_k).dw, true, dev))
       CHECK(c.split_k == 1);
   }
+  // Where small tiles fill the GPU but large ones leave most SMs idle (4097x4095x129's dW: N x K
+  // = 4095 x 129 in 128x256 tiles is 16 CTAs, its reduction the batch), the large tiles' split
+  // twins are offered after warpspec's unsplit configs: the tuner times them, the heuristic's
+  // pick stays unsplit. (dX's grid is ranked at the M class's 16384 rows, where it fills the
+  // GPU: no twins.)
+  {
+    const Problem q = parse_sweep_line("4097x4095x129 bf16 train").problem;
+    std::vector<KernelConfig> list = grad_gemm_candidates(q, backward_gemms(q).dw, true, hopper);
+    REQUIRE(!list.empty());
+    CHECK(list.front().split_k == 1);
+    // Warpspec's list, then tiled's: the twins follow warpspec's unsplit configs.
+    std::erase_if(list, [](const KernelConfig& c) { return c.variant != Variant::warpspec; });
+    const auto first_twin =
+        std::find_if(list.begin(), list.end(), [](const KernelConfig& c) { return c.split_k > 1; });
+    REQUIRE(first_twin != list.end());
+    CHECK(std::all_of(first_twin, list.end(), [](const KernelConfig& c) { return c.split_k > 1; }));
+    CHECK(std::any_of(first_twin, list.end(), [](const KernelConfig& c) {
+      return c.bm == 128 && c.bn == 256 && c.split_k == 4;
+    }));
+  }
   // The sanitizer sweep's split lines (tests/sanitize/backward_small.sweep) do split, tf32's on
   // warpspec (its K-major copies).
   CHECK(default_backward_config(parse_sweep_line("4100x64x40 bf16 train").problem, hopper)

@@ -102,15 +102,14 @@ Problem as_wgmma_reads(const Problem& g) {
 // copy per element, which needs the registers of eight warps: four-warp tiles spill (measured on
 // the compiled kernels), so tf32 takes 256 threads (every warpspec config has them).
 //
-// Split-K: where even the smallest tiles fill at most half the SMs (dW of a narrow layer: N x K
-// is a few tiles, its reduction the whole batch) and the reduction is long (at least 64 k
-// tiles), each unsplit candidate also comes split in the most of 2, 4, ..., 32 that keeps the
-// grid within one CTA per SM and at least 8 k tiles per split (a pipeline's fill and drain),
-// ranked by the time model's one-wave rates and split cost (GemmKind::gradient_one_wave).
-// Measured on H200 (bf16 train, backward alone): 65536x256x64 0.306 -> 0.170 ms (dW 64x64 in 32
-// splits); but 1024x256x64 (16 k tiles) 0.0283 unsplit against 0.0295 in 4 splits, and at
-// 2048x2048x512, where unsplit 64x128 tiles fill the GPU, the time model's 128x256 tiles in 4
-// splits took 0.076 ms against 0.052.
+// Split-K: each unsplit candidate whose own grid fills at most half the SMs and whose reduction
+// is long (at least 64 k tiles) also comes split in the most of 2, 4, ..., 32 that keeps the grid
+// within one CTA per SM and at least 8 k tiles per split (a pipeline's fill and drain). Where
+// even the smallest tiles fill at most half the SMs (dW of a narrow layer: N x K is a few tiles,
+// its reduction the whole batch), the twins are ranked with the rest by the time model's
+// one-wave rates and split cost (GemmKind::gradient_one_wave); elsewhere they come last, for
+// the tuner. Measured on H200 (bf16 train, backward alone): 65536x256x64 0.306 -> 0.170 ms (dW
+// 64x64 in 32 splits); but 1024x256x64 (16 k tiles) 0.0283 unsplit against 0.0295 in 4 splits.
 std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& g, bool dw,
                                                const Device& d) {
   // The forward's candidates for the GEMM's shape: a gradient GEMM's shared memory is the
@@ -131,7 +130,7 @@ std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& 
   // One twin per unsplit candidate, its largest split: the tuner compiles and times every set,
   // and every split of every candidate made 80 sets instead of 25 at 65536x256x64.
   const std::size_t unsplit = candidates.size();
-  for (std::size_t i = 0; 2 * widest <= sms && i < unsplit; ++i) {
+  for (std::size_t i = 0; i < unsplit; ++i) {
     const KernelConfig base = candidates[i];
     const std::int64_t tiles = output_tiles(g, base), kt = k_tiles(g, base.bk);
     if (base.tma_store || kt < 64) continue;
@@ -144,11 +143,25 @@ std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& 
   }
   // Where even the widest unsplit grid fills at most half the SMs, every candidate (twins
   // included) is one wave of lone CTAs: ranked by the gradient kernels' measured rates there.
-  const GemmKind kind = 2 * widest <= sms ? GemmKind::gradient_one_wave : GemmKind::gradient;
-  std::stable_sort(candidates.begin(), candidates.end(),
-                   [&](const KernelConfig& a, const KernelConfig& b) {
-                     return estimated_us(g, d, a, kind) < estimated_us(g, d, b, kind);
-                   });
+  // Elsewhere the twins (of large tiles whose grids leave most SMs idle) follow every unsplit
+  // candidate: the tuner times them, the heuristic does not take them. At 4097x4095x129 bf16
+  // train both GEMMs in 128x256 tiles and 4 splits made the backward 22% faster than the
+  // heuristic's unsplit pair (14% at 16384 rows; H200), but at 2048x2048x512, where unsplit
+  // 64x128 tiles fill the GPU, 128x256 tiles in 4 splits took 0.076 ms against 0.052. (Grids
+  // are counted at g's rows, the M class's representative for dX: 4097x4095x129's dX in
+  // 128x256 tiles is 128 CTAs there, so only its dW gets twins.)
+  const bool one_wave = 2 * widest <= sms;
+  const GemmKind kind = one_wave ? GemmKind::gradient_one_wave : GemmKind::gradient;
+  const auto faster = [&](const KernelConfig& a, const KernelConfig& b) {
+    return estimated_us(g, d, a, kind) < estimated_us(g, d, b, kind);
+  };
+  if (one_wave) {
+    std::stable_sort(candidates.begin(), candidates.end(), faster);
+  } else {
+    const auto twins = candidates.begin() + static_cast<std::ptrdiff_t>(unsplit);
+    std::stable_sort(candidates.begin(), twins, faster);
+    std::stable_sort(twins, candidates.end(), faster);
+  }
   // dX whose W and C are copied 4 bytes at a time (grad_gemm_vec_bytes; da's rows are 16-byte
   // aligned), on the tiled kernel with a 64x64 warp tile: ptxas spills in fj_bwd_dx (sm_90a;
   // `fusejit compile` reports it), and the time model cannot see registers. Backward alone, bf16
