@@ -81,21 +81,15 @@ __device__ __forceinline__ BackwardColumn backward_column(const BackwardParams& 
   return c;
 }
 
-// VEC columns of rows [r, r + ...) of a [m][LD] tensor of T, as floats.
+// The n_here < VEC columns of a strip's last chunk (N not a multiple of VEC) at row `row` of a
+// [m][LDY] tensor of T, as floats, zeros past them.
 template <class Spec, int VEC>
-__device__ __forceinline__ void load_row(const void* base, long long row, int c, int n_here,
-                                         float (&v)[VEC]) {
+__device__ __forceinline__ void load_partial_row(const void* base, long long row, int c, int n_here,
+                                                 float (&v)[VEC]) {
   using T = typename Spec::T;
   const T* src = static_cast<const T*>(base) + row * Spec::LDY + c;
-  if (n_here == VEC) {
-    Packed<T, VEC> raw;
-    raw.load(src);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = raw.get(j);
-  } else {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = j < n_here ? to_float(src[j]) : 0.f;
-  }
+  for (int j = 0; j < VEC; ++j) v[j] = j < n_here ? to_float(src[j]) : 0.f;
 }
 
 // da [m][LDDA] from VEC floats. Its rows are padded to 16 bytes (grad_da_row_elements) so that the
@@ -169,27 +163,57 @@ struct BackwardBlock {
 // their loads are issued before the first is used (f's stores would otherwise keep the next
 // row's loads behind them): these passes stream, and one load pair in flight per thread left
 // fj_bwd_da at about half of H100's bandwidth (common/backward_shape.h has the figures).
+//
+// The loads stay packed until their row is used (2 registers per row of 4 bf16, not 4), and a
+// thread decides once whether its columns are whole vectors, not per load. With a per-load
+// choice and the rows as floats, ptxas gave fj_bwd_reduce 89 registers at N = 12288 (32 at N =
+// 4096, where it did not keep the rows' loads in flight together): two blocks per SM, dy and
+// saved read at 1.26 TB/s (ncu, H200, 8192x12288 bf16 train: 326 us against 66 us for 268 MB
+// at 16384x4096).
 template <class Spec, int UNROLL, class F>
 __device__ __forceinline__ void for_each_row(const BackwardParams& p,
                                              const BackwardBlock<Spec>& blk, F&& f) {
+  using T = typename Spec::T;
   constexpr int VEC = BackwardBlock<Spec>::VEC;
   constexpr int kStep = kBackwardRowThreads;
   int r = blk.row_begin + blk.ty;
+  if (blk.n_here < VEC) {
+    for (; r < blk.row_end; r += kStep) {
+      float dy[VEC], sv[VEC];
+      load_partial_row<Spec, VEC>(p.dy, r, blk.c, blk.n_here, dy);
+      load_partial_row<Spec, VEC>(p.saved, r, blk.c, blk.n_here, sv);
+      f(r, dy, sv);
+    }
+    return;
+  }
+  const T* const dy_col = static_cast<const T*>(p.dy) + blk.c;
+  const T* const sv_col = static_cast<const T*>(p.saved) + blk.c;
+  auto use = [&](int row, const Packed<T, VEC>& dy_raw, const Packed<T, VEC>& sv_raw) {
+    float dy[VEC], sv[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      dy[j] = dy_raw.get(j);
+      sv[j] = sv_raw.get(j);
+    }
+    f(row, dy, sv);
+  };
   for (; r + (UNROLL - 1) * kStep < blk.row_end; r += UNROLL * kStep) {
-    float dy[UNROLL][VEC], sv[UNROLL][VEC];
+    Packed<T, VEC> dy[UNROLL], sv[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-      load_row<Spec, VEC>(p.dy, r + u * kStep, blk.c, blk.n_here, dy[u]);
-      load_row<Spec, VEC>(p.saved, r + u * kStep, blk.c, blk.n_here, sv[u]);
+      const long long off = static_cast<long long>(r + u * kStep) * Spec::LDY;
+      dy[u].load(dy_col + off);
+      sv[u].load(sv_col + off);
     }
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) f(r + u * kStep, dy[u], sv[u]);
+    for (int u = 0; u < UNROLL; ++u) use(r + u * kStep, dy[u], sv[u]);
   }
   for (; r < blk.row_end; r += kStep) {
-    float dy[VEC], sv[VEC];
-    load_row<Spec, VEC>(p.dy, r, blk.c, blk.n_here, dy);
-    load_row<Spec, VEC>(p.saved, r, blk.c, blk.n_here, sv);
-    f(r, dy, sv);
+    Packed<T, VEC> dy, sv;
+    const long long off = static_cast<long long>(r) * Spec::LDY;
+    dy.load(dy_col + off);
+    sv.load(sv_col + off);
+    use(r, dy, sv);
   }
 }
 
