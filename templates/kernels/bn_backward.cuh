@@ -44,7 +44,8 @@ struct BackwardShape {
   // (64 registers). ncu, bf16 train, H200: 65536x256 39.1 -> 32.1 us. Wider layers keep their
   // registers (87 at N >= 1024), which the cap made slower: 4096x4096 36.6 -> 39.5 us, and at
   // 8 strips (N = 1024, 512 blocks) 16384x1024 30.2 -> 32.0 and 65536x1024 109 -> 119 us.
-  // (Register counts of the pass as measured then; with da as two FMAs it takes 72 at 4096x4096.)
+  // (Register counts of the pass as measured then; with da as two FMAs and the rows kept packed
+  // (for_each_row) it takes 48 at 4096x4096 and 8192x12288, under the cap either way.)
   static constexpr int kDaBlocksPerSm = kStrips * kBackwardMaxSlabs < kBackwardTargetBlocks ? 4 : 1;
 };
 
