@@ -318,7 +318,7 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
       CHECK(c.split_k == 1);
   }
   // Where small tiles fill the GPU but large ones leave most SMs idle (4097x4095x129's dW: N x K
-  // = 4095 x 129 in 128x256 tiles is 16 CTAs, its reduction the batch), the large tiles' split
+  // = 4095 x 129 in 128x256 tiles is 32 CTAs, its reduction the batch), the large tiles' split
   // twins are offered after warpspec's unsplit configs: the tuner times them, the heuristic's
   // pick stays unsplit. (dX's grid is ranked at the M class's 16384 rows, where it fills the
   // GPU: no twins.)

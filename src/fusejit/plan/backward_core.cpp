@@ -107,9 +107,10 @@ Problem as_wgmma_reads(const Problem& g) {
 // within one CTA per SM and at least 8 k tiles per split (a pipeline's fill and drain). Where
 // even the smallest tiles fill at most half the SMs (dW of a narrow layer: N x K is a few tiles,
 // its reduction the whole batch), the twins are ranked with the rest by the time model's
-// one-wave rates and split cost (GemmKind::gradient_one_wave); elsewhere they come last, for
-// the tuner. Measured on H200 (bf16 train, backward alone): 65536x256x64 0.306 -> 0.170 ms (dW
-// 64x64 in 32 splits); but 1024x256x64 (16 k tiles) 0.0283 unsplit against 0.0295 in 4 splits.
+// one-wave rates and split cost (GemmKind::gradient_one_wave); elsewhere they come after their
+// kernel's unsplit tiles, for the tuner. Measured on H200 (bf16 train, backward alone):
+// 65536x256x64 0.306 -> 0.170 ms (dW 64x64 in 32 splits); but 1024x256x64 (16 k tiles) 0.0283
+// unsplit against 0.0295 in 4 splits.
 std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& g, bool dw,
                                                const Device& d) {
   // The forward's candidates for the GEMM's shape: a gradient GEMM's shared memory is the
@@ -144,7 +145,8 @@ std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& 
   // Where even the widest unsplit grid fills at most half the SMs, every candidate (twins
   // included) is one wave of lone CTAs: ranked by the gradient kernels' measured rates there.
   // Elsewhere the twins (of large tiles whose grids leave most SMs idle) follow every unsplit
-  // candidate: the tuner times them, the heuristic does not take them. At 4097x4095x129 bf16
+  // candidate of their kernel (the list below is warpspec's, then tiled's): the tuner times them,
+  // the heuristic does not take them. At 4097x4095x129 bf16
   // train both GEMMs in 128x256 tiles and 4 splits made the backward 22% faster than the
   // heuristic's unsplit pair (14% at 16384 rows; H200), but at 2048x2048x512, where unsplit
   // 64x128 tiles fill the GPU, 128x256 tiles in 4 splits took 0.076 ms against 0.052. (Grids

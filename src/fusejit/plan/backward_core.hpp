@@ -64,7 +64,8 @@ void require_grad_gemm_config(const Problem& p, const KernelConfig& c, bool dw, 
 // The configs the gradient GEMM `g` (dx_gemm_problem, `dw` false, or dw_gemm_problem of `p`) can
 // run on `d`, in the heuristic's order (warpspec before tiled, each by the time model:
 // GemmKind::gradient, or gradient_one_wave where even the widest unsplit grid fills at most half
-// the GPU, which is also where split-K twins are offered; tiles known to spill last): what
+// the GPU; split-K twins of tiles whose own grid fills at most half the GPU, ranked with the rest
+// there and after each kernel's unsplit tiles elsewhere; tiles known to spill last): what
 // default_backward_config takes the first of and `fusejit autotune --backward` times.
 std::vector<KernelConfig> grad_gemm_candidates(const Problem& p, const Problem& g, bool dw,
                                                const Device& d);
