@@ -189,6 +189,11 @@ __device__ __forceinline__ void for_each_row(const BackwardParams& p,
   }
   const T* const dy_col = static_cast<const T*>(p.dy) + blk.c;
   const T* const sv_col = static_cast<const T*>(p.saved) + blk.c;
+  auto load = [&](int row, Packed<T, VEC>& dy_raw, Packed<T, VEC>& sv_raw) {
+    const long long off = static_cast<long long>(row) * Spec::LDY;
+    dy_raw.load(dy_col + off);
+    sv_raw.load(sv_col + off);
+  };
   auto use = [&](int row, const Packed<T, VEC>& dy_raw, const Packed<T, VEC>& sv_raw) {
     float dy[VEC], sv[VEC];
 #pragma unroll
@@ -201,19 +206,13 @@ __device__ __forceinline__ void for_each_row(const BackwardParams& p,
   for (; r + (UNROLL - 1) * kStep < blk.row_end; r += UNROLL * kStep) {
     Packed<T, VEC> dy[UNROLL], sv[UNROLL];
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const long long off = static_cast<long long>(r + u * kStep) * Spec::LDY;
-      dy[u].load(dy_col + off);
-      sv[u].load(sv_col + off);
-    }
+    for (int u = 0; u < UNROLL; ++u) load(r + u * kStep, dy[u], sv[u]);
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) use(r + u * kStep, dy[u], sv[u]);
   }
   for (; r < blk.row_end; r += kStep) {
     Packed<T, VEC> dy, sv;
-    const long long off = static_cast<long long>(r) * Spec::LDY;
-    dy.load(dy_col + off);
-    sv.load(sv_col + off);
+    load(r, dy, sv);
     use(r, dy, sv);
   }
 }
