@@ -28,6 +28,7 @@ LAYERS = [
     ("src/fusejit/codegen", "generated sources: Spec preludes, schedules, embedded templates"),
     ("src/fusejit/compile", "NVRTC, cache keys, compile_cached"),
     ("src/fusejit/runtime", "loaded modules and their in-process registry"),
+    ("src/fusejit/blas", "cuBLASLt matmuls set up once: descriptors, layouts, the heuristic's algorithm"),
     ("src/fusejit/plan", "built kernel sets (PlanCore), tensor checks, launches: the hot path"),
     ("src/fusejit/reference", "the cuBLASLt reference op and baseline GEMM"),
     ("src/fusejit/verify", "the float64 verification core: inputs, reference, compare, passes()"),

@@ -6,16 +6,17 @@
 # grid-synchronized train kernel (`.rc.gs`, over tests/sanitize/resident_small.sweep: one round
 # and several) and the statistics taken from x before the GEMM
 # (`.rc.cv`: a bf16 and a tf32 warpspec config, and a tiled one; the sweep's K = 64 is within its
-# limit), and for the backward pass over tests/sanitize/backward_small.sweep ("backward"). Run on the GPU machine
-# after a build:
+# limit), and for the backward pass over tests/sanitize/backward_small.sweep ("backward": the
+# heuristic's gradient GEMMs, cuBLASLt's for strict fp32; "bwd_tiles": fusejit's FFMA tiles
+# forced, dW split, on the lines they can run). Run on the GPU machine after a build:
 #   scripts/gpu_sanitize.sh [/path/to/fusejit]    -> one line per (tool, variant), exit 1 on errors
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 fj=${1:-${BUILD_DIR:-$here/build}/fusejit}
 out=${OUT:-/tmp}
 sweep=$here/tests/sanitize/small.sweep
-variants="tiled splitk cv_tiled backward"
-"$fj" info | grep -q "sm_90" && variants="tiled splitk cv_tiled warpspec ts oa_bf16 oa_tf32 gs cv_bf16 cv_tf32 backward"
+variants="tiled splitk cv_tiled backward bwd_tiles"
+"$fj" info | grep -q "sm_90" && variants="tiled splitk cv_tiled warpspec ts oa_bf16 oa_tf32 gs cv_bf16 cv_tf32 backward bwd_tiles"
 variants=${SANITIZE_VARIANTS:-$variants}
 # K = 64 everywhere in the sweep: 4 k tiles of 16, one per split.
 splitk_config=tiled.64x64x16.w2x1.s3.g8.k4
@@ -26,6 +27,7 @@ gs_config=warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.gs
 cv_bf16_config=warpspec.128x256x64.c2.s4.g16.cl1.p1.ts.rc.cv
 cv_tf32_config=warpspec.128x128x32.c2.s6.g8.cl1.p1.rc.cv
 cv_tiled_config=tiled.128x128x32.w2x4.s3.g8.rc.cv
+bwd_tiles_config=dx.tiled.128x128x32.w4x2.s3.g8.dw.tiled.128x128x32.w4x2.s3.g8.k4
 status=0
 printf '%-10s %-9s %s\n' tool variant result
 for tool in memcheck racecheck initcheck synccheck; do
@@ -41,10 +43,11 @@ for tool in memcheck racecheck initcheck synccheck; do
       cv_tf32) pick=(--config "$cv_tf32_config") ;;
       cv_tiled) pick=(--config "$cv_tiled_config") ;;
       backward) pick=(--backward) ;;
+      bwd_tiles) pick=(--backward --backward-config "$bwd_tiles_config") ;;
       *) pick=(--variant "$v") ;;
     esac
     case $v in
-      backward) cases=$here/tests/sanitize/backward_small.sweep ;;
+      backward | bwd_tiles) cases=$here/tests/sanitize/backward_small.sweep ;;
       oa_*) cases=$here/tests/sanitize/overlap_small.sweep ;;
       gs) cases=$here/tests/sanitize/resident_small.sweep ;;
       *) cases=$sweep ;;

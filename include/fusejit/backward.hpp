@@ -66,6 +66,11 @@ struct BackwardOptions {
   // run's M. Unset: the tuning database's backward entry for the layer's M class (`fusejit
   // autotune --backward`), else the heuristic (warpspec where it can run).
   std::optional<KernelConfig> dx_config, dw_config;
+  // Force that GEMM onto cuBLASLt instead (reading da from the workspace and the layer's x and W
+  // in place, any layout): what strict fp32 and tf32x3 layers run without a tuning entry, and a
+  // contender `fusejit autotune --backward` times for every dtype. Not with the same GEMM's
+  // *_config (InvalidArgument "dx_cublaslt" / "dw_cublaslt").
+  bool dx_cublaslt = false, dw_cublaslt = false;
 };
 
 struct BackwardCore;
@@ -82,9 +87,9 @@ class BackwardPlan {
   const Problem& problem() const;
   // Bytes of device workspace a run of up to problem().M rows needs, 256-byte aligned. It
   // holds da ([M][N], storage type, rows padded to 16 bytes), the column partials and, where the
-  // gradient GEMMs read them, split slices and operand copies.
+  // gradient GEMMs need them, split slices, operand copies or cuBLASLt's workspace.
   std::size_t workspace_size() const;
-  // "dx.<config key>.dw.<config key>": the two GEMMs' tiles.
+  // "dx.<config key>.dw.<config key>": the two GEMMs' tiles ("cublaslt" for one on cuBLASLt).
   std::string config_key() const;
   std::vector<std::string> kernel_names() const;
   bool cache_hit() const;

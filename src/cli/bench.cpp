@@ -24,6 +24,7 @@
 #include "fusejit/device/event_timer.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/plan.hpp"
+#include "fusejit/plan/backward_core.hpp"
 #include "fusejit/reference/cublaslt_reference.hpp"
 #include "tools/sweep.hpp"
 
@@ -267,9 +268,7 @@ nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device
   bo.device = a.device;
   bo.cache_dir = a.cache_dir;
   if (!a.backward_config.empty()) {
-    const BackwardConfig forced = BackwardConfig::parse(a.backward_config);
-    bo.dx_config = forced.dx;
-    bo.dw_config = forced.dw;
+    force_backward_config(bo, BackwardConfig::parse(a.backward_config));
   }
   const auto t0 = std::chrono::steady_clock::now();
   const BackwardPlan backward(p, bo);

@@ -102,17 +102,13 @@ int run_backward_check(const CheckArgs& a, const std::vector<DType>& dtypes,
     o.device = a.device;
     o.cache_dir = a.cache_dir;
     if (forced) {
-      const Device& d = *device;
-      const BackwardGemms g = backward_gemms(c.problem);
-      std::string why = grad_gemm_why_invalid(c.problem, forced->dx, g.dx, d);
-      if (why.empty()) why = grad_gemm_why_invalid(c.problem, forced->dw, g.dw, d);
+      const std::string why = backward_config_why_invalid(c.problem, *forced, *device);
       if (!why.empty()) {
         ++skipped;
         if (a.verbose) fmt::print("skip {}: {}\n", c.text(), why);
         continue;
       }
-      o.dx_config = forced->dx;
-      o.dw_config = forced->dw;
+      force_backward_config(o, *forced);
     }
     std::string why;
     bool ok = false;

@@ -237,8 +237,8 @@ int run_compile(const CompileArgs& a) {
       else if (a.backward) {
         if (!a.backward_config.empty()) {
           const BackwardConfig c = BackwardConfig::parse(a.backward_config);
-          require_grad_gemm_config(p, c.dx, false, dev, "backward-config");
-          require_grad_gemm_config(p, c.dw, true, dev, "backward-config");
+          if (const std::string why = backward_config_why_invalid(p, c, dev); !why.empty())
+            throw InvalidArgument("backward-config", fmt::format("{}: {}", c.key(), why));
           add(generate_backward(p, c));
         } else if (a.variant == "all") {
           for (KernelSource& src : backward_tuning_sources(p, dev)) add(std::move(src));

@@ -90,6 +90,8 @@ BackwardCheckResult check_backward_case(const SweepCase& layer, const BackwardCh
   bo.accumulate = o.accumulate;
   bo.dx_config = o.dx_config;
   bo.dw_config = o.dw_config;
+  bo.dx_cublaslt = o.dx_cublaslt;
+  bo.dw_cublaslt = o.dw_cublaslt;
   const BackwardPlan backward(plan_problem, bo);
   r.config = backward.config_key();
   BackwardTensors bt = backward_inputs(p.mode, ft, dy_dev.get());

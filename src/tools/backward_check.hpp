@@ -22,6 +22,7 @@ struct BackwardCheckOptions {
   int device = 0;
   std::string cache_dir;
   std::optional<KernelConfig> dx_config, dw_config;  // BackwardOptions's
+  bool dx_cublaslt = false, dw_cublaslt = false;     // BackwardOptions's
 };
 
 struct BackwardCheckResult {

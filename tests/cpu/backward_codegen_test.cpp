@@ -23,6 +23,17 @@
 
 using namespace fusejit;
 
+namespace {
+
+// The heuristic's first tiles of each gradient GEMM, where its default may run them on cuBLASLt.
+BackwardConfig tiles(const Problem& p, const Device& d) {
+  const BackwardGemms g = backward_gemms(p);
+  return {grad_gemm_candidates(p, g.dx, false, d).front(),
+          grad_gemm_candidates(p, g.dw, true, d).front()};
+}
+
+}  // namespace
+
 TEST_CASE("backward kernel set per mode and split") {
   Problem p = parse_sweep_line("300x72x40 bf16 train").problem;
   BackwardConfig c{KernelConfig::parse("tiled.64x64x64.w2x2.s3.g8"),
@@ -145,7 +156,11 @@ TEST_CASE("every backward kernel set compiles for every supported architecture")
       for (const char* l : lines) {
         if (!all && l != lines[0] && l != lines[1]) continue;
         const Problem p = parse_sweep_line(fmt::format(fmt::runtime(l), dt)).problem;
-        jobs.push_back({arch, generate_backward(p, default_backward_config(p, dev))});
+        const BackwardConfig c = default_backward_config(p, dev);
+        jobs.push_back({arch, generate_backward(p, c)});
+        // Strict fp32's default runs its GEMMs on cuBLASLt; its own tiles stay candidates.
+        if (c.dx_cublaslt || c.dw_cublaslt)
+          jobs.push_back({arch, generate_backward(p, tiles(p, dev))});
       }
   }
   MESSAGE(jobs.size() << " backward kernel sets over " << archs.size() << " architectures");
@@ -218,10 +233,12 @@ TEST_CASE("tf32x3: BackwardPlan takes it; its gradient GEMMs are strict fp32's")
   for (const char* arch : {"sm_80", "sm_90a"}) {
     CAPTURE(arch);
     const Device dev = Device::for_arch(arch);
-    // fp32's candidates and ranking (the FFMA kernels), fp32's math in the Specs, tf32x3's
-    // storage type and key.
-    CHECK(default_backward_config(p, dev).key() == default_backward_config(strict, dev).key());
-    const KernelSource src = generate_backward(p, default_backward_config(p, dev));
+    // fp32's choice (cuBLASLt's strict SGEMM), candidates and ranking (the FFMA kernels),
+    // fp32's math in the Specs, tf32x3's storage type and key.
+    CHECK(default_backward_config(p, dev).key() == "dx.cublaslt.dw.cublaslt");
+    CHECK(default_backward_config(strict, dev).key() == "dx.cublaslt.dw.cublaslt");
+    CHECK(tiles(p, dev).key() == tiles(strict, dev).key());
+    const KernelSource src = generate_backward(p, tiles(p, dev));
     CHECK(src.text.find("MATH = fj::kMathSimtFp32") != std::string::npos);
     CHECK(src.text.find("kMathTf32x3") == std::string::npos);
     CHECK(src.name.find("tf32x3") != std::string::npos);
@@ -347,9 +364,8 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
     CHECK(c.dw.split_k > 1);
     CHECK(c.dw.variant == Variant::warpspec);
   }
-  CHECK(
-      default_backward_config(parse_sweep_line("4100x40x24 fp32 eval").problem, hopper).dw.split_k >
-      1);
+  // fp32's (cuBLASLt by default): the FFMA tiles split under the sanitizer's "bwd_tiles".
+  CHECK(tiles(parse_sweep_line("4100x40x24 fp32 eval").problem, hopper).dw.split_k > 1);
   // A gradient GEMM whose candidates are all one wave is ranked by its tiles' measured rates alone
   // on an SM and by its slices' traffic (estimated_us, GemmKind::gradient_one_wave). On H100
   // (`fusejit autotune --backward`, bf16 train, whole backward) 16384x1024x256's dW in 128x128
@@ -463,6 +479,60 @@ TEST_CASE("the warpgroups' register budgets: the kernels' splits fit a CTA, 96 +
   CHECK_MESSAGE(failures.empty(), failures);
 }
 
+TEST_CASE("gradient GEMMs on cuBLASLt: strict fp32's default, keys, kernel sets, workspace") {
+  const Device hopper = Device::for_arch("sm_90a");
+  for (const char* line :
+       {"300x72x40 fp32 train", "300x72x40 fp32 eval", "300x72x40 tf32x3 train"}) {
+    CAPTURE(line);
+    const Problem p = parse_sweep_line(line).problem;
+    const BackwardConfig c = default_backward_config(p, hopper);
+    CHECK(c.dx_cublaslt);
+    CHECK(c.dw_cublaslt);
+    CHECK(c.key() == "dx.cublaslt.dw.cublaslt");
+    const BackwardConfig back = BackwardConfig::parse(c.key());
+    CHECK((back.dx_cublaslt && back.dw_cublaslt));
+    // Only the BatchNorm passes: no GEMM, split sum or copy kernel, and no GEMM Spec.
+    for (const std::string& k : backward_kernel_set(p, c)) {
+      CAPTURE(k);
+      CHECK(k.find("_dx") == std::string::npos);
+      CHECK(k.find("_dw") == std::string::npos);
+      CHECK(k != "fj_bwd_transpose");
+    }
+    const KernelSource src = generate_backward(p, c);
+    CHECK(src.text.find("DxSpec") == std::string::npos);
+    CHECK(src.text.find("DwSpec") == std::string::npos);
+    // cuBLASLt's workspace comes first, as large as asked; no split slices or copies.
+    const BackwardWorkspace w = backward_workspace(p, c, 300, 5000);
+    CHECK(w.lt_offset == 0);
+    CHECK(w.dy_partials_offset >= 5000);
+    CHECK(w.dx_slices_offset == w.dw_slices_offset);
+    CHECK(w.w_t_offset == 0);
+    CHECK(w.x_t_offset == 0);
+    CHECK(w.total >= backward_workspace(p, c, 300, 0).total + 5000);
+    CHECK(backward_config_why_invalid(p, c, hopper).empty());
+  }
+  // Tensor-core dtypes keep their tiles by default; the tuner times each GEMM on cuBLASLt too,
+  // beside the heuristic's other GEMM.
+  for (const char* line : {"300x72x40 bf16 train", "300x72x40 tf32 eval", "300x72x40 fp32 train"}) {
+    CAPTURE(line);
+    const Problem p = parse_sweep_line(line).problem;
+    const BackwardConfig h = default_backward_config(p, hopper);
+    CHECK(h.dx_cublaslt == (p.dtype == DType::fp32));
+    std::set<std::string> keys;
+    for (const BackwardConfig& c : backward_tuning_configs(p, hopper)) keys.insert(c.key());
+    CHECK(keys.count(h.key()) == 1);
+    CHECK(keys.count(fmt::format("dx.cublaslt.dw.{}", h.dw_key())) == 1);
+    CHECK(keys.count(fmt::format("dx.{}.dw.cublaslt", h.dx_key())) == 1);
+    // A mixed pair: its one fused GEMM's kernels only.
+    BackwardConfig mixed = tiles(p, hopper);
+    mixed.dw = {}, mixed.dw_cublaslt = true;
+    CHECK(BackwardConfig::parse(mixed.key()).key() == mixed.key());
+    const std::vector<std::string> k = backward_kernel_set(p, mixed);
+    CHECK(std::count(k.begin(), k.end(), "fj_bwd_dx") == 1);
+    CHECK(std::count(k.begin(), k.end(), "fj_bwd_dw") == 0);
+  }
+}
+
 TEST_CASE("backward config keys parse back; bad text names the argument") {
   const Problem p = parse_sweep_line("300x72x40 bf16 train").problem;
   for (const Device& d : {Device::for_arch("sm_90a"), Device::for_arch("sm_80")}) {
@@ -496,18 +566,19 @@ TEST_CASE(
       CAPTURE(c.key());
       CHECK(keys.insert(c.key()).second);  // no pair twice
       // Every pair keeps one of the heuristic's GEMMs and is one a BackwardPlan accepts.
-      CHECK((c.dx.key() == h.dx.key() || c.dw.key() == h.dw.key()));
-      CHECK(grad_gemm_why_invalid(p, c.dx, backward_gemms(p).dx, hopper) == "");
-      CHECK(grad_gemm_why_invalid(p, c.dw, backward_gemms(p).dw, hopper) == "");
-      dx.insert(c.dx.key());
-      dw.insert(c.dw.key());
+      CHECK((c.dx_key() == h.dx_key() || c.dw_key() == h.dw_key()));
+      CHECK(backward_config_why_invalid(p, c, hopper) == "");
+      dx.insert(c.dx_key());
+      dw.insert(c.dw_key());
     }
-    // Both GEMMs' lists are searched: |dx| + |dw| - 1 pairs.
+    // Both GEMMs' lists are searched, each with cuBLASLt: |dx| + |dw| - 1 pairs.
     CHECK(dx.size() > 1);
     CHECK(dw.size() > 1);
     CHECK(cs.size() == dx.size() + dw.size() - 1);
-    CHECK(dx.size() == grad_gemm_candidates(p, backward_gemms(p).dx, false, hopper).size());
-    CHECK(dw.size() == grad_gemm_candidates(p, backward_gemms(p).dw, true, hopper).size());
+    CHECK(dx.count(std::string(kCublasLtGemmKey)) == 1);
+    CHECK(dw.count(std::string(kCublasLtGemmKey)) == 1);
+    CHECK(dx.size() == grad_gemm_candidates(p, backward_gemms(p).dx, false, hopper).size() + 1);
+    CHECK(dw.size() == grad_gemm_candidates(p, backward_gemms(p).dw, true, hopper).size() + 1);
     const std::vector<KernelSource> sources = backward_tuning_sources(p, hopper);
     REQUIRE(sources.size() == cs.size());
     CHECK(sources.front().name == generate_backward(p, h).name);

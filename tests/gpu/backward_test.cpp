@@ -179,6 +179,64 @@ TEST_CASE("backward: forced gradient GEMM tiles, and configs it cannot take") {
   }
 }
 
+// Strict fp32 and tf32x3 run both gradient GEMMs on cuBLASLt by default; any dtype may force
+// either onto it (BackwardOptions::dx_cublaslt, dw_cublaslt), beside the other GEMM's tiles.
+TEST_CASE("backward: gradient GEMMs on cuBLASLt") {
+  for (const char* line : {"1000x200x136 fp32 train", "300x72x40 fp32 eval",
+                           "257x64x96 tf32x3 train", "300x60x65 fp32 train ldx=70 ldw=68"}) {
+    CAPTURE(line);
+    const BackwardCheckResult r = check_backward_case(parse_sweep_line(line));
+    CHECK(r.config == "dx.cublaslt.dw.cublaslt");
+    check(line);
+  }
+  struct Forced {
+    bool dx, dw;
+  };
+  for (const Forced f : {Forced{true, true}, Forced{true, false}, Forced{false, true}})
+    for (const char* line :
+         {"1000x200x136 bf16 train", "300x72x40 fp16 eval", "513x64x96 tf32 train",
+          "300x60x65 bf16 train", "257x64x96 bf16 train ldx=100"}) {
+      CAPTURE(f.dx);
+      CAPTURE(f.dw);
+      BackwardCheckOptions o;
+      o.dx_cublaslt = f.dx;
+      o.dw_cublaslt = f.dw;
+      check(line, o);
+    }
+  // Fewer rows than the plan's (the layouts of the run's rows, the plan's algorithm),
+  // accumulation (dW += ...), and each GEMM skipped.
+  for (const char* dtype : {"fp32", "bf16"})
+    for (const char* mode : {"train", "eval"}) {
+      BackwardCheckOptions o;
+      o.dx_cublaslt = o.dw_cublaslt = true;
+      BackwardCheckOptions r = o;
+      r.rows = 129;
+      check(fmt::format("1000x64x96 {} {}", dtype, mode), r);
+      r.rows = 2;
+      check(fmt::format("1000x64x96 {} {}", dtype, mode), r);
+      BackwardCheckOptions a = o;
+      a.accumulate = true;
+      check(fmt::format("300x64x96 {} {}", dtype, mode), a);
+      BackwardCheckOptions nx = o;
+      nx.want_dx = false;
+      check(fmt::format("300x64x96 {} {}", dtype, mode), nx);
+      BackwardCheckOptions nw = o;
+      nw.want_dw = false;
+      check(fmt::format("300x64x96 {} {}", dtype, mode), nw);
+    }
+  // A GEMM runs on cuBLASLt or on forced tiles, not both.
+  const Problem p = parse_sweep_line("256x64x64 bf16 train").problem;
+  BackwardOptions both;
+  both.dw_cublaslt = true;
+  both.dw_config = KernelConfig::parse("tiled.64x128x64.w2x2.s3.g4");
+  try {
+    const BackwardPlan plan(p, both);
+    FAIL("no error");
+  } catch (const InvalidArgument& e) {
+    CHECK(e.argument() == "dw_cublaslt");
+  }
+}
+
 TEST_CASE("backward: warpspec gradient GEMMs (sm_90a): tile shapes, tails, persistent or not") {
   if (Device::get(0).cc() != 90) {
     MESSAGE("skipped: the warpspec gradient GEMMs need sm_90a");
@@ -279,9 +337,10 @@ TEST_CASE("backward: split-K gradient GEMMs, tiled and warpspec") {
 // Run twice directly and once from a captured CUDA graph: every gradient bit-identical (the
 // reductions merge in a fixed order; nothing in run() may sync or allocate, or capture fails).
 TEST_CASE("backward: bit-identical run to run, and under CUDA graph capture") {
-  // The last: the heuristic splits its dW (N x K is a few tiles, the reduction 20000 rows).
+  // The third: the heuristic splits its dW (N x K is a few tiles, the reduction 20000 rows).
   for (const char* line :
-       {"1000x136x96 bf16 train", "300x72x40 fp16 eval", "20000x256x64 bf16 train"}) {
+       {"1000x136x96 bf16 train", "300x72x40 fp16 eval", "20000x256x64 bf16 train",
+        "1000x136x96 fp32 train" /* cuBLASLt's gradient GEMMs */}) {
     CAPTURE(line);
     const SweepCase c = parse_sweep_line(line);
     const Problem& p = c.problem;

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <tuple>
 #include <utility>
 
 #include "fusejit/backward.hpp"
@@ -15,6 +16,7 @@ namespace fusejit {
 
 struct BackwardPlan::RunState {
   BackwardRunCache cache;
+  BackwardLt lt;                    // the GEMMs the config runs on cuBLASLt, if any
   std::size_t workspace_bytes = 0;  // for the plan's M, computed once (run checks it every call)
 };
 
@@ -25,26 +27,40 @@ BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& option
   const Device device = Device::current();
   // Both tiles forced: the database is not read (nor a damaged one moved aside) for a choice
   // nothing would use. One forced: the other GEMM's tiles still come from the dispatch.
+  for (const auto& [lt, tiles, arg] :
+       {std::tuple{options.dx_cublaslt, options.dx_config.has_value(), "dx_cublaslt"},
+        std::tuple{options.dw_cublaslt, options.dw_config.has_value(), "dw_cublaslt"}})
+    if (lt && tiles)
+      throw InvalidArgument(arg, fmt::format("a GEMM runs on cuBLASLt or on forced tiles, not "
+                                             "both; {} and {} are set",
+                                             arg, arg[1] == 'x' ? "dx_config" : "dw_config"));
+  const bool forced_dx = options.dx_config || options.dx_cublaslt,
+             forced_dw = options.dw_config || options.dw_cublaslt;
   BackwardConfig config;
-  if (options.dx_config && options.dw_config) {
+  if (forced_dx && forced_dw) {
     dispatch_ = "config";
   } else {
     const BackwardChoice choice = choose_backward(problem, device, options.cache_dir);
     config = choice.config;
-    dispatch_ =
-        options.dx_config || options.dw_config ? "config" : std::string(name(choice.source));
+    dispatch_ = forced_dx || forced_dw ? "config" : std::string(name(choice.source));
   }
   // Judged as the heuristic and the tuning entries are: at the M class's representative M.
   if (options.dx_config) {
     require_grad_gemm_config(problem, *options.dx_config, false, device, "dx_config");
     config.dx = *options.dx_config;
+    config.dx_cublaslt = false;
   }
   if (options.dw_config) {
     require_grad_gemm_config(problem, *options.dw_config, true, device, "dw_config");
     config.dw = *options.dw_config;
+    config.dw_cublaslt = false;
   }
+  if (options.dx_cublaslt) config.dx = {}, config.dx_cublaslt = true;
+  if (options.dw_cublaslt) config.dw = {}, config.dw_cublaslt = true;
   core_ = backward_core(problem, config, ctx, options.cache_dir);
-  state_->workspace_bytes = backward_workspace(problem, core_->config, problem.M).total;
+  state_->lt = make_backward_lt(problem, core_->config);
+  state_->workspace_bytes =
+      backward_workspace(problem, core_->config, problem.M, state_->lt.workspace).total;
   if (const std::size_t bytes = workspace_size(); bytes && options.allocate_workspace) {
     FJ_CU(cuCtxSetCurrent(core_->context));
     FJ_CU(cuMemAlloc(&own_workspace_, bytes));
@@ -89,7 +105,10 @@ std::string BackwardPlan::config_key() const {
   return core_->config.key();
 }
 std::vector<std::string> BackwardPlan::kernel_names() const {
-  return core_->kernel_names;
+  std::vector<std::string> names = core_->kernel_names;
+  if (core_->config.dx_cublaslt) names.push_back("cublasLtMatmul (dx)");
+  if (core_->config.dw_cublaslt) names.push_back("cublasLtMatmul (dw)");
+  return names;
 }
 bool BackwardPlan::cache_hit() const {
   return core_->cache_hit;
@@ -118,7 +137,7 @@ void BackwardPlan::run(CUstream stream, const BackwardTensors& t, std::int64_t r
         "rows", fmt::format("expected {} <= rows <= M = {}; got {}", least, problem_.M, rows));
   validate_backward_tensors(problem_, t);
   validate_workspace(workspace, bytes, workspace_size());
-  launch_backward(*core_, rows, accumulate_, stream, t, workspace, &state_->cache);
+  launch_backward(*core_, rows, accumulate_, stream, t, workspace, &state_->cache, &state_->lt);
 }
 
 }  // namespace fusejit

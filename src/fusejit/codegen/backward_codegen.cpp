@@ -82,18 +82,31 @@ int grad_wgmma_smem_bytes(const KernelConfig& c, DType d) {
   return up(bytes, 1024) + 1024;
 }
 
+std::string BackwardConfig::dx_key() const {
+  return dx_cublaslt ? std::string(kCublasLtGemmKey) : dx.key();
+}
+std::string BackwardConfig::dw_key() const {
+  return dw_cublaslt ? std::string(kCublasLtGemmKey) : dw.key();
+}
 std::string BackwardConfig::key() const {
-  return fmt::format("dx.{}.dw.{}", dx.key(), dw.key());
+  return fmt::format("dx.{}.dw.{}", dx_key(), dw_key());
 }
 
 BackwardConfig BackwardConfig::parse(std::string_view key, const char* arg) {
   const std::size_t dw = key.find(".dw.");
   if (!key.starts_with("dx.") || dw == std::string_view::npos)
     throw InvalidArgument(arg, fmt::format("expected dx.<config key>.dw.<config key>, as "
-                                           "BackwardPlan::config_key() prints it; got '{}'",
-                                           key));
+                                           "BackwardPlan::config_key() prints it (a key may be "
+                                           "'{}'); got '{}'",
+                                           kCublasLtGemmKey, key));
   try {
-    return {KernelConfig::parse(key.substr(3, dw - 3)), KernelConfig::parse(key.substr(dw + 4))};
+    BackwardConfig c;
+    const std::string_view dx_key = key.substr(3, dw - 3), dw_key = key.substr(dw + 4);
+    c.dx_cublaslt = dx_key == kCublasLtGemmKey;
+    c.dw_cublaslt = dw_key == kCublasLtGemmKey;
+    if (!c.dx_cublaslt) c.dx = KernelConfig::parse(dx_key);
+    if (!c.dw_cublaslt) c.dw = KernelConfig::parse(dw_key);
+    return c;
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(arg, fmt::format("'{}': {}", key, e.what()));
   }
@@ -164,12 +177,18 @@ std::vector<std::string> backward_kernel_set(const Problem& p, const BackwardCon
     k.insert(k.end(), {"fj_bwd_coef", "fj_bwd_da"});
   else
     k.push_back("fj_bwd_params");
-  if (grad_gemm_reads_copies(p, c.dx) || grad_gemm_reads_copies(p, c.dw))
+  // A GEMM on cuBLASLt has no kernel here (and reads no copies: it takes any layout).
+  if ((!c.dx_cublaslt && grad_gemm_reads_copies(p, c.dx)) ||
+      (!c.dw_cublaslt && grad_gemm_reads_copies(p, c.dw)))
     k.push_back("fj_bwd_transpose");
-  k.push_back("fj_bwd_dx");
-  if (c.dx.split_k > 1) k.push_back("fj_bwd_dx_sum");
-  k.push_back("fj_bwd_dw");
-  if (c.dw.split_k > 1) k.push_back("fj_bwd_dw_sum");
+  if (!c.dx_cublaslt) {
+    k.push_back("fj_bwd_dx");
+    if (c.dx.split_k > 1) k.push_back("fj_bwd_dx_sum");
+  }
+  if (!c.dw_cublaslt) {
+    k.push_back("fj_bwd_dw");
+    if (c.dw.split_k > 1) k.push_back("fj_bwd_dw_sum");
+  }
   return k;
 }
 
@@ -198,33 +217,42 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
   t += "};\n";
   const GradGemmVecBytes gemm_vec = grad_gemm_vec_bytes(p);
   // An operand read from a copy is K-major (grad_gemm_reads_copies, grad_gemm_reads_da_copy).
-  const bool dx_copies = grad_gemm_reads_copies(p, c.dx),
-             dw_copies = grad_gemm_reads_copies(p, c.dw),
-             dw_da_copy = grad_gemm_reads_da_copy(p, c.dw);
+  // A GEMM on cuBLASLt (BackwardConfig::dx_cublaslt, dw_cublaslt) has no Spec or kernel here.
+  const bool fused_dx = !c.dx_cublaslt, fused_dw = !c.dw_cublaslt;
+  const bool dx_copies = fused_dx && grad_gemm_reads_copies(p, c.dx),
+             dw_copies = fused_dw && grad_gemm_reads_copies(p, c.dw),
+             dw_da_copy = fused_dw && grad_gemm_reads_da_copy(p, c.dw);
   const std::int64_t ld_da = grad_da_row_elements(p);
-  t += gemm_spec("DxSpec", p, c.dx, 0, static_cast<int>(p.K), static_cast<int>(p.N), false,
-                 !dx_copies, ld_da, dx_copies ? 0 : p.lda_w(), p.lda_x(), gemm_vec);
-  t +=
-      gemm_spec("DwSpec", p, c.dw, static_cast<int>(p.N), static_cast<int>(p.K), 0, !dw_da_copy,
-                !dw_copies, dw_da_copy ? 0 : ld_da, dw_copies ? 0 : p.lda_x(), p.lda_w(), gemm_vec);
-  t += "#include \"kernels/bn_backward.cuh\"\n#include \"kernels/grad_gemm.cuh\"\n";
+  if (fused_dx)
+    t += gemm_spec("DxSpec", p, c.dx, 0, static_cast<int>(p.K), static_cast<int>(p.N), false,
+                   !dx_copies, ld_da, dx_copies ? 0 : p.lda_w(), p.lda_x(), gemm_vec);
+  if (fused_dw)
+    t += gemm_spec("DwSpec", p, c.dw, static_cast<int>(p.N), static_cast<int>(p.K), 0, !dw_da_copy,
+                   !dw_copies, dw_da_copy ? 0 : ld_da, dw_copies ? 0 : p.lda_x(), p.lda_w(),
+                   gemm_vec);
+  t += "#include \"kernels/bn_backward.cuh\"\n";
+  if (fused_dx || fused_dw) t += "#include \"kernels/grad_gemm.cuh\"\n";
   if (dx_copies || dw_copies) t += "#include \"kernels/transpose.cuh\"\n";
-  if (c.dx.split_k > 1 || c.dw.split_k > 1) t += "#include \"kernels/grad_split_sum.cuh\"\n";
+  if ((fused_dx && c.dx.split_k > 1) || (fused_dw && c.dw.split_k > 1))
+    t += "#include \"kernels/grad_split_sum.cuh\"\n";
   // sm_90a-only instructions: included only when a config asks for them (KernelConfig::why_invalid
   // keeps warpspec to Hopper).
-  if (c.dx.variant == Variant::warpspec || c.dw.variant == Variant::warpspec)
+  if ((fused_dx && c.dx.variant == Variant::warpspec) ||
+      (fused_dw && c.dw.variant == Variant::warpspec))
     t += "#include \"kernels/grad_wgmma.cuh\"\n";
   // Launch shapes from the module, the templates being their one source of truth: the
   // elementwise kernels' grid is strips x slabs (the host multiplies by the run's slabs).
   t += "extern \"C\" __device__ const int fj_bwd_strips = fj::BackwardShape<Spec>::kStrips;\n"
        "extern \"C\" __device__ const int fj_bwd_column_blocks =\n"
        "    fj::BackwardShape<Spec>::kColumnBlocks;\n";
-  t += fmt::format(
-      "extern \"C\" __device__ const int fj_bwd_dx_smem_bytes = {}<DxSpec>::kSmemBytes;\n",
-      gemm_template(c.dx));
-  t += fmt::format(
-      "extern \"C\" __device__ const int fj_bwd_dw_smem_bytes = {}<DwSpec>::kSmemBytes;\n",
-      gemm_template(c.dw));
+  if (fused_dx)
+    t += fmt::format(
+        "extern \"C\" __device__ const int fj_bwd_dx_smem_bytes = {}<DxSpec>::kSmemBytes;\n",
+        gemm_template(c.dx));
+  if (fused_dw)
+    t += fmt::format(
+        "extern \"C\" __device__ const int fj_bwd_dw_smem_bytes = {}<DwSpec>::kSmemBytes;\n",
+        gemm_template(c.dw));
   for (const auto& k : src.kernels) {
     if (k == "fj_bwd_reduce")
       t += "extern \"C\" __global__ void __launch_bounds__(fj::kBackwardThreads)\n"

@@ -17,11 +17,21 @@ namespace fusejit {
 // pingpong); either may split K (fp32 slices in the workspace, then an elementwise sum kernel:
 // kernels/grad_split_sum.cuh); no exact M. dx = da W (M x K, reduction over N), dW = da^T x
 // (N x K, reduction over the run's M).
+// The key of a gradient GEMM that runs on cuBLASLt (BackwardConfig::dx_cublaslt, dw_cublaslt).
+inline constexpr std::string_view kCublasLtGemmKey = "cublaslt";
+
 struct BackwardConfig {
   KernelConfig dx, dw;
-  // "dx.<key>.dw.<key>": every field of both, for source names, caches, logs and the tuning
-  // database.
+  // That GEMM runs on cuBLASLt (plan/backward_core.hpp, BackwardLt) from da in the workspace,
+  // instead of a kernel of this set; its KernelConfig is then unused and left default. Strict
+  // fp32's FFMA tiles ran 1.15-4.6x cuBLASLt's SGEMM time (docs/performance.md).
+  bool dx_cublaslt = false, dw_cublaslt = false;
+  // "dx.<key>.dw.<key>": every field of both (kCublasLtGemmKey for a GEMM on cuBLASLt), for
+  // source names, caches, logs and the tuning database.
   std::string key() const;
+  // One GEMM's part of key(): its tiles' key, or kCublasLtGemmKey.
+  std::string dx_key() const;
+  std::string dw_key() const;
   // The inverse of key(). Throws InvalidArgument(arg, ...) for text that is not one.
   static BackwardConfig parse(std::string_view key, const char* arg = "backward-config");
 };

@@ -73,8 +73,8 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
     FJ_CU(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes));
     return bytes;
   };
-  core->dx_smem_bytes = dynamic_smem(core->dx, "fj_bwd_dx", "fj_bwd_dx_smem_bytes");
-  core->dw_smem_bytes = dynamic_smem(core->dw, "fj_bwd_dw", "fj_bwd_dw_smem_bytes");
+  if (core->dx) core->dx_smem_bytes = dynamic_smem(core->dx, "fj_bwd_dx", "fj_bwd_dx_smem_bytes");
+  if (core->dw) core->dw_smem_bytes = dynamic_smem(core->dw, "fj_bwd_dw", "fj_bwd_dw_smem_bytes");
   core->kernel_names = src.kernels;
   log()->info("backward plan {} ({}, {:.3f} s compile)", src.name,
               core->cache_hit ? "cached" : "compiled", core->compile_seconds);
@@ -258,9 +258,56 @@ BackwardGemms backward_gemms(const Problem& p) {
   return g;
 }
 
+std::string backward_config_why_invalid(const Problem& p, const BackwardConfig& c,
+                                        const Device& d) {
+  const BackwardGemms g = backward_gemms(p);
+  std::string why = c.dx_cublaslt ? "" : grad_gemm_why_invalid(p, c.dx, g.dx, d);
+  if (why.empty() && !c.dw_cublaslt) why = grad_gemm_why_invalid(p, c.dw, g.dw, d);
+  return why;
+}
+
 BackwardConfig default_backward_config(const Problem& p, const Device& d) {
+  // Strict fp32 GEMMs (fp32, and tf32x3's: grad_gemm_dtype) have no tensor cores to fuse into,
+  // and cuBLASLt's SGEMM beat the FFMA tiles on every layer measured (H200, `fusejit bench
+  // --backward`, docs/performance.md "Strict fp32 gradient GEMMs on cuBLASLt").
+  if (grad_gemm_dtype(p.dtype) == DType::fp32) {
+    BackwardConfig c;
+    c.dx_cublaslt = c.dw_cublaslt = true;
+    return c;
+  }
   const BackwardGemms g = backward_gemms(p);
   return {gemm_config(p, g.dx, false, d), gemm_config(p, g.dw, true, d)};
+}
+
+BackwardLt make_backward_lt(const Problem& p, const BackwardConfig& c) {
+  BackwardLt lt;
+  if (!c.dx_cublaslt && !c.dw_cublaslt) return lt;
+  lt.handle = make_lt_handle();
+  // Row-major, as the layer's tensors are; cuBLASLt's column-major view of a row-major [r][ld]
+  // matrix is its transpose (blas/lt_gemm.hpp). dx [rows][K] = da [rows][N] W [N][K] is, column-
+  // major, dx^T (K x rows) = W^T (K x N, ld ldw) da^T (N x rows, ld_da); dW [N][K] = da^T x is
+  // dW^T (K x N) = x^T (K x rows, ld ldx) (da^T)^T, da^T stored N x rows.
+  LtGemmSpec base;
+  base.ab_type = base.d_type = lt_type(p.dtype);
+  base.compute = lt_compute(grad_gemm_dtype(p.dtype));
+  base.ab_alignment = base.d_alignment = static_cast<unsigned>(p.effective_alignment());
+  const std::int64_t ld_da = grad_da_row_elements(p), least = p.mode == Mode::train ? 2 : 1;
+  if (c.dx_cublaslt) {
+    LtGemmSpec s = base;
+    s.m = p.K, s.n = p.M, s.k = p.N;
+    s.lda = p.lda_w(), s.ldb = ld_da, s.ldd = p.lda_x();
+    lt.dx = LtGemm::require_for_rows(lt.handle.get(), s, true, least);
+    lt.workspace = std::max(lt.workspace, lt.dx->workspace());
+  }
+  if (c.dw_cublaslt) {
+    LtGemmSpec s = base;
+    s.m = p.K, s.n = p.N, s.k = p.M;
+    s.trans_b = true;
+    s.lda = p.lda_x(), s.ldb = ld_da, s.ldd = p.lda_w();
+    lt.dw = LtGemm::require_for_rows(lt.handle.get(), s, false, least);
+    lt.workspace = std::max(lt.workspace, lt.dw->workspace());
+  }
+  return lt;
 }
 
 std::shared_ptr<const BackwardCore> backward_core(const Problem& problem,
@@ -278,7 +325,8 @@ std::shared_ptr<const BackwardCore> backward_core(const Problem& problem,
   return cores.get(key, [&] { return build_backward_core(problem, config, context, cache_dir); });
 }
 
-BackwardWorkspace backward_workspace(const Problem& p, const BackwardConfig& c, std::int64_t rows) {
+BackwardWorkspace backward_workspace(const Problem& p, const BackwardConfig& c, std::int64_t rows,
+                                     std::size_t lt_bytes) {
   BackwardWorkspace w;
   // Every region starts kWorkspaceAlign-aligned in a kWorkspaceAlign-aligned workspace.
   static_assert(kWorkspaceAlign % 16 == 0,
@@ -293,6 +341,8 @@ BackwardWorkspace backward_workspace(const Problem& p, const BackwardConfig& c, 
                           static_cast<int>(storage_bytes(p.dtype)));
   const auto slabs = static_cast<std::size_t>(fj::backward_slab_bound(rows, strips));
   const auto n = static_cast<std::size_t>(p.N);
+  // First, so that it lies where it did for the plan's rows whatever a run's rows.
+  region(c.dx_cublaslt || c.dw_cublaslt ? lt_bytes : 0, w.lt_offset);
   region(slabs * n * 8, w.dy_partials_offset);
   region(p.mode == Mode::eval ? slabs * n * 8 : 0, w.dz_partials_offset);
   region(p.mode == Mode::train ? n * 16 : 0, w.coef_offset);
@@ -306,17 +356,20 @@ BackwardWorkspace backward_workspace(const Problem& p, const BackwardConfig& c, 
                                static_cast<std::size_t>(out_rows) * slice_ld * 4
                          : 0;
   };
-  region(slices(c.dx, rows), w.dx_slices_offset);
-  region(slices(c.dw, p.N), w.dw_slices_offset);
+  region(c.dx_cublaslt ? 0 : slices(c.dx, rows), w.dx_slices_offset);
+  region(c.dw_cublaslt ? 0 : slices(c.dw, p.N), w.dw_slices_offset);
   w.copy_ld_n = grad_row_elements(p.N, p.dtype);
   w.copy_ld_rows = grad_row_elements(rows, p.dtype);
   const std::size_t es = storage_bytes(p.dtype);
   auto elements = [](std::int64_t r, std::int64_t ld_elements) {
     return static_cast<std::size_t>(r) * static_cast<std::size_t>(ld_elements);
   };
-  if (grad_gemm_reads_copies(p, c.dx)) region(elements(p.K, w.copy_ld_n) * es, w.w_t_offset);
-  if (grad_gemm_reads_da_copy(p, c.dw)) region(elements(p.N, w.copy_ld_rows) * es, w.da_t_offset);
-  if (grad_gemm_reads_copies(p, c.dw)) region(elements(p.K, w.copy_ld_rows) * es, w.x_t_offset);
+  if (!c.dx_cublaslt && grad_gemm_reads_copies(p, c.dx))
+    region(elements(p.K, w.copy_ld_n) * es, w.w_t_offset);
+  if (!c.dw_cublaslt && grad_gemm_reads_da_copy(p, c.dw))
+    region(elements(p.N, w.copy_ld_rows) * es, w.da_t_offset);
+  if (!c.dw_cublaslt && grad_gemm_reads_copies(p, c.dw))
+    region(elements(p.K, w.copy_ld_rows) * es, w.x_t_offset);
   return w;
 }
 
@@ -455,7 +508,14 @@ GradGemmMaps grad_gemm_maps(const BackwardCore& c, std::int64_t rows, char* ws,
 }  // namespace
 
 void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, CUstream stream,
-                     const BackwardTensors& t, void* workspace, BackwardRunCache* cache) {
+                     const BackwardTensors& t, void* workspace, BackwardRunCache* cache,
+                     const BackwardLt* lt) {
+  const bool dx_lt = c.config.dx_cublaslt && t.dx, dw_lt = c.config.dw_cublaslt && t.dw;
+  if ((dx_lt && !(lt && lt->dx)) || (dw_lt && !(lt && lt->dw)))
+    throw InvalidArgument("config", fmt::format("{} runs a gradient GEMM on cuBLASLt, and the "
+                                                "run was given no cuBLASLt GEMMs "
+                                                "(make_backward_lt) for it",
+                                                c.config.key()));
   const Driver& d = driver();
   CUcontext current = nullptr;
   check(d.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
@@ -466,7 +526,7 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   }
   const Problem& p = c.problem;
   const fj::BackwardSlabs slabs = fj::backward_slabs(rows, c.strips);
-  const BackwardWorkspace w = backward_workspace(p, c.config, rows);
+  const BackwardWorkspace w = backward_workspace(p, c.config, rows, lt ? lt->workspace : 0);
   auto* ws = static_cast<char*>(workspace);
   const bool need_da = t.dx || t.dw;
   fj::BackwardParams bp{};
@@ -562,20 +622,28 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
          0, plain, sum_what);
     }
   };
-  if (t.dx && grad_gemm_reads_copies(p, c.config.dx))
+  // cuBLASLt's GEMMs read da as fj_bwd_da wrote it, and the layer's W and x in place; as
+  // ordinary launches they start once the pass before has finished.
+  auto run_lt = [&](const LtGemm& g, const void* a, void* out, bool acc) {
+    g.run(lt->handle.get(), stream, a, bp.ws_da, out, nullptr, ws + w.lt_offset, lt->workspace, acc,
+          rows);
+  };
+  if (dx_lt) run_lt(*lt->dx, t.w, t.dx, false);
+  if (dw_lt) run_lt(*lt->dw, t.x, t.dw, accumulate);
+  if (t.dx && !dx_lt && grad_gemm_reads_copies(p, c.config.dx))
     transpose(t.w, p.lda_w(), p.N, p.K, w.w_t_offset, w.copy_ld_n,
               "cuLaunchKernelEx(fj_bwd_transpose, W)");
-  if (t.dx)
+  if (t.dx && !dx_lt)
     gemm(c.dx, c.dx_sum, c.config.dx, rows, static_cast<unsigned>(c.dx_smem_bytes), t.w, t.dx,
          false, reinterpret_cast<float*>(ws + w.dx_slices_offset), maps.dx_a, maps.dx_b, maps.dx_c,
          "cuLaunchKernelEx(fj_bwd_dx)", "cuLaunchKernelEx(fj_bwd_dx_sum)");
-  if (t.dw && grad_gemm_reads_da_copy(p, c.config.dw))
+  if (t.dw && !dw_lt && grad_gemm_reads_da_copy(p, c.config.dw))
     transpose(bp.ws_da, grad_da_row_elements(p), rows, p.N, w.da_t_offset, w.copy_ld_rows,
               "cuLaunchKernelEx(fj_bwd_transpose, dA)");
-  if (t.dw && grad_gemm_reads_copies(p, c.config.dw))
+  if (t.dw && !dw_lt && grad_gemm_reads_copies(p, c.config.dw))
     transpose(t.x, p.lda_x(), rows, p.K, w.x_t_offset, w.copy_ld_rows,
               "cuLaunchKernelEx(fj_bwd_transpose, x)");
-  if (t.dw)
+  if (t.dw && !dw_lt)
     gemm(c.dw, c.dw_sum, c.config.dw, p.N, static_cast<unsigned>(c.dw_smem_bytes), t.x, t.dw,
          accumulate, reinterpret_cast<float*>(ws + w.dw_slices_offset), maps.dw_a, maps.dw_b,
          maps.dw_c, "cuLaunchKernelEx(fj_bwd_dw)", "cuLaunchKernelEx(fj_bwd_dw_sum)");

@@ -7,10 +7,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "fusejit/backward.hpp"
+#include "fusejit/blas/lt_gemm.hpp"
 #include "fusejit/codegen/backward_codegen.hpp"
 #include "fusejit/device.hpp"
 #include "fusejit/plan/plan_core.hpp"
@@ -61,6 +63,21 @@ std::string grad_gemm_why_invalid(const Problem& p, const KernelConfig& config, 
 void require_grad_gemm_config(const Problem& p, const KernelConfig& c, bool dw, const Device& d,
                               const char* arg);
 
+// Why `c` cannot run p's gradient GEMMs on `d` ("" when it can): grad_gemm_why_invalid of each
+// GEMM it runs on fusejit's tiles, at the M class's representative M (backward_gemms); a GEMM
+// on cuBLASLt runs any layout.
+std::string backward_config_why_invalid(const Problem& p, const BackwardConfig& c, const Device& d);
+
+// `c` as forced GEMMs of a BackwardPlan (BackwardOptions, or options with the same fields): each
+// GEMM's tiles, or cuBLASLt.
+template <class Options>
+void force_backward_config(Options& o, const BackwardConfig& c) {
+  o.dx_cublaslt = c.dx_cublaslt;
+  o.dw_cublaslt = c.dw_cublaslt;
+  o.dx_config = c.dx_cublaslt ? std::nullopt : std::optional<KernelConfig>(c.dx);
+  o.dw_config = c.dw_cublaslt ? std::nullopt : std::optional<KernelConfig>(c.dw);
+}
+
 // The configs the gradient GEMM `g` (dx_gemm_problem, `dw` false, or dw_gemm_problem of `p`) can
 // run on `d`, in the heuristic's order (warpspec before tiled, each by the time model:
 // GemmKind::gradient, or gradient_one_wave where even the widest unsplit grid fills at most half
@@ -94,13 +111,28 @@ std::shared_ptr<const BackwardCore> backward_core(const Problem&, const Backward
 // [K][copy_ld_rows] for dW, N and the rows rounded up to 16 bytes (TMA's row strides); their
 // offsets are 0 where the GEMM reads none.
 struct BackwardWorkspace {
+  std::size_t lt_offset = 0;  // cuBLASLt's workspace (BackwardLt::workspace bytes), first
   std::size_t dy_partials_offset = 0, dz_partials_offset = 0, coef_offset = 0, da_offset = 0;
   std::size_t dx_slices_offset = 0, dw_slices_offset = 0;
   std::size_t w_t_offset = 0, da_t_offset = 0, x_t_offset = 0;
   std::int64_t copy_ld_n = 0, copy_ld_rows = 0;  // the copies' row strides, in elements
   std::size_t total = 0;
 };
-BackwardWorkspace backward_workspace(const Problem&, const BackwardConfig&, std::int64_t rows);
+// `lt_bytes`: BackwardLt::workspace for a config with a GEMM on cuBLASLt.
+BackwardWorkspace backward_workspace(const Problem&, const BackwardConfig&, std::int64_t rows,
+                                     std::size_t lt_bytes = 0);
+
+// The gradient GEMMs a config runs on cuBLASLt (BackwardConfig::dx_cublaslt, dw_cublaslt), set up
+// for runs of 1 (eval) or 2 (train) up to p.M rows: dx = da W and dW (+)= da^T x from da in the
+// workspace, in the layer's storage type (strict fp32 for tf32x3, as grad_gemm_dtype). Null
+// GEMMs for a config with none. Built per plan (the algorithm depends on M), used by one run at
+// a time per stream like the plan's workspace.
+struct BackwardLt {
+  LtHandle handle;
+  std::unique_ptr<LtGemm> dx, dw;
+  std::size_t workspace = 0;  // bytes of cuBLASLt workspace both need, at most
+};
+BackwardLt make_backward_lt(const Problem& p, const BackwardConfig& c);
 
 // Throws InvalidArgument naming the first tensor that is missing, misaligned or not wanted.
 void validate_backward_tensors(const Problem&, const BackwardTensors&);
@@ -124,8 +156,10 @@ struct BackwardRunCache {
 };
 
 // Enqueues the backward of `rows` rows. Tensors and workspace were checked by the caller.
-// `cache`: the plan's, or null.
+// `cache`: the plan's, or null. `lt`: make_backward_lt(p, config) where the config runs a GEMM
+// on cuBLASLt (InvalidArgument "config" when it is missing), else ignored.
 void launch_backward(const BackwardCore&, std::int64_t rows, bool accumulate, CUstream stream,
-                     const BackwardTensors&, void* workspace, BackwardRunCache* cache = nullptr);
+                     const BackwardTensors&, void* workspace, BackwardRunCache* cache = nullptr,
+                     const BackwardLt* lt = nullptr);
 
 }  // namespace fusejit

@@ -1,12 +1,12 @@
 #include "fusejit/reference/cublaslt_reference.hpp"
 
-#include <cublasLt.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <utility>
 
+#include "fusejit/blas/lt_gemm.hpp"
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/device.hpp"
@@ -23,211 +23,20 @@ namespace fusejit {
 
 namespace {
 
-// What cuBLASLt's documentation recommends for Hopper; older GPUs need less, and the heuristic
-// reports how much the chosen algorithm really uses (that is what gets allocated).
-constexpr std::size_t kMaxLtWorkspace = std::size_t{32} << 20;
-
-void check_lt(cublasStatus_t s, const char* what) {
-  if (s == CUBLAS_STATUS_SUCCESS) return;
-  throw CudaError(
-      fmt::format("{} failed: {} ({})", what, cublasLtGetStatusName(s), cublasLtGetStatusString(s)),
-      static_cast<int>(s));
-}
-
-#define FJ_LT(call) check_lt((call), #call)
-
-struct HandleDeleter {
-  void operator()(cublasLtContext* h) const { cublasLtDestroy(h); }
-};
-struct DescDeleter {
-  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
-};
-struct LayoutDeleter {
-  void operator()(cublasLtMatrixLayoutOpaque_t* l) const { cublasLtMatrixLayoutDestroy(l); }
-};
-struct PreferenceDeleter {
-  void operator()(cublasLtMatmulPreferenceOpaque_t* p) const { cublasLtMatmulPreferenceDestroy(p); }
-};
-using HandlePtr = std::unique_ptr<cublasLtContext, HandleDeleter>;
-using DescPtr = std::unique_ptr<cublasLtMatmulDescOpaque_t, DescDeleter>;
-using LayoutPtr = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter>;
-using PreferencePtr = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceDeleter>;
-
-HandlePtr make_handle() {
-  cublasLtHandle_t h = nullptr;
-  FJ_LT(cublasLtCreate(&h));
-  return HandlePtr(h);
-}
-
-cudaDataType_t lt_type(DType d) {
-  switch (storage_type(d)) {
-    case DType::fp16:
-      return CUDA_R_16F;
-    case DType::bf16:
-      return CUDA_R_16BF;
-    default:
-      return CUDA_R_32F;
-  }
-}
-
-const char* lt_type_name(cudaDataType_t t) {
-  switch (t) {
-    case CUDA_R_16F:
-      return "fp16";
-    case CUDA_R_16BF:
-      return "bf16";
-    case CUDA_R_32F:
-      return "fp32";
-    default:
-      return "?";
-  }
-}
-
-cublasComputeType_t lt_compute(DType d) {
-  // fp32 is strict (no TF32 anywhere), as PyTorch's default; tf32 opts in like allow_tf32.
-  return d == DType::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-}
-
 void make_current(CUcontext ctx) {
   CUcontext cur = nullptr;
   FJ_CU(cuCtxGetCurrent(&cur));
   if (cur != ctx) FJ_CU(cuCtxSetCurrent(ctx));
 }
 
-// One GEMM as cuBLASLt sees it. Row-major y[M][ldy] = x[M][ldx] W[N][ldw]^T is, column-major,
-// D (N x M, ld ldd) = W^T (op T of the K x N matrix W, ld ldw) * x (K x M, ld ldx): the "TN"
-// layout every cuBLASLt tensor-core kernel supports.
-struct GemmSpec {
-  std::int64_t M = 0, N = 0, K = 0, ldx = 0, ldw = 0, ldd = 0;
-  cudaDataType_t ab_type = CUDA_R_32F, d_type = CUDA_R_32F;
-  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-  unsigned ab_alignment = 16, d_alignment = 16;
-  // Bias epilogue (bias of D's type, one value per feature = per row of D). Its pointer is set
-  // per run; the heuristic derives the alignment it may assume from the pointer it is shown,
-  // so it is shown a 16-byte (not 32-byte) aligned dummy and such runs only use this GEMM
-  // with 16-byte aligned biases.
-  bool bias_epilogue = false;
-};
-
-constexpr std::uintptr_t kBiasAlignmentHint = 16;
-
-class LtGemm {
- public:
-  // Null when cuBLASLt has no algorithm for `s`.
-  static std::unique_ptr<LtGemm> make(cublasLtHandle_t h, const GemmSpec& s) {
-    auto g = std::unique_ptr<LtGemm>(new LtGemm);
-    g->spec_ = s;
-    cublasLtMatmulDesc_t desc = nullptr;
-    FJ_LT(cublasLtMatmulDescCreate(&desc, s.compute, CUDA_R_32F));
-    g->desc_.reset(desc);
-    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    FJ_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    FJ_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    if (s.bias_epilogue) {
-      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-      FJ_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-      const void* hint = reinterpret_cast<const void*>(kBiasAlignmentHint);
-      FJ_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &hint,
-                                           sizeof hint));
-    }
-    g->a_ = layout(s.ab_type, s.K, s.N, s.ldw);
-    g->b_ = layout(s.ab_type, s.K, s.M, s.ldx);
-    g->d_ = layout(s.d_type, s.N, s.M, s.ldd);
-
-    cublasLtMatmulPreference_t pref = nullptr;
-    FJ_LT(cublasLtMatmulPreferenceCreate(&pref));
-    const PreferencePtr pref_owner(pref);
-    const std::uint64_t ws = kMaxLtWorkspace;
-    FJ_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                               sizeof ws));
-    const std::uint32_t al_ab = s.ab_alignment, al_d = s.d_alignment;
-    FJ_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                               &al_ab, sizeof al_ab));
-    FJ_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                               &al_ab, sizeof al_ab));
-    FJ_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                               &al_d, sizeof al_d));
-    FJ_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                               &al_d, sizeof al_d));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
-        h, desc, g->a_.get(), g->b_.get(), g->d_.get(), g->d_.get(), pref, 1, &result, &found);
-    if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0))
-      return nullptr;
-    check_lt(st, "cublasLtMatmulAlgoGetHeuristic");
-    check_lt(result.state, "cublasLtMatmulAlgoGetHeuristic (result state)");
-    g->algo_ = result.algo;
-    g->workspace_ = result.workspaceSize;
-    return g;
-  }
-
-  static std::unique_ptr<LtGemm> require(cublasLtHandle_t h, const GemmSpec& s) {
-    auto g = make(h, s);
-    if (!g)
-      throw CudaError(fmt::format("cuBLASLt has no algorithm for {}x{}x{} {} -> {} (ldx {}, ldw "
-                                  "{}, ldd {}, alignment {}/{}){}",
-                                  s.M, s.N, s.K, lt_type_name(s.ab_type), lt_type_name(s.d_type),
-                                  s.ldx, s.ldw, s.ldd, s.ab_alignment, s.d_alignment,
-                                  s.bias_epilogue ? " with a bias epilogue" : ""),
-                      CUBLAS_STATUS_NOT_SUPPORTED);
-    return g;
-  }
-
-  std::size_t workspace() const { return workspace_; }
-  const GemmSpec& spec() const { return spec_; }
-
-  // What the heuristic chose, as cublasLt.h's enum values (tile, stages and cluster ids), so a
-  // benchmark says which cuBLASLt kernel fusejit was measured against.
-  std::string algo_summary() const {
-    // Each attribute has its own width (cublasLt.h); the size is checked.
-    auto get = [this]<class V>(cublasLtMatmulAlgoConfigAttributes_t attr, V) {
-      V v{};
-      std::size_t written = 0;
-      FJ_LT(cublasLtMatmulAlgoConfigGetAttribute(&algo_, attr, &v, sizeof v, &written));
-      return static_cast<long long>(v);
-    };
-    return fmt::format("algo {}, tile id {}, stages id {}, cluster id {}, split-K {}, swizzle {}",
-                       get(CUBLASLT_ALGO_CONFIG_ID, std::int32_t{}),
-                       get(CUBLASLT_ALGO_CONFIG_TILE_ID, std::uint32_t{}),
-                       get(CUBLASLT_ALGO_CONFIG_STAGES_ID, std::uint32_t{}),
-                       get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, std::uint16_t{}),
-                       get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, std::int32_t{}),
-                       get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, std::uint32_t{}));
-  }
-
-  // D := W^T x (+ bias) on `stream`. `bias` must be given iff the spec has the bias epilogue.
-  void run(cublasLtHandle_t h, CUstream stream, const void* x, const void* w, void* d,
-           const void* bias, void* ws, std::size_t ws_bytes) const {
-    if (spec_.bias_epilogue)
-      FJ_LT(cublasLtMatmulDescSetAttribute(desc_.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                           sizeof bias));
-    const float alpha = 1.0f, beta = 0.0f;
-    FJ_LT(cublasLtMatmul(h, desc_.get(), &alpha, w, a_.get(), x, b_.get(), &beta, d, d_.get(), d,
-                         d_.get(), &algo_, ws, ws_bytes, stream));
-  }
-
- private:
-  LtGemm() = default;
-
-  static LayoutPtr layout(cudaDataType_t t, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
-    cublasLtMatrixLayout_t l = nullptr;
-    FJ_LT(cublasLtMatrixLayoutCreate(&l, t, static_cast<std::uint64_t>(rows),
-                                     static_cast<std::uint64_t>(cols), ld));
-    return LayoutPtr(l);
-  }
-
-  GemmSpec spec_;
-  DescPtr desc_;
-  LayoutPtr a_, b_, d_;
-  cublasLtMatmulAlgo_t algo_{};
-  std::size_t workspace_ = 0;
-};
-
-GemmSpec gemm_spec(const Problem& p) {
-  GemmSpec s;
-  s.M = p.M, s.N = p.N, s.K = p.K;
-  s.ldx = p.lda_x(), s.ldw = p.lda_w(), s.ldd = p.lda_y();
+// Row-major y[M][ldy] = x[M][ldx] W[N][ldw]^T is, column-major, D (N x M, ld ldy) = W^T (op T
+// of the K x N matrix W, ld ldw) * x (K x M, ld ldx): the "TN" layout every cuBLASLt
+// tensor-core kernel supports.
+LtGemmSpec gemm_spec(const Problem& p) {
+  LtGemmSpec s;
+  s.m = p.N, s.n = p.M, s.k = p.K;
+  s.trans_a = true, s.trans_b = false;
+  s.lda = p.lda_w(), s.ldb = p.lda_x(), s.ldd = p.lda_y();
   s.ab_type = s.d_type = lt_type(p.dtype);
   s.compute = lt_compute(p.dtype);
   s.ab_alignment = s.d_alignment = static_cast<unsigned>(p.effective_alignment());
@@ -250,7 +59,7 @@ void require_aligned(const void* ptr, const char* arg, int alignment) {
 struct BareGemm::Impl {
   Problem problem;
   CUcontext ctx = nullptr;
-  HandlePtr handle;
+  LtHandle handle;
   std::unique_ptr<LtGemm> gemm;
   DeviceBuffer workspace;
 };
@@ -261,7 +70,7 @@ BareGemm::BareGemm(const Problem& problem, int device) : impl_(std::make_unique<
   p.validate();
   impl_->problem = problem;
   impl_->ctx = context_for(device);
-  impl_->handle = make_handle();
+  impl_->handle = make_lt_handle();
   impl_->gemm = LtGemm::require(impl_->handle.get(), gemm_spec(p));
   impl_->workspace = DeviceBuffer(impl_->gemm->workspace());
 }
@@ -276,7 +85,7 @@ void BareGemm::run(CUstream stream, const void* x, const void* w, void* y) const
   require_aligned(w, "w", m.problem.effective_alignment());
   require_aligned(y, "y", m.problem.effective_alignment());
   make_current(m.ctx);
-  m.gemm->run(m.handle.get(), stream, x, w, y, nullptr, m.workspace.get(), m.workspace.size());
+  m.gemm->run(m.handle.get(), stream, w, x, y, nullptr, m.workspace.get(), m.workspace.size());
 }
 
 const Problem& BareGemm::problem() const {
@@ -287,7 +96,7 @@ std::size_t BareGemm::workspace_size() const {
 }
 
 std::string BareGemm::description() const {
-  const GemmSpec& s = impl_->gemm->spec();
+  const LtGemmSpec& s = impl_->gemm->spec();
   return fmt::format("cuBLASLt {} TN, compute {}, workspace {} B ({})", lt_type_name(s.ab_type),
                      s.compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? "32F_FAST_TF32" : "32F",
                      impl_->workspace.size(), impl_->gemm->algo_summary());
@@ -326,7 +135,7 @@ struct ReferenceOp::Impl {
   Problem problem;
   CUcontext ctx = nullptr;
   Device device;
-  HandlePtr handle;
+  LtHandle handle;
   std::unique_ptr<LtGemm> gemm_plain;  // bias (if any) added by the plain kernels
   std::unique_ptr<LtGemm> gemm_bias;   // bias epilogue; null when not applicable or unsupported
   // A run's workspace, regions 256-byte aligned: cuBLASLt's at 0; col_mean, col_mul, col_add
@@ -347,13 +156,13 @@ ReferenceOp::ReferenceOp(const Problem& problem, const ReferenceOpOptions& optio
   m.problem = problem;
   m.ctx = context_for(options.device);
   m.device = Device::current();
-  m.handle = make_handle();
+  m.handle = make_lt_handle();
 
   // The GEMM writes fp32 so the statistics see the unrounded products (as the fused kernels'
   // epilogues do); for fp32 problems that is y itself.
   const bool into_y = storage_type(problem.dtype) == DType::fp32;
   m.into_y = into_y;
-  GemmSpec s = gemm_spec(problem);
+  LtGemmSpec s = gemm_spec(problem);
   s.d_type = CUDA_R_32F;
   if (!into_y) {
     s.ldd = problem.N;
@@ -363,7 +172,7 @@ ReferenceOp::ReferenceOp(const Problem& problem, const ReferenceOpOptions& optio
   // cuBLASLt's bias is of D's type (fp32), so the epilogue can take it only when the
   // parameters are fp32; 16-bit parameters are added by the plain kernels instead.
   if (problem.has_bias && problem.param_dtype == DType::fp32) {
-    GemmSpec sb = s;
+    LtGemmSpec sb = s;
     sb.bias_epilogue = true;
     m.gemm_bias = LtGemm::make(m.handle.get(), sb);
   }
@@ -427,10 +236,10 @@ void ReferenceOp::run(CUstream stream, const Tensors& t, void* workspace,
   validate_stream(m.ctx, stream);
   const bool train = p.mode == Mode::train;
   const bool bias_in_gemm =
-      m.gemm_bias && reinterpret_cast<std::uintptr_t>(t.bias) % kBiasAlignmentHint == 0;
+      m.gemm_bias && reinterpret_cast<std::uintptr_t>(t.bias) % LtGemm::kBiasAlignmentHint == 0;
   const LtGemm& gemm = bias_in_gemm ? *m.gemm_bias : *m.gemm_plain;
   void* g = m.into_y ? t.y : ws + m.g_offset;
-  gemm.run(m.handle.get(), stream, t.x, t.w, g, bias_in_gemm ? t.bias : nullptr,
+  gemm.run(m.handle.get(), stream, t.w, t.x, g, bias_in_gemm ? t.bias : nullptr,
            m.lt_bytes ? ws : nullptr, m.lt_bytes);
 
   fj::RefParams prm{};

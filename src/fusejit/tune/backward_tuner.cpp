@@ -37,6 +37,7 @@ using Status = CandidateOutcome::Status;
 struct Contender {
   BackwardConfig config;
   std::shared_ptr<const BackwardCore> core;
+  BackwardLt lt;                                          // its GEMMs on cuBLASLt, if any
   std::vector<std::unique_ptr<BackwardRunCache>> caches;  // one per input set
   CandidateOutcome out;
 };
@@ -105,11 +106,26 @@ std::vector<BackwardConfig> backward_tuning_configs(const Problem& p, const Devi
   validate_backward_problem(p);
   const BackwardConfig heuristic = default_backward_config(p, d);
   std::vector<BackwardConfig> out{heuristic};
+  auto add = [&](const BackwardConfig& c) {
+    if (c.key() != heuristic.key()) out.push_back(c);
+  };
   const BackwardGemms g = backward_gemms(p);
-  for (const KernelConfig& c : grad_gemm_candidates(p, g.dx, false, d))
-    if (c.key() != heuristic.dx.key()) out.push_back({c, heuristic.dw});
-  for (const KernelConfig& c : grad_gemm_candidates(p, g.dw, true, d))
-    if (c.key() != heuristic.dw.key()) out.push_back({heuristic.dx, c});
+  // Each GEMM's tiles beside the heuristic's other GEMM, then each on cuBLASLt.
+  for (const KernelConfig& k : grad_gemm_candidates(p, g.dx, false, d)) {
+    BackwardConfig c = heuristic;
+    c.dx = k, c.dx_cublaslt = false;
+    add(c);
+  }
+  for (const KernelConfig& k : grad_gemm_candidates(p, g.dw, true, d)) {
+    BackwardConfig c = heuristic;
+    c.dw = k, c.dw_cublaslt = false;
+    add(c);
+  }
+  BackwardConfig lt_dx = heuristic, lt_dw = heuristic;
+  lt_dx.dx = {}, lt_dx.dx_cublaslt = true;
+  lt_dw.dw = {}, lt_dw.dw_cublaslt = true;
+  add(lt_dx);
+  add(lt_dw);
   return out;
 }
 
@@ -155,6 +171,7 @@ TuneResult tune_backward(const Problem& p, const TunerOptions& o) {
       }
       try {
         c.core = backward_core(p, c.config, ctx, o.cache_dir);
+        c.lt = make_backward_lt(p, c.config);
       } catch (const std::exception& e) {
         c.out.message = "build: " + first_line(e.what());
       }
@@ -179,7 +196,7 @@ TuneResult tune_backward(const Problem& p, const TunerOptions& o) {
   fill_normal(dy, 0.0, 1.0, in.seed + 1);
   std::size_t ws_bytes = 0;  // one workspace per input set, for every contender's layout
   for (const Contender& c : cs)
-    ws_bytes = std::max(ws_bytes, backward_workspace(p, c.config, p.M).total);
+    ws_bytes = std::max(ws_bytes, backward_workspace(p, c.config, p.M, c.lt.workspace).total);
   const double set_bytes =
       static_cast<double>(storage_bytes(st)) *
       static_cast<double>(2 * p.M * p.lda_x() + 2 * p.N * p.lda_w() + 3 * p.M * p.lda_y());
@@ -226,7 +243,7 @@ TuneResult tune_backward(const Problem& p, const TunerOptions& o) {
         k.run = [&sets, c, &p](CUstream s, int set) {
           const InputSet& in_set = *sets[static_cast<std::size_t>(set)];
           launch_backward(*c->core, p.M, false, s, in_set.t, in_set.workspace.get(),
-                          c->caches[static_cast<std::size_t>(set)].get());
+                          c->caches[static_cast<std::size_t>(set)].get(), &c->lt);
         };
       t.push_back(std::move(k));
     }
@@ -247,11 +264,12 @@ TuneResult tune_backward(const Problem& p, const TunerOptions& o) {
   };
   const BackwardConfig heuristic = cs.front().config;
   Contender* best_dx =
-      fastest([&](const Contender& c) { return c.config.dw.key() == heuristic.dw.key(); });
+      fastest([&](const Contender& c) { return c.config.dw_key() == heuristic.dw_key(); });
   Contender* best_dw =
-      fastest([&](const Contender& c) { return c.config.dx.key() == heuristic.dx.key(); });
+      fastest([&](const Contender& c) { return c.config.dx_key() == heuristic.dx_key(); });
   if (best_dx && best_dw) {
-    const BackwardConfig pair{best_dx->config.dx, best_dw->config.dw};
+    BackwardConfig pair = best_dx->config;
+    pair.dw = best_dw->config.dw, pair.dw_cublaslt = best_dw->config.dw_cublaslt;
     const bool listed = std::any_of(cs.begin(), cs.end(),
                                     [&](const Contender& c) { return c.out.key == pair.key(); });
     if (!listed) {
@@ -271,6 +289,11 @@ TuneResult tune_backward(const Problem& p, const TunerOptions& o) {
       cs.push_back(std::move(k));
       Contender& added = cs.back();
       build({&added});
+      // The input sets' workspaces were sized for the first contenders.
+      if (added.core && backward_workspace(p, pair, p.M, added.lt.workspace).total > ws_bytes) {
+        added.core.reset();
+        added.out.message = "skipped: its workspace exceeds the input sets'";
+      }
       std::vector<Contender*> again{&added};
       for (Contender& c : cs)
         if (std::find(close.begin(), close.end(), c.out.key) != close.end()) again.push_back(&c);
@@ -297,7 +320,8 @@ TuneResult tune_backward(const Problem& p, const TunerOptions& o) {
         verify_candidate(c.out, "autotune --backward " + p.key(), [&](std::string* why) {
           v.poison(p);
           FJ_CU(cuCtxSynchronize());  // the poison must land before the run, not after
-          launch_backward(*c.core, p.M, false, stream, v.t, v.workspace.get(), c.caches[0].get());
+          launch_backward(*c.core, p.M, false, stream, v.t, v.workspace.get(), c.caches[0].get(),
+                          &c.lt);
           if (inject_wrong_here(o, c.out.key, k))
             FJ_CU(cuMemsetD8Async(v.dx.address(), 0x40, v.dx.size(), stream.get()));
           stream.synchronize();

@@ -209,13 +209,11 @@ BackwardChoice choose_backward_from_table(const TuningTable& table, const Proble
                                           const Device& d) {
   std::string skipped;
   // The entry's config where both of its GEMMs can run p here.
-  // Judged at the M class's representative, as default_backward_config chooses: the kernel set
-  // reads M at run time and serves the whole class.
-  const BackwardGemms g = backward_gemms(p);
+  // Judged at the M class's representative (backward_config_why_invalid), as
+  // default_backward_config chooses: the kernel set reads M at run time and serves the class.
   auto usable_backward = [&](const TuningEntry& e) -> std::optional<BackwardConfig> {
     const BackwardConfig c = BackwardConfig::parse(e.winner);
-    std::string why = grad_gemm_why_invalid(p, c.dx, g.dx, d);
-    if (why.empty()) why = grad_gemm_why_invalid(p, c.dw, g.dw, d);
+    const std::string why = backward_config_why_invalid(p, c, d);
     if (why.empty()) return c;
     skipped +=
         fmt::format("tuned M = {} skipped: {} cannot run it ({}); ", e.problem.M, e.winner, why);
