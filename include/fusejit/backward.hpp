@@ -78,7 +78,8 @@ struct BackwardCore;
 class BackwardPlan {
  public:
   // Validates `problem` (InvalidArgument), picks the kernels' tiles, compiles or loads them.
-  // Plans differing only in M share one compiled kernel set.
+  // Plans differing only in M share one compiled kernel set; a GEMM on cuBLASLt is set up per
+  // plan (its algorithm chosen for the plan's M).
   explicit BackwardPlan(const Problem& problem, const BackwardOptions& options = {});
   ~BackwardPlan();
   BackwardPlan(BackwardPlan&&) noexcept;
@@ -93,10 +94,11 @@ class BackwardPlan {
   std::string config_key() const;
   std::vector<std::string> kernel_names() const;
   bool cache_hit() const;
-  // How the tiles were chosen: "config" (BackwardOptions forced dx_config or dw_config; with
-  // one forced, the other GEMM's tiles come from the steps that follow), "tuned"
-  // (the tuning database's backward entry for the problem, `fusejit autotune --backward`),
-  // "m-class" (its layer's entry for another M of the same M class) or "heuristic".
+  // How the tiles were chosen: "config" (BackwardOptions forced dx_config, dw_config,
+  // dx_cublaslt or dw_cublaslt; with one GEMM forced, the other's come from the steps that
+  // follow), "tuned" (the tuning database's backward entry for the problem, `fusejit autotune
+  // --backward`), "m-class" (its layer's entry for another M of the same M class) or
+  // "heuristic" (also where cuBLASLt declined the dispatch's choice: the heuristic's tiles).
   const std::string& dispatch() const;
 
   // Enqueues the backward of the first `rows` rows (1 <= rows <= problem().M; train needs

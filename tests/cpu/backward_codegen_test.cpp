@@ -23,17 +23,6 @@
 
 using namespace fusejit;
 
-namespace {
-
-// The heuristic's first tiles of each gradient GEMM, where its default may run them on cuBLASLt.
-BackwardConfig tiles(const Problem& p, const Device& d) {
-  const BackwardGemms g = backward_gemms(p);
-  return {grad_gemm_candidates(p, g.dx, false, d).front(),
-          grad_gemm_candidates(p, g.dw, true, d).front()};
-}
-
-}  // namespace
-
 TEST_CASE("backward kernel set per mode and split") {
   Problem p = parse_sweep_line("300x72x40 bf16 train").problem;
   BackwardConfig c{KernelConfig::parse("tiled.64x64x64.w2x2.s3.g8"),
@@ -114,7 +103,7 @@ TEST_CASE("backward workspace: aligned regions, growing with the rows") {
   std::size_t last = 0;
   for (std::int64_t rows : {2, 64, 65, 1000, 5000}) {
     CAPTURE(rows);
-    const BackwardWorkspace w = backward_workspace(p, unsplit, rows);
+    const BackwardWorkspace w = backward_workspace(p, unsplit, rows, 0);
     for (std::size_t o : {w.dy_partials_offset, w.dz_partials_offset, w.coef_offset, w.da_offset})
       CHECK(o % kWorkspaceAlign == 0);
     // Only eval sums dz over slabs (fj_bwd_params): train's region of dz partials is empty,
@@ -122,13 +111,13 @@ TEST_CASE("backward workspace: aligned regions, growing with the rows") {
     CHECK(w.coef_offset == w.dz_partials_offset);
     Problem e = p;
     e.mode = Mode::eval;
-    const BackwardWorkspace we = backward_workspace(e, unsplit, rows);
+    const BackwardWorkspace we = backward_workspace(e, unsplit, rows, 0);
     CHECK(we.coef_offset >= we.dz_partials_offset + 136 * 8);
     CHECK(w.da_offset + static_cast<std::size_t>(rows) * 136 * 2 <= w.total);
     CHECK(w.total >= last);
     last = w.total;
     // Split: S fp32 slices of [rows][ld] (dX) and [N][ld] (dW), ld = 96 rounded up to 8.
-    const BackwardWorkspace s = backward_workspace(p, split, rows);
+    const BackwardWorkspace s = backward_workspace(p, split, rows, 0);
     CHECK(s.da_offset == w.da_offset);
     CHECK(s.dx_slices_offset % kWorkspaceAlign == 0);
     CHECK(s.dw_slices_offset % kWorkspaceAlign == 0);
@@ -160,7 +149,7 @@ TEST_CASE("every backward kernel set compiles for every supported architecture")
         jobs.push_back({arch, generate_backward(p, c)});
         // Strict fp32's default runs its GEMMs on cuBLASLt; its own tiles stay candidates.
         if (c.dx_cublaslt || c.dw_cublaslt)
-          jobs.push_back({arch, generate_backward(p, tiles(p, dev))});
+          jobs.push_back({arch, generate_backward(p, default_backward_tiles(p, dev))});
       }
   }
   MESSAGE(jobs.size() << " backward kernel sets over " << archs.size() << " architectures");
@@ -218,7 +207,7 @@ TEST_CASE("the gradient GEMMs copy da at its own width, W, x and C at the layer'
     REQUIRE(dw != std::string::npos);
     CHECK(text.find(fmt::format("LDA = {}, LDB", ld), dx) < dw);
     CHECK(text.find(fmt::format("LDA = {}, LDB", ld), dw) != std::string::npos);
-    const BackwardWorkspace w = backward_workspace(p, tiled, 300);
+    const BackwardWorkspace w = backward_workspace(p, tiled, 300, 0);
     // The region after da's starts past its padded rows.
     CHECK(w.dx_slices_offset >=
           w.da_offset + std::size_t{300} * static_cast<std::size_t>(ld) * storage_bytes(p.dtype));
@@ -237,8 +226,8 @@ TEST_CASE("tf32x3: BackwardPlan takes it; its gradient GEMMs are strict fp32's")
     // fp32's math in the Specs, tf32x3's storage type and key.
     CHECK(default_backward_config(p, dev).key() == "dx.cublaslt.dw.cublaslt");
     CHECK(default_backward_config(strict, dev).key() == "dx.cublaslt.dw.cublaslt");
-    CHECK(tiles(p, dev).key() == tiles(strict, dev).key());
-    const KernelSource src = generate_backward(p, tiles(p, dev));
+    CHECK(default_backward_tiles(p, dev).key() == default_backward_tiles(strict, dev).key());
+    const KernelSource src = generate_backward(p, default_backward_tiles(p, dev));
     CHECK(src.text.find("MATH = fj::kMathSimtFp32") != std::string::npos);
     CHECK(src.text.find("kMathTf32x3") == std::string::npos);
     CHECK(src.name.find("tf32x3") != std::string::npos);
@@ -365,7 +354,9 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
     CHECK(c.dw.variant == Variant::warpspec);
   }
   // fp32's (cuBLASLt by default): the FFMA tiles split under the sanitizer's "bwd_tiles".
-  CHECK(tiles(parse_sweep_line("4100x40x24 fp32 eval").problem, hopper).dw.split_k > 1);
+  CHECK(
+      default_backward_tiles(parse_sweep_line("4100x40x24 fp32 eval").problem, hopper).dw.split_k >
+      1);
   // A gradient GEMM whose candidates are all one wave is ranked by its tiles' measured rates alone
   // on an SM and by its slices' traffic (estimated_us, GemmKind::gradient_one_wave). On H100
   // (`fusejit autotune --backward`, bf16 train, whole backward) 16384x1024x256's dW in 128x128
@@ -524,7 +515,7 @@ TEST_CASE("gradient GEMMs on cuBLASLt: strict fp32's default, keys, kernel sets,
     CHECK(keys.count(fmt::format("dx.cublaslt.dw.{}", h.dw_key())) == 1);
     CHECK(keys.count(fmt::format("dx.{}.dw.cublaslt", h.dx_key())) == 1);
     // A mixed pair: its one fused GEMM's kernels only.
-    BackwardConfig mixed = tiles(p, hopper);
+    BackwardConfig mixed = default_backward_tiles(p, hopper);
     mixed.dw = {}, mixed.dw_cublaslt = true;
     CHECK(BackwardConfig::parse(mixed.key()).key() == mixed.key());
     const std::vector<std::string> k = backward_kernel_set(p, mixed);

@@ -11,6 +11,7 @@
 #include "fusejit/plan/backward_core.hpp"
 #include "fusejit/plan/launch.hpp"
 #include "fusejit/tune/dispatch.hpp"
+#include "fusejit/util/log.hpp"
 
 namespace fusejit {
 
@@ -57,8 +58,18 @@ BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& option
   }
   if (options.dx_cublaslt) config.dx = {}, config.dx_cublaslt = true;
   if (options.dw_cublaslt) config.dw = {}, config.dw_cublaslt = true;
+  try {
+    state_->lt = make_backward_lt(problem, config);
+  } catch (const CudaError& e) {
+    // cuBLASLt declined a GEMM the dispatch chose for it (no algorithm for these strides):
+    // fusejit's own tiles run every layer. A forced choice fails as asked.
+    if (forced_dx || forced_dw) throw;
+    log()->warn("backward plan {}: {} ({}); running the heuristic's tiles", problem.key(),
+                config.key(), e.what());
+    config = default_backward_tiles(problem, device);
+    dispatch_ = "heuristic";
+  }
   core_ = backward_core(problem, config, ctx, options.cache_dir);
-  state_->lt = make_backward_lt(problem, core_->config);
   state_->workspace_bytes =
       backward_workspace(problem, core_->config, problem.M, state_->lt.workspace).total;
   if (const std::size_t bytes = workspace_size(); bytes && options.allocate_workspace) {

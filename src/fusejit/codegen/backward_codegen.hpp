@@ -23,8 +23,8 @@ inline constexpr std::string_view kCublasLtGemmKey = "cublaslt";
 struct BackwardConfig {
   KernelConfig dx, dw;
   // That GEMM runs on cuBLASLt (plan/backward_core.hpp, BackwardLt) from da in the workspace,
-  // instead of a kernel of this set; its KernelConfig is then unused and left default. Strict
-  // fp32's FFMA tiles ran 1.15-4.6x cuBLASLt's SGEMM time (docs/performance.md).
+  // instead of a kernel of this set; its KernelConfig is then unused and left default. On strict
+  // fp32's FFMA tiles the backward took 1.15-4.6x its two SGEMMs (docs/performance.md).
   bool dx_cublaslt = false, dw_cublaslt = false;
   // "dx.<key>.dw.<key>": every field of both (kCublasLtGemmKey for a GEMM on cuBLASLt), for
   // source names, caches, logs and the tuning database.

@@ -266,17 +266,22 @@ std::string backward_config_why_invalid(const Problem& p, const BackwardConfig& 
   return why;
 }
 
+BackwardConfig default_backward_tiles(const Problem& p, const Device& d) {
+  const BackwardGemms g = backward_gemms(p);
+  return {gemm_config(p, g.dx, false, d), gemm_config(p, g.dw, true, d)};
+}
+
 BackwardConfig default_backward_config(const Problem& p, const Device& d) {
   // Strict fp32 GEMMs (fp32, and tf32x3's: grad_gemm_dtype) have no tensor cores to fuse into,
-  // and cuBLASLt's SGEMM beat the FFMA tiles on every layer measured (H200, `fusejit bench
-  // --backward`, docs/performance.md "Strict fp32 gradient GEMMs on cuBLASLt").
+  // and the backward on cuBLASLt's SGEMM took 0.28-0.87x its time on the FFMA tiles on every
+  // layer measured (H200, `fusejit bench --backward`, docs/performance.md "Strict fp32 gradient
+  // GEMMs on cuBLASLt").
   if (grad_gemm_dtype(p.dtype) == DType::fp32) {
     BackwardConfig c;
     c.dx_cublaslt = c.dw_cublaslt = true;
     return c;
   }
-  const BackwardGemms g = backward_gemms(p);
-  return {gemm_config(p, g.dx, false, d), gemm_config(p, g.dw, true, d)};
+  return default_backward_tiles(p, d);
 }
 
 BackwardLt make_backward_lt(const Problem& p, const BackwardConfig& c) {
@@ -449,7 +454,7 @@ GradGemmMaps encode_grad_gemm_maps(const BackwardCore& c, std::int64_t rows, cha
   const void* da = ws + w.da_offset;
   const std::int64_t ld_da = grad_da_row_elements(p);
   GradGemmMaps m;
-  if (t.dx && c.config.dx.variant == Variant::warpspec) {
+  if (t.dx && !c.config.dx_cublaslt && c.config.dx.variant == Variant::warpspec) {
     const KernelConfig& k = c.config.dx;
     m.dx_a = encode_tma_tile_map(p.dtype, da, rows, p.N, ld_da, k.bm, atom, "workspace");
     m.dx_b = grad_gemm_reads_copies(p, k)
@@ -458,7 +463,7 @@ GradGemmMaps encode_grad_gemm_maps(const BackwardCore& c, std::int64_t rows, cha
                  : encode_tma_tile_map(p.dtype, t.w, p.N, p.K, p.lda_w(), k.bk, atom, "w");
     if (k.tma_store) m.dx_c = encode_tma_store_map(p.dtype, t.dx, rows, p.K, p.lda_x(), "dx");
   }
-  if (t.dw && c.config.dw.variant == Variant::warpspec) {
+  if (t.dw && !c.config.dw_cublaslt && c.config.dw.variant == Variant::warpspec) {
     const KernelConfig& k = c.config.dw;
     m.dw_a = grad_gemm_reads_da_copy(p, k)
                  ? encode_tma_tile_map(p.dtype, ws + w.da_t_offset, p.N, rows, w.copy_ld_rows, k.bm,
@@ -476,7 +481,8 @@ GradGemmMaps encode_grad_gemm_maps(const BackwardCore& c, std::int64_t rows, cha
 GradGemmMaps grad_gemm_maps(const BackwardCore& c, std::int64_t rows, char* ws,
                             const BackwardWorkspace& bw, const BackwardTensors& t,
                             BackwardRunCache* cache) {
-  if (c.config.dx.variant != Variant::warpspec && c.config.dw.variant != Variant::warpspec)
+  if ((c.config.dx_cublaslt || c.config.dx.variant != Variant::warpspec) &&
+      (c.config.dw_cublaslt || c.config.dw.variant != Variant::warpspec))
     return {};
   const void* w = t.dx ? t.w : nullptr;
   const void* x = t.dw ? t.x : nullptr;

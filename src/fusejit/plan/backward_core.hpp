@@ -94,11 +94,15 @@ struct BackwardGemms {
 };
 BackwardGemms backward_gemms(const Problem&);
 
-// The config the backward plan runs: for each GEMM's shape (dx_gemm_problem, dw_gemm_problem;
-// dW's reduction taken at the M class's representative M) the heuristic's first candidate that
+// The config the backward plan runs without a tuning entry: for strict fp32 and tf32x3 both GEMMs
+// on cuBLASLt; otherwise, for each GEMM's shape (dx_gemm_problem, dw_gemm_problem; dW's
+// reduction taken at the M class's representative M) the heuristic's first candidate that
 // grad_gemm_why_invalid accepts, warpspec before tiled where it can run. The same for every M
 // of an M class.
 BackwardConfig default_backward_config(const Problem&, const Device&);
+// The heuristic's tiles for both GEMMs (never cuBLASLt): default_backward_config for the
+// tensor-core dtypes, and where cuBLASLt declines a strict fp32 layer (BackwardPlan).
+BackwardConfig default_backward_tiles(const Problem&, const Device&);
 
 // Built once per (kernel set, context, cache dir) and shared, like plan_core().
 std::shared_ptr<const BackwardCore> backward_core(const Problem&, const BackwardConfig&,
@@ -118,9 +122,9 @@ struct BackwardWorkspace {
   std::int64_t copy_ld_n = 0, copy_ld_rows = 0;  // the copies' row strides, in elements
   std::size_t total = 0;
 };
-// `lt_bytes`: BackwardLt::workspace for a config with a GEMM on cuBLASLt.
+// `lt_bytes`: BackwardLt::workspace for a config with a GEMM on cuBLASLt (else ignored).
 BackwardWorkspace backward_workspace(const Problem&, const BackwardConfig&, std::int64_t rows,
-                                     std::size_t lt_bytes = 0);
+                                     std::size_t lt_bytes);
 
 // The gradient GEMMs a config runs on cuBLASLt (BackwardConfig::dx_cublaslt, dw_cublaslt), set up
 // for runs of 1 (eval) or 2 (train) up to p.M rows: dx = da W and dW (+)= da^T x from da in the

@@ -170,8 +170,11 @@ TuneResult tune_backward(const Problem& p, const TunerOptions& o) {
         continue;
       }
       try {
-        c.core = backward_core(p, c.config, ctx, o.cache_dir);
+        // Both or neither: a contender without its cuBLASLt GEMMs would fail at run time
+        // with a message that hides why.
+        auto core = backward_core(p, c.config, ctx, o.cache_dir);
         c.lt = make_backward_lt(p, c.config);
+        c.core = std::move(core);
       } catch (const std::exception& e) {
         c.out.message = "build: " + first_line(e.what());
       }
@@ -292,7 +295,7 @@ TuneResult tune_backward(const Problem& p, const TunerOptions& o) {
       // The input sets' workspaces were sized for the first contenders.
       if (added.core && backward_workspace(p, pair, p.M, added.lt.workspace).total > ws_bytes) {
         added.core.reset();
-        added.out.message = "skipped: its workspace exceeds the input sets'";
+        added.out.message = "not run: its workspace exceeds the input sets'";
       }
       std::vector<Contender*> again{&added};
       for (Contender& c : cs)
