@@ -27,7 +27,8 @@ using namespace fusejit;
 
 namespace {
 
-void check(const std::string& line, const BackwardCheckOptions& o = {}) {
+// The case against float64, through the case runner; returns its result (the config it ran).
+BackwardCheckResult check(const std::string& line, const BackwardCheckOptions& o = {}) {
   CAPTURE(line);
   const SweepCase c = parse_sweep_line(line);
   const BackwardCheckResult r = check_backward_case(c, o);
@@ -42,6 +43,7 @@ void check(const std::string& line, const BackwardCheckOptions& o = {}) {
                   line, r.errors.saved, r.errors.dx, r.errors.dw, r.errors.dbias, r.errors.dscale,
                   r.errors.dgamma, r.errors.dbeta));
   CHECK(ok);
+  return r;
 }
 
 // Both gradient GEMMs forced to (dx, dw) on every line, then an accumulating run of `accumulate`
@@ -185,9 +187,7 @@ TEST_CASE("backward: gradient GEMMs on cuBLASLt") {
   for (const char* line : {"1000x200x136 fp32 train", "300x72x40 fp32 eval",
                            "257x64x96 tf32x3 train", "300x60x65 fp32 train ldx=70 ldw=68"}) {
     CAPTURE(line);
-    const BackwardCheckResult r = check_backward_case(parse_sweep_line(line));
-    CHECK(r.config == "dx.cublaslt.dw.cublaslt");
-    check(line);
+    CHECK(check(line).config == "dx.cublaslt.dw.cublaslt");
   }
   struct Forced {
     bool dx, dw;
