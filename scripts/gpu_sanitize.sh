@@ -8,15 +8,17 @@
 # (`.rc.cv`: a bf16 and a tf32 warpspec config, and a tiled one; the sweep's K = 64 is within its
 # limit), and for the backward pass over tests/sanitize/backward_small.sweep ("backward": the
 # heuristic's gradient GEMMs, cuBLASLt's for strict fp32; "bwd_tiles": fusejit's FFMA tiles
-# forced, dW split, on the lines they can run). Run on the GPU machine after a build:
+# forced, dW split, on the lines they can run), and for training steps whose forward is the
+# cuBLASLt reference op writing `saved` ("reference", tests/sanitize/reference_small.sweep). Run
+# on the GPU machine after a build:
 #   scripts/gpu_sanitize.sh [/path/to/fusejit]    -> one line per (tool, variant), exit 1 on errors
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 fj=${1:-${BUILD_DIR:-$here/build}/fusejit}
 out=${OUT:-/tmp}
 sweep=$here/tests/sanitize/small.sweep
-variants="tiled splitk cv_tiled backward bwd_tiles"
-"$fj" info | grep -q "sm_90" && variants="tiled splitk cv_tiled warpspec ts oa_bf16 oa_tf32 gs cv_bf16 cv_tf32 backward bwd_tiles"
+variants="tiled splitk cv_tiled backward bwd_tiles reference"
+"$fj" info | grep -q "sm_90" && variants="tiled splitk cv_tiled warpspec ts oa_bf16 oa_tf32 gs cv_bf16 cv_tf32 backward bwd_tiles reference"
 variants=${SANITIZE_VARIANTS:-$variants}
 # K = 64 everywhere in the sweep: 4 k tiles of 16, one per split.
 splitk_config=tiled.64x64x16.w2x1.s3.g8.k4
@@ -42,12 +44,13 @@ for tool in memcheck racecheck initcheck synccheck; do
       cv_bf16) pick=(--config "$cv_bf16_config") ;;
       cv_tf32) pick=(--config "$cv_tf32_config") ;;
       cv_tiled) pick=(--config "$cv_tiled_config") ;;
-      backward) pick=(--backward) ;;
+      backward | reference) pick=(--backward) ;;
       bwd_tiles) pick=(--backward --backward-config "$bwd_tiles_config") ;;
       *) pick=(--variant "$v") ;;
     esac
     case $v in
       backward | bwd_tiles) cases=$here/tests/sanitize/backward_small.sweep ;;
+      reference) cases=$here/tests/sanitize/reference_small.sweep ;;
       oa_*) cases=$here/tests/sanitize/overlap_small.sweep ;;
       gs) cases=$here/tests/sanitize/resident_small.sweep ;;
       *) cases=$sweep ;;

@@ -118,13 +118,12 @@ class Plan {
   // True when tuning found the cuBLASLt reference op (ReferenceOp) fastest for this problem on
   // this GPU (or, without a tuning entry, the heuristic prefers it): run() then runs it
   // (kernel_names() lists its kernels; for 16-bit y its workspace holds an fp32 [M][N] copy of
-  // the GEMM output). config() is the fastest fused config that passed verification, and a
-  // run that asks for Tensors::saved, which the reference op cannot write, runs that config
-  // instead (a training forward feeding the fused backward); workspace_size() covers both.
+  // the GEMM output). It serves every run, Tensors::saved and fewer rows than M included.
+  // config() is still the fastest fused config that passed verification (or the heuristic's),
+  // which the plan runs instead if cuBLASLt cannot be set up for the problem.
   bool uses_reference() const;
 
  private:
-  bool runs_reference(const Tensors& t) const;
   struct RunState;  // the problem, workspace layout, launch shape and tensor-map cache
   std::shared_ptr<const PlanCore> core_;
   std::unique_ptr<RunState> state_;

@@ -27,9 +27,8 @@ struct Tensors {
   // Optional (null: not written): what the backward pass needs of the forward, laid out exactly
   // like y ([M][ldy], storage type of dtype, the same alignment) and not overlapping it. With
   // a = x W^T: train c = a - mean_a (the batch mean of each column of a, the same the batch
-  // statistics use); eval u = a + bias (a without bias). Only the fused kernels write it: a Plan
-  // whose choice is the cuBLASLt reference op runs its fused config for a call that gives
-  // `saved` (Plan::uses_reference); a ReferenceOp of its own refuses it (InvalidArgument "saved").
+  // statistics use); eval u = a + bias (a without bias). Every path writes it, the cuBLASLt
+  // reference op (Plan::uses_reference) included.
   void* saved = nullptr;  // [M][ldy]
 };
 

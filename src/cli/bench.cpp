@@ -345,7 +345,7 @@ nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device
   j["backward_config"] = backward.config_key();
   j["backward_dispatch"] = backward.dispatch();
   j["backward_kernels"] = backward.kernel_names();
-  j["forward_config"] = forward.config().key();
+  j["forward_config"] = forward.uses_reference() ? "reference" : forward.config().key();
   j["gemm_ms"] = {{"forward", g_fwd}, {"dx", g_dx}, {"dw", g_dw}};
   j["forward_ms"] = fwd;
   j["backward_ms"] = bwd;
@@ -359,8 +359,9 @@ nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device
         format_shape(p.shape()), name(p.dtype), name(p.mode), kRounds * per_round, kRounds,
         a.warmup, sets, sets == 1 ? "" : "s");
     fmt::print("  forward {} [{}]\n  backward {} ({}) [{}] (plan {:.1f} ms, {})\n",
-               forward.config().key(), join(forward.kernel_names()), backward.config_key(),
-               backward.dispatch(), join(backward.kernel_names()), plan_ms,
+               forward.uses_reference() ? "cuBLASLt reference path" : forward.config().key(),
+               join(forward.kernel_names()), backward.config_key(), backward.dispatch(),
+               join(backward.kernel_names()), plan_ms,
                backward.cache_hit() ? "cache hit" : "compiled");
     fmt::print("{:<26} {:>10} {:>10}\n", "system", "ms", "vs floor");
     fmt::print("{:<26} {:>10.4f} {:>10.3f}\n", "fused forward + backward", step, step / floor3);

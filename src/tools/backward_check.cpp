@@ -56,6 +56,7 @@ BackwardCheckResult check_backward_case(const SweepCase& layer, const BackwardCh
   po.device = o.device;
   po.cache_dir = o.cache_dir;
   const Plan forward(plan_problem, po);
+  r.forward_reference = forward.uses_reference();
   const DType st = storage_type(p.dtype);
   DeviceBuffer saved = poisoned(st, p.M * p.lda_y());
   Tensors ft = dev.tensors();

@@ -28,6 +28,8 @@ struct BackwardCheckOptions {
 struct BackwardCheckResult {
   std::uint64_t seed = 0;
   std::string config;  // the backward plan's config key
+  bool forward_reference =
+      false;  // the forward ran the cuBLASLt reference op (Plan::uses_reference)
   // compare_gradients's figures (cpu_backward_reference.hpp); 0 for what the case does not have.
   BackwardErrors errors;
   bool untouched_ok = true;  // gradients not asked for still hold their poison

@@ -5,6 +5,7 @@
 //   train: mean = sum z / M; var = sum (z - mean)^2 / M   (two passes: no cancellation)
 //   eval : mean = running_mean; var = running_var
 //   y = (z - mean) / sqrt(var + eps) * gamma + beta
+//   saved (optional): train c = G - mean G (= a - mean a), eval u = G + bias (= a + bias)
 // Spec provides T (the storage type of y) and P (the parameters' storage type).
 #pragma once
 #include "common/types.cuh"
@@ -46,15 +47,23 @@ __device__ void ref_stats(const RefParams& p) {
   const bool live = n < p.N;
   const double rows = static_cast<double>(p.M);
 
-  double sum = 0.0;
+  // G's column mean beside z's: saved's c = G - mean G does not depend on scale (which may be
+  // 0) and holds the digits of a column whose mean is far above its spread.
+  __shared__ double gpart[kRefStatsRowGroups][kRefStatsCols];
+  double sum = 0.0, gsum = 0.0;
   if (live)
-    for (long long m = g; m < p.M; m += kRefStatsRowGroups) sum += ref_z<Spec>(p, m, n);
+    for (long long m = g; m < p.M; m += kRefStatsRowGroups) {
+      sum += ref_z<Spec>(p, m, n);
+      gsum += p.g[m * p.ldg + n];
+    }
   part[g][c] = sum;
+  gpart[g][c] = gsum;
   __syncthreads();
   if (g == 0) {
-    double t = 0.0;
-    for (int k = 0; k < kRefStatsRowGroups; ++k) t += part[k][c];
+    double t = 0.0, tg = 0.0;
+    for (int k = 0; k < kRefStatsRowGroups; ++k) t += part[k][c], tg += gpart[k][c];
     col_mean[c] = t / rows;
+    if (live) p.col_gmean[n] = static_cast<float>(tg / rows);
   }
   __syncthreads();
   const double mean = col_mean[c];
@@ -100,21 +109,32 @@ __device__ void ref_eval_coef(const RefParams& p) {
   ref_write_coef<Spec>(p, n, rm, 1.0 / sqrt(rv + p.eps));
 }
 
-// y = (z - mean) * (invstd * gamma) + beta for every element; grid-stride over M x N. In train
-// mode one thread also counts the batch: this launch runs after ref_stats, the last reader.
+// y = (z - mean) * (invstd * gamma) + beta for every element, and saved when asked for;
+// grid-stride over M x N. In train mode one thread also counts the batch: this launch runs
+// after ref_stats, the last reader. G may alias y: each element is read before it is written.
 template <class Spec>
 __device__ void ref_apply(const RefParams& p) {
   using T = typename Spec::T;
+  using P = typename Spec::P;
   if (p.train && p.num_batches_tracked && blockIdx.x == 0 && threadIdx.x == 0)
     *p.num_batches_tracked += 1;
   T* y = static_cast<T*>(p.y);
+  T* saved = static_cast<T*>(p.saved);
   const long long total = p.M * p.N;
   const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
   for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += stride) {
     const long long m = i / p.N;
     const int n = static_cast<int>(i - m * p.N);
+    const float g = p.g[m * p.ldg + n];
     const float z = ref_z<Spec>(p, m, n);
+    if (saved) {
+      // eval's u is a + bias: G already holds the bias unless it is added here.
+      const float shift = p.train  ? -p.col_gmean[n]
+                          : p.bias ? to_float(static_cast<const P*>(p.bias)[n])
+                                   : 0.f;
+      saved[m * p.ldy + n] = from_float<T>(g + shift);
+    }
     y[m * p.ldy + n] = from_float<T>((z - p.col_mean[n]) * p.col_mul[n] + p.col_add[n]);
   }
 }

@@ -30,12 +30,17 @@ struct RefParams {
   long long* num_batches_tracked;  // train: may be null unless cumulative
   float* save_mean;                // [N] or null
   float* save_invstd;              // [N] or null
+  // Tensors::saved ([M][ldy] in Spec::T) or null: train c = a - mean_a, eval u = a + bias, what
+  // the backward pass reads (fusejit/tensors.hpp).
+  void* saved;
   // Per-column normalization y = (z - col_mean) * col_mul + col_add, written by ref_stats
-  // (train) or ref_eval_coef (eval), read by ref_apply. Workspace, [N] floats each.
+  // (train) or ref_eval_coef (eval), read by ref_apply; train also writes col_gmean, the mean
+  // of G, for saved's c = G - mean G (bias, if in G, cancels). Workspace, [N] floats each.
   float* col_mean;
   float* col_mul;
   float* col_add;
-  long long M;
+  float* col_gmean;
+  long long M;  // the run's rows
   int N;
   int train;       // 1: batch statistics; 0: running statistics
   int cumulative;  // 1: momentum=None, factor 1 / (num_batches_tracked + 1)

@@ -29,6 +29,7 @@
 #include "fusejit/tune/tuner.hpp"
 #include "fusejit/tune/tuning_db.hpp"
 #include "tools/progress.hpp"
+#include "tools/sweep.hpp"
 
 using namespace fusejit;
 namespace fs = std::filesystem;
@@ -148,6 +149,45 @@ TEST_CASE("candidates: both variants on sm_90a, only tiled on sm_80, plus the re
   const auto fused_only = tuning_candidates(p, h100, false);
   CHECK(std::count(fused_only.begin(), fused_only.end(), std::string(kReferenceCandidate)) == 0);
   CHECK(fused_only.size() == configs.size() + 1);
+}
+
+TEST_CASE("heuristic_prefers_reference: strict fp32 at long K, not narrow train layers") {
+  auto fp32 = [](std::int64_t m, std::int64_t n, std::int64_t k, Mode mode) {
+    Problem q = problem(m, n, k, DType::fp32);
+    q.mode = mode;
+    return q;
+  };
+  for (const Mode mode : {Mode::train, Mode::eval}) {
+    CAPTURE(name(mode));
+    // K >= 1536 at any output size, where cuBLASLt's split-K SGEMM beat the fused tiles.
+    CHECK(heuristic_prefers_reference(fp32(512, 2048, 2048, mode)));
+    CHECK(heuristic_prefers_reference(fp32(1536, 1536, 1536, mode)));
+    CHECK(heuristic_prefers_reference(fp32(4, 1024, 1536, mode)));
+    // K = 1024 only on large outputs; shorter K never.
+    CHECK(heuristic_prefers_reference(fp32(1024, 4096, 1024, mode)));
+    CHECK_FALSE(heuristic_prefers_reference(fp32(1024, 1024, 1024, mode)));
+    CHECK_FALSE(heuristic_prefers_reference(fp32(1024, 1024, 1535, mode)));
+    CHECK_FALSE(heuristic_prefers_reference(fp32(8192, 8192, 512, mode)));
+    // Only strict fp32: the other dtypes fuse onto tensor cores.
+    for (const DType d : {DType::tf32, DType::tf32x3, DType::bf16, DType::fp16}) {
+      Problem q = fp32(512, 2048, 2048, mode);
+      q.dtype = d;
+      CHECK_FALSE(heuristic_prefers_reference(q));
+    }
+  }
+  // Train layers narrower than 1024 columns keep the fused kernels at any K; eval's do not.
+  CHECK_FALSE(heuristic_prefers_reference(fp32(64, 256, 8192, Mode::train)));
+  CHECK_FALSE(heuristic_prefers_reference(fp32(16384, 512, 2048, Mode::train)));
+  CHECK(heuristic_prefers_reference(fp32(64, 256, 8192, Mode::eval)));
+  // The sanitizer's "reference" sweep does run the reference op.
+  const char* source = std::getenv("FUSEJIT_SOURCE_DIR");
+  REQUIRE_MESSAGE(source, "FUSEJIT_SOURCE_DIR is set by tests/CMakeLists.txt");
+  const auto lines = read_sweep_file(std::string(source) + "/tests/sanitize/reference_small.sweep");
+  CHECK(lines.size() >= 4);
+  for (const SweepCase& c : lines) {
+    CAPTURE(c.text());
+    CHECK(heuristic_prefers_reference(c.problem));
+  }
 }
 
 TEST_CASE("verification checks every column of small problems, a budgeted subset of large ones") {

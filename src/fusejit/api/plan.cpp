@@ -249,11 +249,8 @@ const Problem& Plan::problem() const {
 const KernelConfig& Plan::config() const {
   return core_->config;
 }
-// A plan that runs the reference op keeps its fused config too (a run asking for `saved` takes
-// it), so its workspace serves both.
 std::size_t Plan::workspace_size() const {
-  return reference_ ? std::max(reference_->workspace_size(), state_->workspace.total)
-                    : state_->workspace.total;
+  return reference_ ? reference_->workspace_size() : state_->workspace.total;
 }
 std::vector<std::string> Plan::kernel_names() const {
   return state_->kernel_names;
@@ -271,15 +268,8 @@ double Plan::compile_seconds() const {
   return state_->compile_seconds;
 }
 
-// The cuBLASLt reference op cannot write `saved` (what the fused backward reads), so a run that
-// asks for it takes the plan's fused config, the fastest verified one where the reference won a
-// tuning: a training step's forward works whatever the tuner picked for inference.
-bool Plan::runs_reference(const Tensors& t) const {
-  return reference_ && t.saved == nullptr;
-}
-
 void Plan::validate(const Tensors& t) const {
-  if (runs_reference(t)) {
+  if (reference_) {
     reference_->validate(t);
     return;
   }
@@ -291,7 +281,7 @@ void Plan::run(CUstream stream, const Tensors& t) const {
 }
 
 void Plan::run(CUstream stream, const Tensors& t, void* workspace, std::size_t bytes) const {
-  if (runs_reference(t)) {
+  if (reference_) {
     reference_->run(stream, t, workspace, bytes);  // validates t and workspace as below
     return;
   }
@@ -321,11 +311,10 @@ void Plan::run(CUstream stream, const Tensors& t, std::int64_t rows, void* works
             "expected {} <= rows <= M = {} (the plan's M{}); got {}", least, p.M,
             p.mode == Mode::train && least == 2 ? "; train mode needs two rows for a variance" : "",
             rows));
-  if (runs_reference(t))
-    throw InvalidArgument("rows",
-                          fmt::format("this plan runs the cuBLASLt reference op, planned for M = "
-                                      "{} rows exactly; plan M = {} for this batch",
-                                      p.M, rows));
+  if (reference_) {
+    reference_->run(stream, t, rows, workspace, bytes);
+    return;
+  }
   if (core_->config.exact_m)
     throw InvalidArgument("rows", fmt::format("this plan's kernels were compiled for M = {} "
                                               "exactly (config {}); got {}",

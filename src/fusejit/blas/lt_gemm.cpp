@@ -144,10 +144,8 @@ std::vector<cublasLtMatmulHeuristicResult_t> heuristic(cublasLtHandle_t h, const
   return results;
 }
 
-DescPtr make_desc(const LtGemmSpec& s) {
-  cublasLtMatmulDesc_t desc = nullptr;
-  FJ_LT(cublasLtMatmulDescCreate(&desc, s.compute, CUDA_R_32F));
-  DescPtr owner(desc);
+// Sets `desc`'s attributes for `s`; `bias` is the bias epilogue's pointer (a spec with one only).
+void set_desc(cublasLtMatmulDesc_t desc, const LtGemmSpec& s, const void* bias) {
   const cublasOperation_t ta = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                           tb = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   FJ_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
@@ -155,10 +153,16 @@ DescPtr make_desc(const LtGemmSpec& s) {
   if (s.bias_epilogue) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     FJ_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    const void* hint = reinterpret_cast<const void*>(LtGemm::kBiasAlignmentHint);
-    FJ_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &hint,
-                                         sizeof hint));
+    FJ_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                         sizeof bias));
   }
+}
+
+DescPtr make_desc(const LtGemmSpec& s) {
+  cublasLtMatmulDesc_t desc = nullptr;
+  FJ_LT(cublasLtMatmulDescCreate(&desc, s.compute, CUDA_R_32F));
+  DescPtr owner(desc);
+  set_desc(desc, s, reinterpret_cast<const void*>(LtGemm::kBiasAlignmentHint));
   return owner;
 }
 
@@ -192,8 +196,8 @@ std::unique_ptr<LtGemm> LtGemm::require(cublasLtHandle_t h, const LtGemmSpec& s)
   return g;
 }
 
-std::unique_ptr<LtGemm> LtGemm::require_for_rows(cublasLtHandle_t h, const LtGemmSpec& s,
-                                                 bool rows_are_n, std::int64_t least) {
+std::unique_ptr<LtGemm> LtGemm::make_for_rows(cublasLtHandle_t h, const LtGemmSpec& s,
+                                              bool rows_are_n, std::int64_t least) {
   auto g = std::unique_ptr<LtGemm>(new LtGemm);
   g->impl_ = std::make_unique<Impl>();
   g->spec_ = s;
@@ -224,8 +228,15 @@ std::unique_ptr<LtGemm> LtGemm::require_for_rows(cublasLtHandle_t h, const LtGem
     g->workspace_ = ws;
     return g;
   }
+  return nullptr;
+}
+
+std::unique_ptr<LtGemm> LtGemm::require_for_rows(cublasLtHandle_t h, const LtGemmSpec& s,
+                                                 bool rows_are_n, std::int64_t least) {
+  if (auto g = make_for_rows(h, s, rows_are_n, least)) return g;
+  const std::int64_t full = rows_are_n ? s.n : s.k;
   throw CudaError(fmt::format("cuBLASLt has no algorithm for {} that also runs {} = {}..{}",
-                              describe(s), rows_are_n ? "n" : "k", fewer[0], full),
+                              describe(s), rows_are_n ? "n" : "k", std::min(least, full), full),
                   CUBLAS_STATUS_NOT_SUPPORTED);
 }
 
@@ -250,9 +261,14 @@ void LtGemm::run(cublasLtHandle_t h, CUstream stream, const void* a, const void*
                  const void* bias, void* ws, std::size_t ws_bytes, bool accumulate,
                  std::int64_t rows) const {
   cublasLtMatmulDesc_t desc = impl_->desc.get();
-  if (spec_.bias_epilogue)
-    FJ_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                         sizeof bias));
+  // The bias pointer is a run's: it goes into a descriptor of this run's own, on the stack, so
+  // that two threads running one LtGemm never write the shared one.
+  cublasLtMatmulDescOpaque_t run_desc{};
+  if (spec_.bias_epilogue) {
+    FJ_LT(cublasLtMatmulDescInit(&run_desc, spec_.compute, CUDA_R_32F));
+    set_desc(&run_desc, spec_, bias);
+    desc = &run_desc;
+  }
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   cublasLtMatrixLayout_t la = impl_->full.a.get(), lb = impl_->full.b.get(),
                          ld = impl_->full.d.get();

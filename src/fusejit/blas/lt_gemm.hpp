@@ -62,7 +62,10 @@ class LtGemm {
   // For GEMMs whose n or k (never m) is a run's row count, any count from `least` to the spec's:
   // the heuristic's best algorithm for the spec's shape that cuBLASLt also accepts at `least`
   // and at the midpoint, so that a run of fewer rows keeps the one algorithm (run() checks the
-  // rest as cuBLASLt does). CudaError when none of its candidates does.
+  // rest as cuBLASLt does). Null when none of its candidates does.
+  static std::unique_ptr<LtGemm> make_for_rows(cublasLtHandle_t, const LtGemmSpec& s,
+                                               bool rows_are_n, std::int64_t least);
+  // make_for_rows(), or CudaError naming the shape and the row range.
   static std::unique_ptr<LtGemm> require_for_rows(cublasLtHandle_t, const LtGemmSpec& s,
                                                   bool rows_are_n, std::int64_t least);
   ~LtGemm();
@@ -75,7 +78,8 @@ class LtGemm {
 
   // D := op(A) op(B) (+ bias) (+ D when `accumulate`) on `stream`. `bias` must be given iff the
   // spec has the bias epilogue. `rows` >= 0 replaces n or k (require_for_rows' choice) for this
-  // run; its layouts are built on the stack, so a run allocates nothing.
+  // run; its layouts (and, with a bias, its descriptor) are built on the stack, so a run
+  // allocates nothing and one LtGemm may run on several threads at once.
   void run(cublasLtHandle_t, CUstream stream, const void* a, const void* b, void* d,
            const void* bias, void* ws, std::size_t ws_bytes, bool accumulate = false,
            std::int64_t rows = -1) const;

@@ -138,9 +138,9 @@ struct ReferenceOp::Impl {
   LtHandle handle;
   std::unique_ptr<LtGemm> gemm_plain;  // bias (if any) added by the plain kernels
   std::unique_ptr<LtGemm> gemm_bias;   // bias epilogue; null when not applicable or unsupported
-  // A run's workspace, regions 256-byte aligned: cuBLASLt's at 0; col_mean, col_mul, col_add
-  // ([3][N] fp32) at cols_offset; the fp32 GEMM output ([M][N]) at g_offset when y is 16-bit
-  // (y itself holds it when y is fp32).
+  // A run's workspace, regions 256-byte aligned: cuBLASLt's at 0; col_mean, col_mul, col_add,
+  // col_gmean ([4][N] fp32) at cols_offset; the fp32 GEMM output ([M][N]) at g_offset when y is
+  // 16-bit (y itself holds it when y is fp32).
   bool into_y = false;
   std::size_t lt_bytes = 0, cols_offset = 0, g_offset = 0, total = 0;
   DeviceBuffer own;  // for run() without a caller workspace
@@ -168,18 +168,21 @@ ReferenceOp::ReferenceOp(const Problem& problem, const ReferenceOpOptions& optio
     s.ldd = problem.N;
     s.d_alignment = 256;  // our own cuMemAlloc'ed buffer
   }
-  m.gemm_plain = LtGemm::require(m.handle.get(), s);
+  // A run may have fewer rows than M (Plan::run's `rows`), down to one (train: two, for a
+  // variance): one algorithm for all of them.
+  const std::int64_t least = problem.mode == Mode::train ? 2 : 1;
+  m.gemm_plain = LtGemm::require_for_rows(m.handle.get(), s, true, least);
   // cuBLASLt's bias is of D's type (fp32), so the epilogue can take it only when the
   // parameters are fp32; 16-bit parameters are added by the plain kernels instead.
   if (problem.has_bias && problem.param_dtype == DType::fp32) {
     LtGemmSpec sb = s;
     sb.bias_epilogue = true;
-    m.gemm_bias = LtGemm::make(m.handle.get(), sb);
+    m.gemm_bias = LtGemm::make_for_rows(m.handle.get(), sb, true, least);
   }
   m.lt_bytes = std::max(m.gemm_plain->workspace(), m.gemm_bias ? m.gemm_bias->workspace() : 0);
   m.cols_offset = align_workspace(m.lt_bytes);
   m.g_offset =
-      align_workspace(m.cols_offset + 3 * static_cast<std::size_t>(problem.N) * sizeof(float));
+      align_workspace(m.cols_offset + 4 * static_cast<std::size_t>(problem.N) * sizeof(float));
   m.total = into_y ? m.g_offset
                    : align_workspace(m.g_offset + static_cast<std::size_t>(problem.M) *
                                                       static_cast<std::size_t>(problem.N) *
@@ -212,9 +215,6 @@ const Problem& ReferenceOp::problem() const {
 
 void ReferenceOp::validate(const Tensors& t) const {
   validate_tensors(impl_->problem, t);
-  forbid(t.saved, "saved",
-         "the cuBLASLt reference op does not write the saved tensor; plan with a fused "
-         "config (PlanOptions::variant or config) to get it");
 }
 
 std::size_t ReferenceOp::workspace_size() const {
@@ -227,9 +227,18 @@ void ReferenceOp::run(CUstream stream, const Tensors& t) const {
 
 void ReferenceOp::run(CUstream stream, const Tensors& t, void* workspace,
                       std::size_t workspace_bytes) const {
+  run(stream, t, impl_->problem.M, workspace, workspace_bytes);
+}
+
+void ReferenceOp::run(CUstream stream, const Tensors& t, std::int64_t rows, void* workspace,
+                      std::size_t workspace_bytes) const {
   const Impl& m = *impl_;
   const Problem& p = m.problem;
-  validate(t);
+  const std::int64_t least = p.mode == Mode::train ? 2 : 1;
+  if (rows < least || rows > p.M)
+    throw InvalidArgument("rows",
+                          fmt::format("expected {} <= rows <= M = {}; got {}", least, p.M, rows));
+  validate_tensors(p, t, rows);
   validate_workspace(workspace, workspace_bytes, m.total);
   char* ws = static_cast<char*>(workspace);
   make_current(m.ctx);
@@ -240,7 +249,7 @@ void ReferenceOp::run(CUstream stream, const Tensors& t, void* workspace,
   const LtGemm& gemm = bias_in_gemm ? *m.gemm_bias : *m.gemm_plain;
   void* g = m.into_y ? t.y : ws + m.g_offset;
   gemm.run(m.handle.get(), stream, t.w, t.x, g, bias_in_gemm ? t.bias : nullptr,
-           m.lt_bytes ? ws : nullptr, m.lt_bytes);
+           m.lt_bytes ? ws : nullptr, m.lt_bytes, false, rows);
 
   fj::RefParams prm{};
   prm.g = static_cast<const float*>(g);
@@ -252,7 +261,9 @@ void ReferenceOp::run(CUstream stream, const Tensors& t, void* workspace,
   prm.col_mean = cols;
   prm.col_mul = cols + p.N;
   prm.col_add = cols + 2 * p.N;
-  prm.M = p.M;
+  prm.col_gmean = cols + 3 * p.N;
+  prm.saved = t.saved;
+  prm.M = rows;
   prm.N = static_cast<int>(p.N);
   prm.train = train ? 1 : 0;
   prm.cumulative = train && !p.momentum ? 1 : 0;

@@ -11,6 +11,7 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,7 +68,8 @@ class ReferenceOp {
   ReferenceOp& operator=(ReferenceOp&&) noexcept;
 
   const Problem& problem() const;
-  // Checks `t` exactly as Plan::validate does (same InvalidArgument names).
+  // Checks `t` exactly as Plan::validate does (same InvalidArgument names). Tensors::saved is
+  // written when given, as the fused kernels write it.
   void validate(const Tensors& t) const;
   // Bytes of device workspace a run needs (256-byte aligned): cuBLASLt's, the per-column
   // coefficients and, when y is 16-bit, the fp32 GEMM output ([M][N]).
@@ -79,6 +81,10 @@ class ReferenceOp {
   // (InvalidArgument "workspace" otherwise): one ReferenceOp may then run on several streams at
   // once, each with its own workspace.
   void run(CUstream stream, const Tensors& t, void* workspace, std::size_t workspace_bytes) const;
+  // A run of the first `rows` rows of x, y and saved, 1 (train: 2) <= rows <= M
+  // (InvalidArgument "rows" otherwise): the batch statistics are those rows' alone.
+  void run(CUstream stream, const Tensors& t, std::int64_t rows, void* workspace,
+           std::size_t workspace_bytes) const;
 
   std::vector<std::string> kernel_names() const;  // "cublasLtMatmul", then the plain kernels
   std::string description() const;

@@ -165,12 +165,22 @@ bool heuristic_prefers_reference(const Problem& p) {
   // Strict fp32 has no tensor cores to fuse into: the fused SIMT kernel runs at 1.16-1.30x
   // cuBLAS's SGEMM time, while SGEMM followed by the reference op's BatchNorm passes (which
   // cost two or three trips over y) stays at 1.01-1.07x once the GEMM dominates those trips
-  // (H100: 2048^3 up to 16384x4096x4096). Short K or small outputs keep the fused kernels,
-  // with split-K, which win there (1024^3 0.069 vs 0.075 ms, 4096x4096x256 0.240 vs 0.268 ms,
-  // 8192x8192x512 within 1-5%). docs/performance.md, fifth session.
-  constexpr std::int64_t kMinK = 1024, kMinOutputs = std::int64_t{1} << 22;
+  // (H100: 2048^3 up to 16384x4096x4096). docs/performance.md, fifth session.
+  // At K >= 1536 the reference op wins at any output size (H200, train and eval: 64x256x8192
+  // 0.029 vs 0.052 ms, 128x512x4096 0.036 vs 0.059, 384x3072x1536 0.114 vs 0.197,
+  // 1536^3 0.201 vs 0.317), since cuBLASLt splits K where our SIMT split-K tiles lag it. Shorter
+  // K keeps the fused kernels, which win or tie there (1000x1001x1003, 1024^3, 128x512x1024,
+  // 4096x4096x256), except on large outputs (1024x4096x1024 and up: a tie or the reference).
+  // docs/performance.md, "The reference op writes saved".
+  constexpr std::int64_t kLongK = 1536, kMinK = 1024, kMinOutputs = std::int64_t{1} << 22;
+  // Train's fj_ref_stats runs one block per 32 columns over every row: a narrow layer (N < 1024,
+  // fewer than 32 blocks) leaves most SMs idle through two passes over y (65536x256x64 train:
+  // 0.87 ms against the fused kernels' 0.13).
+  constexpr std::int64_t kMinTrainN = 1024;
   // Synchronized statistics: the reference op has no exchange.
-  return p.stat_ranks == 0 && p.dtype == DType::fp32 && p.K >= kMinK && p.M * p.N >= kMinOutputs;
+  if (p.stat_ranks != 0 || p.dtype != DType::fp32) return false;
+  if (p.mode == Mode::train && p.N < kMinTrainN) return false;
+  return p.K >= kLongK || (p.K >= kMinK && p.M * p.N >= kMinOutputs);
 }
 
 KernelChoice choose_kernel(const Problem& p, const Device& d, const std::string& cache_dir,

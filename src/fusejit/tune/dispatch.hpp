@@ -40,10 +40,11 @@ struct KernelChoice {
 // "tuned", "m-class", "bucket", "autotuned", "heuristic"
 std::string_view name(KernelChoice::Source);
 
-// Step 4's choice between the fused kernels and the reference op (ReferenceOp): the reference
-// for strict fp32 problems with K >= 1024 and M * N >= 2^22, where cuBLAS's SGEMM plus plain
-// BatchNorm passes beat the fused SIMT kernel (measured on H100); never with synchronized
-// statistics.
+// Step 5's choice between the fused kernels and the reference op (ReferenceOp): the reference
+// for strict fp32 problems with K >= 1536, or K >= 1024 and M * N >= 2^22, where cuBLAS's SGEMM
+// plus plain BatchNorm passes beat the fused SIMT kernel (measured on H100 and H200); not for
+// train layers narrower than 1024 columns (the reference's statistics pass would starve), never
+// with synchronized statistics.
 bool heuristic_prefers_reference(const Problem& p);
 
 // Steps 1, 2, 4 and 5 on a table already loaded (no GPU, no tuning).
