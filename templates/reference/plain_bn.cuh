@@ -2,7 +2,8 @@
 // Deliberately plain: each kernel states the formula of reference_model.py directly, with
 // float64 statistics, so it can stand as an independent check of the fused kernels.
 //   z = (G + bias) * scale                        (bias here only if the GEMM did not add it)
-//   train: mean = sum z / M; var = sum (z - mean)^2 / M   (two passes: no cancellation)
+//   train: mean = sum z / M; var = sum (z - mean)^2 / M   (two passes per chunk of rows: no
+//          cancellation; chunks merged pairwise)
 //   eval : mean = running_mean; var = running_var
 //   y = (z - mean) / sqrt(var + eps) * gamma + beta
 //   saved (optional): train c = G - mean G (= a - mean a), eval u = G + bias (= a + bias)
@@ -33,57 +34,16 @@ __device__ __forceinline__ void ref_write_coef(const RefParams& p, int n, double
   p.col_add[n] = static_cast<float>(beta);
 }
 
-// Train: batch mean and biased variance of every column of z, the running-stat update (with
-// the unbiased variance), the saved stats and the column coefficients. One block per 32
-// columns; grid = ceil(N / 32).
+// Train, the end of a column's statistics: the biased variance the batch is normalized with,
+// the running-stat update (with the unbiased variance), the saved stats, the coefficients and
+// G's mean (for saved's c).
 template <class Spec>
-__device__ void ref_stats(const RefParams& p) {
+__device__ void ref_finish_column(const RefParams& p, int n, double mean, double m2, double gmean) {
   using P = typename Spec::P;
-  __shared__ double part[kRefStatsRowGroups][kRefStatsCols];
-  __shared__ double col_mean[kRefStatsCols];
-  const int c = threadIdx.x % kRefStatsCols;
-  const int g = threadIdx.x / kRefStatsCols;
-  const int n = blockIdx.x * kRefStatsCols + c;
-  const bool live = n < p.N;
   const double rows = static_cast<double>(p.M);
-
-  // G's column mean beside z's: saved's c = G - mean G does not depend on scale (which may be
-  // 0) and holds the digits of a column whose mean is far above its spread.
-  __shared__ double gpart[kRefStatsRowGroups][kRefStatsCols];
-  double sum = 0.0, gsum = 0.0;
-  if (live)
-    for (long long m = g; m < p.M; m += kRefStatsRowGroups) {
-      sum += ref_z<Spec>(p, m, n);
-      gsum += p.g[m * p.ldg + n];
-    }
-  part[g][c] = sum;
-  gpart[g][c] = gsum;
-  __syncthreads();
-  if (g == 0) {
-    double t = 0.0, tg = 0.0;
-    for (int k = 0; k < kRefStatsRowGroups; ++k) t += part[k][c], tg += gpart[k][c];
-    col_mean[c] = t / rows;
-    if (live) p.col_gmean[n] = static_cast<float>(tg / rows);
-  }
-  __syncthreads();
-  const double mean = col_mean[c];
-
-  double sq = 0.0;
-  if (live) {
-    for (long long m = g; m < p.M; m += kRefStatsRowGroups) {
-      const double d = static_cast<double>(ref_z<Spec>(p, m, n)) - mean;
-      sq += d * d;
-    }
-  }
-  // Group 0 finished reading `part` before the barrier above, so it can be reused.
-  part[g][c] = sq;
-  __syncthreads();
-  if (g != 0 || !live) return;
-  double m2 = 0.0;
-  for (int k = 0; k < kRefStatsRowGroups; ++k) m2 += part[k][c];
-  const double var = m2 / rows;  // biased: what the batch is normalized with
+  const double var = m2 / rows;
   if (p.running_mean) {
-    // Every block reads num_batches_tracked; ref_apply (a later launch) increments it.
+    // Every column reads num_batches_tracked; ref_apply (a later launch) increments it.
     const double factor =
         p.cumulative ? 1.0 / static_cast<double>(*p.num_batches_tracked + 1) : p.momentum;
     P* rm = static_cast<P*>(p.running_mean);
@@ -95,7 +55,92 @@ __device__ void ref_stats(const RefParams& p) {
   const double invstd = 1.0 / sqrt(var + p.eps);
   if (p.save_mean) p.save_mean[n] = static_cast<float>(mean);
   if (p.save_invstd) p.save_invstd[n] = static_cast<float>(invstd);
+  p.col_gmean[n] = static_cast<float>(gmean);
   ref_write_coef<Spec>(p, n, mean, invstd);
+}
+
+// Train: the mean and sum of squared deviations of z, and the mean of G, over one chunk of rows
+// (blockIdx.y; p.chunk_rows each, the last one shorter) of 32 columns (blockIdx.x), in float64
+// and in two passes over the chunk (no cancellation). Chunks let a tall, narrow layer fill the
+// GPU: one block per 32 columns walking every row took ~6-8 ns a row (H200, N <= 768). With one
+// chunk this block finishes its columns; else ref_stats_merge does. G's mean sits beside z's
+// because saved's c = G - mean G must not depend on scale (which may be 0) and must keep the
+// digits of a column whose mean is far above its spread.
+template <class Spec>
+__device__ void ref_stats(const RefParams& p) {
+  __shared__ double part[kRefStatsRowGroups][kRefStatsCols];
+  __shared__ double gpart[kRefStatsRowGroups][kRefStatsCols];
+  __shared__ double col_mean[kRefStatsCols];
+  const int c = threadIdx.x % kRefStatsCols;
+  const int g = threadIdx.x / kRefStatsCols;
+  const int n = blockIdx.x * kRefStatsCols + c;
+  const bool live = n < p.N;
+  const long long first = static_cast<long long>(blockIdx.y) * p.chunk_rows;
+  const long long end = first + p.chunk_rows < p.M ? first + p.chunk_rows : p.M;
+  const double rows = static_cast<double>(end - first);
+
+  double sum = 0.0, gsum = 0.0;
+  if (live)
+    for (long long m = first + g; m < end; m += kRefStatsRowGroups) {
+      sum += ref_z<Spec>(p, m, n);
+      gsum += p.g[m * p.ldg + n];
+    }
+  part[g][c] = sum;
+  gpart[g][c] = gsum;
+  __syncthreads();
+  if (g == 0) {
+    double t = 0.0;
+    for (int k = 0; k < kRefStatsRowGroups; ++k) t += part[k][c];
+    col_mean[c] = t / rows;
+  }
+  __syncthreads();
+  const double mean = col_mean[c];
+
+  double sq = 0.0;
+  if (live) {
+    for (long long m = first + g; m < end; m += kRefStatsRowGroups) {
+      const double d = static_cast<double>(ref_z<Spec>(p, m, n)) - mean;
+      sq += d * d;
+    }
+  }
+  // Group 0 finished reading `part` before the barrier above, so it can be reused.
+  part[g][c] = sq;
+  __syncthreads();
+  if (g != 0 || !live) return;
+  double m2 = 0.0, tg = 0.0;
+  for (int k = 0; k < kRefStatsRowGroups; ++k) m2 += part[k][c], tg += gpart[k][c];
+  const double gmean = tg / rows;
+  if (gridDim.y == 1) {
+    ref_finish_column<Spec>(p, n, mean, m2, gmean);
+    return;
+  }
+  double* out = p.chunk_stats + 3 * static_cast<long long>(blockIdx.y) * p.N;
+  out[n] = mean;
+  out[p.N + n] = m2;
+  out[2 * p.N + n] = gmean;
+}
+
+// Train with several chunks: each column's chunks merged in order (Chan, Golub and LeVeque's
+// pairwise update of count, mean and sum of squared deviations, in float64), then finished.
+// One thread per column.
+template <class Spec>
+__device__ void ref_stats_merge(const RefParams& p) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= p.N) return;
+  double count = 0.0, mean = 0.0, m2 = 0.0, gmean = 0.0;
+  for (int k = 0; k < p.chunks; ++k) {
+    const double* in = p.chunk_stats + 3 * static_cast<long long>(k) * p.N;
+    const long long first = k * p.chunk_rows;
+    const long long end = first + p.chunk_rows < p.M ? first + p.chunk_rows : p.M;
+    const double rows = static_cast<double>(end - first);
+    const double total = count + rows;
+    const double delta = in[n] - mean;
+    mean += delta * rows / total;
+    m2 += in[p.N + n] + delta * delta * count * rows / total;
+    gmean += (in[2 * p.N + n] - gmean) * rows / total;
+    count = total;
+  }
+  ref_finish_column<Spec>(p, n, mean, m2, gmean);
 }
 
 // Eval: the column coefficients from the running stats. One thread per column.

@@ -10,7 +10,11 @@ namespace fj {
 constexpr int kRefStatsCols = 32;
 constexpr int kRefStatsRowGroups = 16;
 constexpr int kRefStatsThreads = kRefStatsCols * kRefStatsRowGroups;
-constexpr int kRefCoefThreads = 128;
+constexpr int kRefCoefThreads = 128;  // also ref_stats_merge's, one thread per column
+// A chunk of ref_stats has at least this many rows (16 per row group), and a run has about
+// kRefStatsWaves blocks per SM, where its columns alone would not fill the GPU.
+constexpr long long kRefStatsMinChunkRows = 256;
+constexpr int kRefStatsWaves = 2;
 constexpr int kRefApplyThreads = 256;
 
 struct RefParams {
@@ -40,6 +44,11 @@ struct RefParams {
   float* col_mul;
   float* col_add;
   float* col_gmean;
+  // Train: ref_stats' chunks of rows, [chunks][3][N] float64 (mean z, sum of squared deviations
+  // of z, mean G) in the workspace when chunks > 1.
+  double* chunk_stats;
+  long long chunk_rows;
+  int chunks;
   long long M;  // the run's rows
   int N;
   int train;       // 1: batch statistics; 0: running statistics

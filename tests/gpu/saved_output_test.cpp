@@ -447,6 +447,11 @@ TEST_CASE("saved, reference op: every dtype, parameter dtype and mode, fewer row
     check_reference(fmt::format("300x130x200 {} train", d), 129);
     check_reference(fmt::format("300x130x200 {} train", d), 2);
     check_reference(fmt::format("300x130x200 {} eval", d), 1);
+    // Tall and narrow: fj_ref_stats in chunks of rows merged by fj_ref_stats_merge (16 chunks of
+    // 256 rows here), also for a run of fewer rows (4 chunks) and with x ~ 1000 + N(0, 1).
+    check_reference(fmt::format("4000x40x64 {} train", d));
+    check_reference(fmt::format("4000x40x64 {} train momentum=none", d), 1000);
+    check_reference(fmt::format("2000x64x96 {} train", d), 0, true);
     // x ~ 1000 + N(0, 1): c from G - mean G keeps its digits.
     check_reference(fmt::format("96x128x128 {} train", d), 0, true);
     check_reference(fmt::format("96x128x128 {} eval", d), 0, true);

@@ -43,6 +43,27 @@ LtGemmSpec gemm_spec(const Problem& p) {
   return s;
 }
 
+// fj_ref_stats' chunks of rows for a run of `rows` rows of N columns on `sms` SMs: enough
+// blocks for about kRefStatsWaves per SM where the columns' blocks alone are fewer, each chunk at
+// least kRefStatsMinChunkRows rows. `max_count` bounds `count` for every rows <= M, for the
+// workspace.
+struct StatsChunks {
+  long long rows = 0;
+  int count = 1;
+  int max_count = 1;
+};
+StatsChunks stats_chunks(std::int64_t rows, std::int64_t n, int sms) {
+  const std::int64_t col_blocks = (n + fj::kRefStatsCols - 1) / fj::kRefStatsCols;
+  const std::int64_t want = std::max<std::int64_t>(
+      1, (fj::kRefStatsWaves * std::max(1, sms) + col_blocks - 1) / col_blocks);
+  StatsChunks c;
+  c.rows = std::max<std::int64_t>(fj::kRefStatsMinChunkRows, (rows + want - 1) / want);
+  c.count = static_cast<int>((rows + c.rows - 1) / c.rows);
+  c.max_count = static_cast<int>(std::min<std::int64_t>(
+      want, (rows + fj::kRefStatsMinChunkRows - 1) / fj::kRefStatsMinChunkRows));
+  return c;
+}
+
 void require_aligned(const void* ptr, const char* arg, int alignment) {
   if (!ptr) throw InvalidArgument(arg, "expected a device pointer; got null");
   if (reinterpret_cast<std::uintptr_t>(ptr) % static_cast<std::uintptr_t>(alignment))
@@ -118,10 +139,12 @@ KernelSource reference_kernel_source(DType dtype, DType param_dtype) {
   t += "extern \"C\" __global__ void __launch_bounds__(fj::kRefStatsThreads)\n"
        "fj_ref_stats(const fj::RefParams p) { fj::ref_stats<Spec>(p); }\n";
   t += "extern \"C\" __global__ void __launch_bounds__(fj::kRefCoefThreads)\n"
+       "fj_ref_stats_merge(const fj::RefParams p) { fj::ref_stats_merge<Spec>(p); }\n";
+  t += "extern \"C\" __global__ void __launch_bounds__(fj::kRefCoefThreads)\n"
        "fj_ref_eval_coef(const fj::RefParams p) { fj::ref_eval_coef<Spec>(p); }\n";
   t += "extern \"C\" __global__ void __launch_bounds__(fj::kRefApplyThreads)\n"
        "fj_ref_apply(const fj::RefParams p) { fj::ref_apply<Spec>(p); }\n";
-  src.kernels = {"fj_ref_stats", "fj_ref_eval_coef", "fj_ref_apply"};
+  src.kernels = {"fj_ref_stats", "fj_ref_stats_merge", "fj_ref_eval_coef", "fj_ref_apply"};
   src.options = {"--std=c++17", "-DNDEBUG"};
   // Only the headers these kernels include, so edits to the fused kernels' templates do not
   // change this source's cache key.
@@ -139,13 +162,14 @@ struct ReferenceOp::Impl {
   std::unique_ptr<LtGemm> gemm_plain;  // bias (if any) added by the plain kernels
   std::unique_ptr<LtGemm> gemm_bias;   // bias epilogue; null when not applicable or unsupported
   // A run's workspace, regions 256-byte aligned: cuBLASLt's at 0; col_mean, col_mul, col_add,
-  // col_gmean ([4][N] fp32) at cols_offset; the fp32 GEMM output ([M][N]) at g_offset when y is
-  // 16-bit (y itself holds it when y is fp32).
+  // col_gmean ([4][N] fp32) at cols_offset; train's chunk statistics ([chunks][3][N] float64,
+  // when an M-row run has more than one chunk) at chunks_offset; the fp32 GEMM output ([M][N])
+  // at g_offset when y is 16-bit (y itself holds it when y is fp32).
   bool into_y = false;
-  std::size_t lt_bytes = 0, cols_offset = 0, g_offset = 0, total = 0;
+  std::size_t lt_bytes = 0, cols_offset = 0, chunks_offset = 0, g_offset = 0, total = 0;
   DeviceBuffer own;  // for run() without a caller workspace
   std::shared_ptr<const Module> module;
-  CUfunction stats = nullptr, eval_coef = nullptr, apply = nullptr;
+  CUfunction stats = nullptr, stats_merge = nullptr, eval_coef = nullptr, apply = nullptr;
   unsigned apply_grid = 1;
 };
 
@@ -181,8 +205,14 @@ ReferenceOp::ReferenceOp(const Problem& problem, const ReferenceOpOptions& optio
   }
   m.lt_bytes = std::max(m.gemm_plain->workspace(), m.gemm_bias ? m.gemm_bias->workspace() : 0);
   m.cols_offset = align_workspace(m.lt_bytes);
-  m.g_offset =
+  m.chunks_offset =
       align_workspace(m.cols_offset + 4 * static_cast<std::size_t>(problem.N) * sizeof(float));
+  const StatsChunks chunks = stats_chunks(problem.M, problem.N, m.device.sm_count);
+  const std::size_t chunk_bytes = problem.mode == Mode::train && chunks.max_count > 1
+                                      ? static_cast<std::size_t>(chunks.max_count) * 3 *
+                                            static_cast<std::size_t>(problem.N) * sizeof(double)
+                                      : 0;
+  m.g_offset = align_workspace(m.chunks_offset + chunk_bytes);
   m.total = into_y ? m.g_offset
                    : align_workspace(m.g_offset + static_cast<std::size_t>(problem.M) *
                                                       static_cast<std::size_t>(problem.N) *
@@ -196,6 +226,7 @@ ReferenceOp::ReferenceOp(const Problem& problem, const ReferenceOpOptions& optio
   if (!m.module)
     m.module = Module::get(key, compile_cached(src, arch, options.cache_dir), src.kernels);
   m.stats = m.module->function("fj_ref_stats");
+  m.stats_merge = m.module->function("fj_ref_stats_merge");
   m.eval_coef = m.module->function("fj_ref_eval_coef");
   m.apply = m.module->function("fj_ref_apply");
   const std::size_t total =
@@ -263,6 +294,10 @@ void ReferenceOp::run(CUstream stream, const Tensors& t, std::int64_t rows, void
   prm.col_add = cols + 2 * p.N;
   prm.col_gmean = cols + 3 * p.N;
   prm.saved = t.saved;
+  const StatsChunks chunks = stats_chunks(rows, p.N, m.device.sm_count);
+  prm.chunk_stats = reinterpret_cast<double*>(ws + m.chunks_offset);
+  prm.chunk_rows = chunks.rows;
+  prm.chunks = chunks.count;
   prm.M = rows;
   prm.N = static_cast<int>(p.N);
   prm.train = train ? 1 : 0;
@@ -274,11 +309,16 @@ void ReferenceOp::run(CUstream stream, const Tensors& t, std::int64_t rows, void
   const auto col_blocks = [&](int per_block) {
     return static_cast<unsigned>((p.N + per_block - 1) / per_block);
   };
-  if (train)
-    check(d.cuLaunchKernel(m.stats, col_blocks(fj::kRefStatsCols), 1, 1, fj::kRefStatsThreads, 1, 1,
-                           0, stream, args, nullptr),
+  if (train) {
+    check(d.cuLaunchKernel(m.stats, col_blocks(fj::kRefStatsCols),
+                           static_cast<unsigned>(chunks.count), 1, fj::kRefStatsThreads, 1, 1, 0,
+                           stream, args, nullptr),
           "cuLaunchKernel(fj_ref_stats)");
-  else
+    if (chunks.count > 1)
+      check(d.cuLaunchKernel(m.stats_merge, col_blocks(fj::kRefCoefThreads), 1, 1,
+                             fj::kRefCoefThreads, 1, 1, 0, stream, args, nullptr),
+            "cuLaunchKernel(fj_ref_stats_merge)");
+  } else
     check(d.cuLaunchKernel(m.eval_coef, col_blocks(fj::kRefCoefThreads), 1, 1, fj::kRefCoefThreads,
                            1, 1, 0, stream, args, nullptr),
           "cuLaunchKernel(fj_ref_eval_coef)");
@@ -288,7 +328,13 @@ void ReferenceOp::run(CUstream stream, const Tensors& t, std::int64_t rows, void
 }
 
 std::vector<std::string> ReferenceOp::kernel_names() const {
-  if (impl_->problem.mode == Mode::train) return {"cublasLtMatmul", "fj_ref_stats", "fj_ref_apply"};
+  const Problem& p = impl_->problem;
+  if (p.mode == Mode::train) {
+    // An M-row run's kernels (one of fewer rows may have one chunk and no merge).
+    if (stats_chunks(p.M, p.N, impl_->device.sm_count).count > 1)
+      return {"cublasLtMatmul", "fj_ref_stats", "fj_ref_stats_merge", "fj_ref_apply"};
+    return {"cublasLtMatmul", "fj_ref_stats", "fj_ref_apply"};
+  }
   return {"cublasLtMatmul", "fj_ref_eval_coef", "fj_ref_apply"};
 }
 

@@ -96,7 +96,8 @@ class ReferenceOp {
 
 // The generated translation unit of the plain kernels for one (dtype, param dtype): a prelude
 // naming T and P, templates/reference/plain_bn.cuh and the extern "C" kernels fj_ref_stats,
-// fj_ref_eval_coef and fj_ref_apply. Exposed so it can be compiled without a GPU (tests).
+// fj_ref_stats_merge, fj_ref_eval_coef and fj_ref_apply. Exposed so it can be compiled without a
+// GPU (tests).
 KernelSource reference_kernel_source(DType dtype, DType param_dtype);
 
 }  // namespace fusejit
