@@ -118,7 +118,9 @@ class Plan {
   // True when tuning found the cuBLASLt reference op (ReferenceOp) fastest for this problem on
   // this GPU (or, without a tuning entry, the heuristic prefers it): run() then runs it
   // (kernel_names() lists its kernels; for 16-bit y its workspace holds an fp32 [M][N] copy of
-  // the GEMM output). It serves every run, Tensors::saved and fewer rows than M included.
+  // the GEMM output). It serves every run, Tensors::saved and fewer rows than M included (but
+  // for degenerate shapes where cuBLASLt has no algorithm for fewer rows, e.g. N = 1 with a
+  // padded row stride: those runs take config()).
   // config() is still the fastest fused config that passed verification (or the heuristic's),
   // which the plan runs instead if cuBLASLt cannot be set up for the problem.
   bool uses_reference() const;

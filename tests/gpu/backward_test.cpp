@@ -238,7 +238,7 @@ TEST_CASE("backward: gradient GEMMs on cuBLASLt") {
 }
 
 TEST_CASE("backward: a training step whose forward is the cuBLASLt reference op") {
-  // Strict fp32 at K >= 1536 (train: N K >= 2^21): the heuristic's forward is the reference op,
+  // Strict fp32 at K >= 1536: the heuristic's forward is the reference op,
   // which writes saved for the backward; the device's tuning database has no entry for these.
   for (const char* line : {"600x1100x2000 fp32 train", "600x1100x2000 fp32 train momentum=none",
                            "300x1024x2048 fp32 train nobias", "300x700x2048 fp32 eval"}) {

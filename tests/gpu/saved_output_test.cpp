@@ -458,9 +458,34 @@ TEST_CASE("saved, reference op: every dtype, parameter dtype and mode, fewer row
   }
 }
 
+TEST_CASE("reference op: a shape cuBLASLt runs for M rows only refuses fewer, by name") {
+  primary_context(0);
+  // N = 1 with padded strides: on H200 (cuBLAS 13.0) none of the heuristic's algorithms for 128
+  // rows passed cuBLASLt's check at fewer rows. Either way the op is right for what it accepts.
+  const std::string line = "128x1x1000 bf16 eval ldx=1008 ldw=1016 ldy=16";
+  check_reference(line);
+  const SweepCase c = parse_sweep_line(line);
+  const ReferenceOp op(c.problem);
+  MESSAGE(fmt::format("{}: runs fewer rows: {}", line, op.runs_fewer_rows()));
+  if (op.runs_fewer_rows()) {
+    check_reference(line, 64);
+    return;
+  }
+  const CaseInputs in = make_case_inputs(c);
+  DeviceCase dc(in, true);
+  const DeviceBuffer ws(op.workspace_size());
+  const Stream st;
+  try {
+    op.run(st, dc.tensors(), 64, ws.get(), ws.size());
+    FAIL_CHECK("a run of fewer rows was accepted");
+  } catch (const InvalidArgument& e) {
+    CHECK(e.argument() == "rows");
+  }
+}
+
 TEST_CASE("saved from a plan whose choice is the reference op: the reference op writes it") {
   primary_context(0);
-  // Strict fp32 with K >= 1536 (N K >= 2^21 in train): without a tuning entry the dispatch
+  // Strict fp32 with K >= 1536: without a tuning entry the dispatch
   // prefers the reference op (tune/dispatch.hpp), as a tuning whose winner was the reference does.
   for (const char* line : {"600x1100x2000 fp32 train", "300x700x2048 fp32 eval nobias"}) {
     CAPTURE(line);

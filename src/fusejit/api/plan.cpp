@@ -249,8 +249,12 @@ const Problem& Plan::problem() const {
 const KernelConfig& Plan::config() const {
   return core_->config;
 }
+// A plan whose reference op runs M rows only runs fewer on its fused config: a workspace for both.
 std::size_t Plan::workspace_size() const {
-  return reference_ ? reference_->workspace_size() : state_->workspace.total;
+  if (!reference_) return state_->workspace.total;
+  return reference_->runs_fewer_rows()
+             ? reference_->workspace_size()
+             : std::max(reference_->workspace_size(), state_->workspace.total);
 }
 std::vector<std::string> Plan::kernel_names() const {
   return state_->kernel_names;
@@ -311,7 +315,7 @@ void Plan::run(CUstream stream, const Tensors& t, std::int64_t rows, void* works
             "expected {} <= rows <= M = {} (the plan's M{}); got {}", least, p.M,
             p.mode == Mode::train && least == 2 ? "; train mode needs two rows for a variance" : "",
             rows));
-  if (reference_) {
+  if (reference_ && reference_->runs_fewer_rows()) {
     reference_->run(stream, t, rows, workspace, bytes);
     return;
   }

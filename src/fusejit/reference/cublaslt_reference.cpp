@@ -166,6 +166,7 @@ struct ReferenceOp::Impl {
   // when an M-row run has more than one chunk) at chunks_offset; the fp32 GEMM output ([M][N])
   // at g_offset when y is 16-bit (y itself holds it when y is fp32).
   bool into_y = false;
+  bool fewer_rows = false;  // the GEMMs run any row count down to 1 (train: 2)
   std::size_t lt_bytes = 0, cols_offset = 0, chunks_offset = 0, g_offset = 0, total = 0;
   DeviceBuffer own;  // for run() without a caller workspace
   std::shared_ptr<const Module> module;
@@ -193,15 +194,19 @@ ReferenceOp::ReferenceOp(const Problem& problem, const ReferenceOpOptions& optio
     s.d_alignment = 256;  // our own cuMemAlloc'ed buffer
   }
   // A run may have fewer rows than M (Plan::run's `rows`), down to one (train: two, for a
-  // variance): one algorithm for all of them.
+  // variance): one algorithm for all of them. Where cuBLASLt has none (N = 1 with a padded row
+  // stride: no candidate passes its check at fewer rows), M rows only.
   const std::int64_t least = problem.mode == Mode::train ? 2 : 1;
-  m.gemm_plain = LtGemm::require_for_rows(m.handle.get(), s, true, least);
+  m.gemm_plain = LtGemm::make_for_rows(m.handle.get(), s, true, least);
+  m.fewer_rows = m.gemm_plain != nullptr;
+  if (!m.fewer_rows) m.gemm_plain = LtGemm::require(m.handle.get(), s);
   // cuBLASLt's bias is of D's type (fp32), so the epilogue can take it only when the
   // parameters are fp32; 16-bit parameters are added by the plain kernels instead.
   if (problem.has_bias && problem.param_dtype == DType::fp32) {
     LtGemmSpec sb = s;
     sb.bias_epilogue = true;
-    m.gemm_bias = LtGemm::make_for_rows(m.handle.get(), sb, true, least);
+    m.gemm_bias = m.fewer_rows ? LtGemm::make_for_rows(m.handle.get(), sb, true, least)
+                               : LtGemm::make(m.handle.get(), sb);
   }
   m.lt_bytes = std::max(m.gemm_plain->workspace(), m.gemm_bias ? m.gemm_bias->workspace() : 0);
   m.cols_offset = align_workspace(m.lt_bytes);
@@ -248,6 +253,10 @@ void ReferenceOp::validate(const Tensors& t) const {
   validate_tensors(impl_->problem, t);
 }
 
+bool ReferenceOp::runs_fewer_rows() const {
+  return impl_->fewer_rows;
+}
+
 std::size_t ReferenceOp::workspace_size() const {
   return impl_->total;
 }
@@ -269,6 +278,10 @@ void ReferenceOp::run(CUstream stream, const Tensors& t, std::int64_t rows, void
   if (rows < least || rows > p.M)
     throw InvalidArgument("rows",
                           fmt::format("expected {} <= rows <= M = {}; got {}", least, p.M, rows));
+  if (rows != p.M && !m.fewer_rows)
+    throw InvalidArgument("rows", fmt::format("expected rows = M = {}: cuBLASLt has no algorithm "
+                                              "for this problem that also runs fewer rows; got {}",
+                                              p.M, rows));
   validate_tensors(p, t, rows);
   validate_workspace(workspace, workspace_bytes, m.total);
   char* ws = static_cast<char*>(workspace);

@@ -81,11 +81,15 @@ class ReferenceOp {
   // (InvalidArgument "workspace" otherwise): one ReferenceOp may then run on several streams at
   // once, each with its own workspace.
   void run(CUstream stream, const Tensors& t, void* workspace, std::size_t workspace_bytes) const;
-  // A run of the first `rows` rows of x, y and saved, 1 (train: 2) <= rows <= M
-  // (InvalidArgument "rows" otherwise): the batch statistics are those rows' alone.
+  // A run of the first `rows` rows of x, y and saved, 1 (train: 2) <= rows <= M, and rows = M
+  // unless runs_fewer_rows() (InvalidArgument "rows" otherwise): the batch statistics are those
+  // rows' alone.
   void run(CUstream stream, const Tensors& t, std::int64_t rows, void* workspace,
            std::size_t workspace_bytes) const;
 
+  // Whether run() takes fewer rows than M: true unless cuBLASLt has no algorithm that runs them
+  // all (a degenerate shape, e.g. N = 1 with a padded row stride).
+  bool runs_fewer_rows() const;
   std::vector<std::string> kernel_names() const;  // "cublasLtMatmul", then the plain kernels
   std::string description() const;
 

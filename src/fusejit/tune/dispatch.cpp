@@ -172,16 +172,11 @@ bool heuristic_prefers_reference(const Problem& p) {
   // K keeps the fused kernels, which win or tie there (1000x1001x1003, 1024^3, 128x512x1024,
   // 4096x4096x256), except on large outputs (1024x4096x1024 and up: a tie or the reference).
   // docs/performance.md, "The reference op writes saved".
+  // Narrow train layers too, since fj_ref_stats splits the rows into chunks: 16384x512x2048
+  // 0.748 vs 0.842 ms, 65536x256x1024 0.830 vs 0.880; 8192x768x2048 0.669 vs 0.655.
   constexpr std::int64_t kLongK = 1536, kMinK = 1024, kMinOutputs = std::int64_t{1} << 22;
-  // Train's fj_ref_stats walks every row in blocks of 32 columns, ~6-8 ns a row where there are
-  // fewer blocks than SMs (H200: 65536x256x1024 0.56 ms over its SGEMM), so it pays only where
-  // the GEMM's work per row, N * K, dwarfs that: 64x256x8192 and 128x512x4096 (N K = 2^21) 0.029
-  // and 0.036 ms against the fused 0.052 and 0.060, while 65536x256x1024 (1.26 vs 0.88 ms),
-  // 8192x768x2048 (0.71 vs 0.66) and 16384x512x2048 (0.83 vs 0.84) keep the fused kernels.
-  constexpr std::int64_t kMinTrainNK = std::int64_t{1} << 21;
   // Synchronized statistics: the reference op has no exchange.
   if (p.stat_ranks != 0 || p.dtype != DType::fp32) return false;
-  if (p.mode == Mode::train && p.N * p.K < kMinTrainNK) return false;
   return p.K >= kLongK || (p.K >= kMinK && p.M * p.N >= kMinOutputs);
 }
 

@@ -42,8 +42,7 @@ std::string_view name(KernelChoice::Source);
 
 // Step 5's choice between the fused kernels and the reference op (ReferenceOp): the reference
 // for strict fp32 problems with K >= 1536, or K >= 1024 and M * N >= 2^22, where cuBLAS's SGEMM
-// plus plain BatchNorm passes beat the fused SIMT kernel (measured on H100 and H200); in train
-// only where N * K >= 2^21 (the reference's statistics pass costs a few ns a row); never with
+// plus plain BatchNorm passes beat the fused SIMT kernel (measured on H100 and H200); never with
 // synchronized statistics.
 bool heuristic_prefers_reference(const Problem& p);
 
