@@ -55,6 +55,7 @@ BackwardCheckResult check_backward_case(const SweepCase& layer, const BackwardCh
   PlanOptions po;
   po.device = o.device;
   po.cache_dir = o.cache_dir;
+  po.use_tuning_db = o.use_tuning_db;
   const Plan forward(plan_problem, po);
   r.forward_reference = forward.uses_reference();
   const DType st = storage_type(p.dtype);

@@ -21,6 +21,8 @@ struct BackwardCheckOptions {
   int zero_scale_column = -1;  // scale[col] := 0
   int device = 0;
   std::string cache_dir;
+  // False: the forward ignores the tuning database (the heuristic's choice, as a test expects).
+  bool use_tuning_db = true;
   std::optional<KernelConfig> dx_config, dw_config;  // BackwardOptions's
   bool dx_cublaslt = false, dw_cublaslt = false;     // BackwardOptions's
 };

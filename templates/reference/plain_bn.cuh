@@ -156,7 +156,8 @@ __device__ void ref_eval_coef(const RefParams& p) {
 
 // y = (z - mean) * (invstd * gamma) + beta for every element, and saved when asked for;
 // grid-stride over M x N. In train mode one thread also counts the batch: this launch runs
-// after ref_stats, the last reader. G may alias y: each element is read before it is written.
+// after ref_stats and ref_stats_merge, its last readers. G may alias y: each element is read before
+// it is written.
 template <class Spec>
 __device__ void ref_apply(const RefParams& p) {
   using T = typename Spec::T;

@@ -37,9 +37,10 @@ struct RefParams {
   // Tensors::saved ([M][ldy] in Spec::T) or null: train c = a - mean_a, eval u = a + bias, what
   // the backward pass reads (fusejit/tensors.hpp).
   void* saved;
-  // Per-column normalization y = (z - col_mean) * col_mul + col_add, written by ref_stats
-  // (train) or ref_eval_coef (eval), read by ref_apply; train also writes col_gmean, the mean
-  // of G, for saved's c = G - mean G (bias, if in G, cancels). Workspace, [N] floats each.
+  // Per-column normalization y = (z - col_mean) * col_mul + col_add, written by ref_stats or
+  // ref_stats_merge (train) or ref_eval_coef (eval), read by ref_apply; train also writes
+  // col_gmean, the mean of G, for saved's c = G - mean G (bias, if in G, cancels). Workspace,
+  // [N] floats each.
   float* col_mean;
   float* col_mul;
   float* col_add;

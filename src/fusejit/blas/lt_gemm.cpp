@@ -204,11 +204,16 @@ std::unique_ptr<LtGemm> LtGemm::make_for_rows(cublasLtHandle_t h, const LtGemmSp
   g->rows_are_n_ = rows_are_n;
   g->impl_->desc = make_desc(s);
   g->impl_->full = layouts(s, s.n, s.k);
+  // The row counts checked: `least`, every power of two above it, the midpoint and full - 1
+  // (cuBLASLt's kernels pick tiles and splits by size, so refusals come in ranges).
   const std::int64_t full = rows_are_n ? s.n : s.k;
-  const std::array<std::int64_t, 2> fewer{std::min(least, full), (least + full) / 2};
-  std::array<Layouts, 2> few;
-  for (std::size_t i = 0; i < few.size(); ++i)
-    few[i] = rows_are_n ? layouts(s, fewer[i], s.k) : layouts(s, s.n, fewer[i]);
+  std::vector<std::int64_t> fewer{std::min(least, full), (least + full) / 2, full - 1};
+  for (std::int64_t r = 2; r < full; r *= 2)
+    if (r > least) fewer.push_back(r);
+  std::erase_if(fewer, [&](std::int64_t r) { return r < 1 || r >= full; });
+  std::vector<Layouts> few;
+  for (const std::int64_t r : fewer)
+    few.push_back(rows_are_n ? layouts(s, r, s.k) : layouts(s, s.n, r));
   cublasLtMatmulDesc_t desc = g->impl_->desc.get();
   for (const auto& r : heuristic(h, s, desc, g->impl_->full, 8)) {
     std::size_t ws = r.workspaceSize;

@@ -60,9 +60,10 @@ class LtGemm {
   // make(), or CudaError naming the shape when cuBLASLt has no algorithm for it.
   static std::unique_ptr<LtGemm> require(cublasLtHandle_t, const LtGemmSpec& s);
   // For GEMMs whose n or k (never m) is a run's row count, any count from `least` to the spec's:
-  // the heuristic's best algorithm for the spec's shape that cuBLASLt also accepts at `least`
-  // and at the midpoint, so that a run of fewer rows keeps the one algorithm (run() checks the
-  // rest as cuBLASLt does). Null when none of its candidates does.
+  // the heuristic's best algorithm for the spec's shape that cuBLASLt also accepts at `least`,
+  // each power of two, the midpoint and the spec's count - 1, so that a run of fewer rows keeps
+  // the one algorithm (run() checks the rest as cuBLASLt does). Null when none of its
+  // candidates does.
   static std::unique_ptr<LtGemm> make_for_rows(cublasLtHandle_t, const LtGemmSpec& s,
                                                bool rows_are_n, std::int64_t least);
   // make_for_rows(), or CudaError naming the shape and the row range.

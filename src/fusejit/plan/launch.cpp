@@ -232,7 +232,6 @@ void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Ten
   prm.x = t.x;
   prm.w = t.w;
   prm.bias = t.bias;
-  prm.saved = t.saved;  // the reference op has none: not in set_batchnorm_params
   set_batchnorm_params(prm, t);
   auto* ws = static_cast<char*>(workspace);
   prm.ws_partials = ws ? reinterpret_cast<float*>(ws + shape.workspace.partials_offset) : nullptr;

@@ -31,6 +31,7 @@ void set_batchnorm_params(KernelParams& prm, const Tensors& t) {
   prm.num_batches_tracked = reinterpret_cast<long long*>(t.num_batches_tracked);
   prm.save_mean = t.save_mean;
   prm.save_invstd = t.save_invstd;
+  prm.saved = t.saved;
 }
 
 // What a run of `rows` rows launches: the grids and the kernels (a plan computes it once for

@@ -306,7 +306,6 @@ void ReferenceOp::run(CUstream stream, const Tensors& t, std::int64_t rows, void
   prm.col_mul = cols + p.N;
   prm.col_add = cols + 2 * p.N;
   prm.col_gmean = cols + 3 * p.N;
-  prm.saved = t.saved;
   const StatsChunks chunks = stats_chunks(rows, p.N, m.device.sm_count);
   prm.chunk_stats = reinterpret_cast<double*>(ws + m.chunks_offset);
   prm.chunk_rows = chunks.rows;

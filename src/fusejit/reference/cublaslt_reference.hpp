@@ -72,7 +72,8 @@ class ReferenceOp {
   // written when given, as the fused kernels write it.
   void validate(const Tensors& t) const;
   // Bytes of device workspace a run needs (256-byte aligned): cuBLASLt's, the per-column
-  // coefficients and, when y is 16-bit, the fp32 GEMM output ([M][N]).
+  // coefficients and G's means, train's chunk statistics and, when y is 16-bit, the fp32 GEMM
+  // output ([M][N]).
   std::size_t workspace_size() const;
   // Enqueues the op on `stream`: no allocation or sync. Uses the object's own workspace, so one
   // ReferenceOp must not run on two streams (or threads) at once.

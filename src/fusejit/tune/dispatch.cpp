@@ -166,14 +166,14 @@ bool heuristic_prefers_reference(const Problem& p) {
   // cuBLAS's SGEMM time, while SGEMM followed by the reference op's BatchNorm passes (which
   // cost two or three trips over y) stays at 1.01-1.07x once the GEMM dominates those trips
   // (H100: 2048^3 up to 16384x4096x4096). docs/performance.md, fifth session.
-  // At K >= 1536 the reference op wins at any output size (H200, train and eval: 64x256x8192
-  // 0.029 vs 0.052 ms, 128x512x4096 0.036 vs 0.059, 384x3072x1536 0.114 vs 0.197,
+  // At K >= 1536 the reference op wins at every output size measured (H200, train and eval:
+  // 64x256x8192 0.029 vs 0.052 ms, 128x512x4096 0.036 vs 0.059, 384x3072x1536 0.114 vs 0.197,
   // 1536^3 0.201 vs 0.317), since cuBLASLt splits K where our SIMT split-K tiles lag it. Shorter
   // K keeps the fused kernels, which win or tie there (1000x1001x1003, 1024^3, 128x512x1024,
   // 4096x4096x256), except on large outputs (1024x4096x1024 and up: a tie or the reference).
   // docs/performance.md, "The reference op writes saved".
   // Narrow train layers too, since fj_ref_stats splits the rows into chunks: 16384x512x2048
-  // 0.748 vs 0.842 ms, 65536x256x1024 0.830 vs 0.880; 8192x768x2048 0.669 vs 0.655.
+  // 0.748 vs 0.842 ms, 65536x256x1024 0.830 vs 0.880; 8192x768x2048 the one loss, 0.669 vs 0.655.
   constexpr std::int64_t kLongK = 1536, kMinK = 1024, kMinOutputs = std::int64_t{1} << 22;
   // Synchronized statistics: the reference op has no exchange.
   if (p.stat_ranks != 0 || p.dtype != DType::fp32) return false;
