@@ -535,21 +535,23 @@ TEST_CASE("dispatch heuristic: the reference op for strict fp32 with a long K, e
   for (const Device& d : {sm80, sm90}) {
     CAPTURE(d.arch());
     for (Mode m : {Mode::train, Mode::eval}) {
-      // Large, long K: SGEMM + BatchNorm passes.
+      // Large with K >= 1024, or K >= 1536 at any size: SGEMM + BatchNorm passes.
       for (const Problem& p :
            {problem(2048, 2048, 1024, DType::fp32, m), problem(1024, 8192, 8192, DType::fp32, m),
-            problem(16384, 4096, 4096, DType::fp32, m)}) {
+            problem(16384, 4096, 4096, DType::fp32, m), problem(2048, 2047, 4096, DType::fp32, m),
+            problem(64, 256, 8192, DType::fp32, m)}) {
         CAPTURE(p.key());
         const KernelChoice c = choose_from_table(empty, p, d);
         CHECK(c.source == KernelChoice::Source::heuristic);
         CHECK(c.reference);
         CHECK(c.config.key() == default_config(p, d).key());  // still reported
       }
-      // Short K, small output, or another dtype: the fused kernels.
+      // Short K, K < 1536 with a small output, or another dtype: the fused kernels.
       for (const Problem& p :
            {problem(8192, 8192, 512, DType::fp32, m), problem(1024, 1024, 1024, DType::fp32, m),
-            problem(2048, 2047, 4096, DType::fp32, m), problem(4096, 4096, 4096, DType::tf32, m),
-            problem(4096, 4096, 4096, DType::bf16, m), problem(4096, 4096, 4096, DType::fp16, m)}) {
+            problem(2048, 2047, 1024, DType::fp32, m), problem(1024, 2048, 1535, DType::fp32, m),
+            problem(4096, 4096, 4096, DType::tf32, m), problem(4096, 4096, 4096, DType::bf16, m),
+            problem(4096, 4096, 4096, DType::fp16, m)}) {
         CAPTURE(p.key());
         const KernelChoice c = choose_from_table(empty, p, d);
         CHECK(c.source == KernelChoice::Source::heuristic);

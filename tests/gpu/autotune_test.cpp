@@ -25,6 +25,7 @@
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/plan.hpp"
+#include "fusejit/reference/cublaslt_reference.hpp"
 #include "fusejit/tune/dispatch.hpp"
 #include "fusejit/tune/tuner.hpp"
 #include "fusejit/tune/tuning_db.hpp"
@@ -304,6 +305,53 @@ TEST_CASE("a Plan running the recorded reference op: two streams, own workspaces
     } catch (const InvalidArgument& x) {
       CHECK(x.argument() == "workspace");
     }
+  }
+}
+
+// A recorded reference winner on a shape where cuBLASLt runs M rows only (ReferenceOp::
+// runs_fewer_rows false: N = 1 with padded strides on H200): M rows on the reference op, fewer
+// on the plan's fused config, one workspace that serves both, right results either way.
+TEST_CASE("a Plan running the recorded reference op: fewer rows where cuBLASLt runs M only") {
+  primary_context(0);
+  const Device dev = Device::get(0);
+  const TuningDb db = TuningDb::for_device(dev, cache_dir());
+  const SweepCase c = parse_sweep_line("128x1x1000 bf16 eval ldx=1008 ldw=1016 ldy=16");
+  const ReferenceOp op(c.problem);
+  if (op.runs_fewer_rows()) {
+    MESSAGE("this cuBLASLt runs fewer rows of " << c.text() << ": nothing to fall back from");
+    return;
+  }
+  TuningEntry e;
+  e.problem = c.problem;
+  e.winner = std::string(kReferenceCandidate);
+  e.winner_ms = 0.1;
+  e.reference_ms = 0.1;
+  e.error = 1e-3;
+  e.candidates = 1;
+  e.timestamp = 1700000000;
+  REQUIRE(db.record(e));
+  const Plan plan(c.problem, plan_options());
+  REQUIRE(plan.uses_reference());
+  PlanOptions forced = plan_options();
+  forced.config = plan.config();
+  const Plan fused(c.problem, forced);
+  CHECK(plan.workspace_size() >= op.workspace_size());
+  CHECK(plan.workspace_size() >= fused.workspace_size());
+  for (const std::int64_t rows : {c.problem.M, c.problem.M / 2 + 1}) {
+    CAPTURE(rows);
+    SweepCase run_case = c;
+    run_case.problem.M = rows;
+    const CaseInputs in = make_case_inputs(run_case, 91);
+    DeviceCase d(in);
+    FJ_CU(cuCtxSynchronize());  // DeviceCase's poison memsets run on the legacy stream
+    const Stream s;
+    plan.run(s, d.tensors(), rows);
+    s.synchronize();
+    const ReferenceOutputs ref = reference_forward(
+        reference_inputs(in), reference_settings(run_case.problem, in.num_batches_tracked));
+    const CaseErrors err = compare(in, d.download(), ref);
+    std::string why;
+    CHECK_MESSAGE(passes(err, sweep_threshold(c.problem.dtype), &why), why);
   }
 }
 
