@@ -76,6 +76,19 @@ const CandidateOutcome* outcome(const TuneResult& r, const std::string& key) {
   return nullptr;
 }
 
+// A tuning entry whose winner is the reference op, as `fusejit autotune` records one.
+bool record_reference_winner(const TuningDb& db, const Problem& p) {
+  TuningEntry e;
+  e.problem = p;
+  e.winner = std::string(kReferenceCandidate);
+  e.winner_ms = 0.1;
+  e.reference_ms = 0.1;
+  e.error = 1e-3;
+  e.candidates = 1;
+  e.timestamp = 1700000000;
+  return db.record(e);
+}
+
 // The plan's output on fresh inputs against the float64 reference (the sweep's machinery).
 double plan_error(const Plan& plan, const Problem& p) {
   SweepCase c;
@@ -247,15 +260,7 @@ TEST_CASE("a Plan running the recorded reference op: two streams, own workspaces
   // 16-bit y, so the fp32 GEMM output lives in the workspace too; train, so the coefficients
   // depend on each run's own batch.
   const SweepCase c = parse_sweep_line("1000x640x512 bf16 train");
-  TuningEntry e;
-  e.problem = c.problem;
-  e.winner = std::string(kReferenceCandidate);
-  e.winner_ms = 0.1;
-  e.reference_ms = 0.1;
-  e.error = 1e-3;
-  e.candidates = 1;
-  e.timestamp = 1700000000;
-  REQUIRE(db.record(e));
+  REQUIRE(record_reference_winner(db, c.problem));
   const Plan plan(c.problem, plan_options());
   REQUIRE(plan.uses_reference());
   const std::size_t need = plan.workspace_size();
@@ -321,15 +326,7 @@ TEST_CASE("a Plan running the recorded reference op: fewer rows where cuBLASLt r
     MESSAGE("this cuBLASLt runs fewer rows of " << c.text() << ": nothing to fall back from");
     return;
   }
-  TuningEntry e;
-  e.problem = c.problem;
-  e.winner = std::string(kReferenceCandidate);
-  e.winner_ms = 0.1;
-  e.reference_ms = 0.1;
-  e.error = 1e-3;
-  e.candidates = 1;
-  e.timestamp = 1700000000;
-  REQUIRE(db.record(e));
+  REQUIRE(record_reference_winner(db, c.problem));
   const Plan plan(c.problem, plan_options());
   REQUIRE(plan.uses_reference());
   PlanOptions forced = plan_options();
