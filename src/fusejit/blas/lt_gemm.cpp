@@ -209,7 +209,7 @@ std::unique_ptr<LtGemm> LtGemm::make_for_rows(cublasLtHandle_t h, const LtGemmSp
   std::vector<std::int64_t> fewer{std::min(least, full), (least + full) / 2, full - 1};
   for (std::int64_t r = 2; r < full; r *= 2)
     if (r > least) fewer.push_back(r);
-  std::erase_if(fewer, [&](std::int64_t r) { return r < 1 || r >= full; });
+  std::erase_if(fewer, [&](std::int64_t r) { return r < std::min(least, full) || r >= full; });
   std::vector<Layouts> few;
   for (const std::int64_t r : fewer)
     few.push_back(rows_are_n ? layouts(s, r, s.k) : layouts(s, s.n, r));
