@@ -59,6 +59,12 @@ __device__ void ref_finish_column(const RefParams& p, int n, double mean, double
   ref_write_coef<Spec>(p, n, mean, invstd);
 }
 
+// One past the last row of chunk k of ref_stats: chunks of p.chunk_rows, the last one shorter.
+__device__ __forceinline__ long long ref_chunk_end(const RefParams& p, long long k) {
+  const long long end = (k + 1) * p.chunk_rows;
+  return end < p.M ? end : p.M;
+}
+
 // Train: the mean and sum of squared deviations of z, and the mean of G, over one chunk of rows
 // (blockIdx.y; p.chunk_rows each, the last one shorter) of 32 columns (blockIdx.x), in float64
 // and in two passes over the chunk (no cancellation). Chunks let a tall, narrow layer fill the
@@ -76,7 +82,7 @@ __device__ void ref_stats(const RefParams& p) {
   const int n = blockIdx.x * kRefStatsCols + c;
   const bool live = n < p.N;
   const long long first = static_cast<long long>(blockIdx.y) * p.chunk_rows;
-  const long long end = first + p.chunk_rows < p.M ? first + p.chunk_rows : p.M;
+  const long long end = ref_chunk_end(p, blockIdx.y);
   const double rows = static_cast<double>(end - first);
 
   double sum = 0.0, gsum = 0.0;
@@ -130,9 +136,7 @@ __device__ void ref_stats_merge(const RefParams& p) {
   double count = 0.0, mean = 0.0, m2 = 0.0, gmean = 0.0;
   for (int k = 0; k < p.chunks; ++k) {
     const double* in = p.chunk_stats + 3 * static_cast<long long>(k) * p.N;
-    const long long first = k * p.chunk_rows;
-    const long long end = first + p.chunk_rows < p.M ? first + p.chunk_rows : p.M;
-    const double rows = static_cast<double>(end - first);
+    const double rows = static_cast<double>(ref_chunk_end(p, k) - k * p.chunk_rows);
     const double total = count + rows;
     const double delta = in[n] - mean;
     mean += delta * rows / total;
