@@ -67,6 +67,8 @@ class SweepOp {
   virtual ~SweepOp() = default;
   virtual void run(CUstream stream, const Tensors& t) const = 0;
   virtual std::string describe() const = 0;
+  // The ways its tf32 math may read x and W (Tf32Operands): a case passes against any of them.
+  virtual std::vector<Tf32Operands> tf32_operands() const { return {Tf32Operands::rounded}; }
 };
 
 class PlanOp final : public SweepOp {
@@ -84,6 +86,10 @@ class ReferenceSweepOp final : public SweepOp {
   ReferenceSweepOp(const Problem& p, const ReferenceOpOptions& o) : op_(p, o) {}
   void run(CUstream stream, const Tensors& t) const override { op_.run(stream, t); }
   std::string describe() const override { return op_.description(); }
+  // cuBLASLt's FAST_TF32 may run tensor cores (truncated operands) or an fp32 kernel (whole).
+  std::vector<Tf32Operands> tf32_operands() const override {
+    return {Tf32Operands::truncated, Tf32Operands::whole};
+  }
 
  private:
   ReferenceOp op_;
@@ -144,12 +150,20 @@ CaseResult run_built(const SweepCase& c, const Built& b, std::uint64_t seed) {
     b.op->run(stream, dev.tensors());
     stream.synchronize();
     const CaseOutputs got = dev.download();
-    const ReferenceOutputs ref = reference_forward(
-        reference_inputs(in), reference_settings(c.problem, in.num_batches_tracked));
-    r.errors = compare(in, got, ref);
+    const ReferenceSettings settings = reference_settings(c.problem, in.num_batches_tracked);
+    const std::vector<Tf32Operands> reads =
+        c.problem.dtype == DType::tf32 ? b.op->tf32_operands() : std::vector{Tf32Operands::rounded};
+    // The first way of reading the operands that passes, else the one closest in y.
+    bool ok = false;
+    for (std::size_t i = 0; i < reads.size() && !ok; ++i) {
+      const CaseErrors e =
+          compare(in, got, reference_forward(reference_inputs(in, reads[i]), settings));
+      std::string why;
+      ok = passes(e, r.threshold, &why);
+      if (ok || i == 0 || e.y < r.errors.y) r.errors = e, r.message = why;
+    }
     r.measured = true;
-    r.status = passes(r.errors, r.threshold, &r.message) ? CaseResult::Status::passed
-                                                         : CaseResult::Status::failed;
+    r.status = ok ? CaseResult::Status::passed : CaseResult::Status::failed;
   } catch (const std::exception& e) {
     r.status = CaseResult::Status::failed;
     r.message = e.what();

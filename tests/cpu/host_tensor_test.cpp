@@ -242,3 +242,13 @@ TEST_CASE("tf32 rounding keeps 10 mantissa bits, ties away from zero") {
   CHECK(std::isinf(round_to_tf32(std::numeric_limits<float>::infinity())));
   CHECK(std::isnan(round_to_tf32(std::numeric_limits<float>::quiet_NaN())));
 }
+
+TEST_CASE("tf32 truncation keeps 10 mantissa bits and drops the rest") {
+  CHECK(truncate_to_tf32(1.0f) == 1.0f);
+  CHECK(truncate_to_tf32(1.0f + 0x1p-11f) == 1.0f);  // a tie: dropped, where rounding goes up
+  CHECK(truncate_to_tf32(1.0f + 0x1p-10f - 0x1p-23f) == 1.0f);
+  CHECK(truncate_to_tf32(-(1.0f + 0x1p-10f + 0x1p-12f)) == -(1.0f + 0x1p-10f));  // toward zero
+  CHECK(truncate_to_tf32(3.0f) == 3.0f);
+  CHECK(std::isinf(truncate_to_tf32(std::numeric_limits<float>::infinity())));
+  CHECK(std::isnan(truncate_to_tf32(std::numeric_limits<float>::quiet_NaN())));
+}

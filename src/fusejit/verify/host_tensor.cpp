@@ -115,6 +115,15 @@ float round_to_tf32(float v) {
   return v;
 }
 
+float truncate_to_tf32(float v) {
+  if (!std::isfinite(v)) return v;
+  std::uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  bits &= 0xffffe000u;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+
 std::string_view name(Distribution d) {
   return d == Distribution::centred ? "centred" : "non_centred";
 }

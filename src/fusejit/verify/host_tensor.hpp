@@ -25,6 +25,10 @@ float round_to_storage(DType dtype, float v);
 // `v` as the tensor cores see it in tf32 math: 10 mantissa bits, rounded to nearest with ties
 // away from zero (what the tiled kernels do; cvt.rna.tf32.f32). Inf and NaN unchanged.
 float round_to_tf32(float v);
+// `v` as a tensor core reads an fp32 operand that was not rounded first: the top 10 mantissa bits,
+// the rest dropped (truncation toward zero; PyTorch's numerical-accuracy notes say the same of
+// cuBLAS's tf32). Inf and NaN unchanged.
+float truncate_to_tf32(float v);
 
 // How x is drawn: centred ~ N(0, 1) (torch.randn); non_centred ~ U[0, 1) (torch.rand, what
 // KernelBench uses: every column of x W^T then has a mean large against its spread).

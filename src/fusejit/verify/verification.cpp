@@ -300,7 +300,7 @@ CaseInputs make_case_inputs(const SweepCase& c, std::optional<std::uint64_t> see
   return in;
 }
 
-ReferenceInputs reference_inputs(const CaseInputs& in) {
+ReferenceInputs reference_inputs(const CaseInputs& in, Tf32Operands tf32) {
   const Problem& p = in.c.problem;
   ReferenceInputs r;
   r.M = p.M, r.N = p.N, r.K = p.K;
@@ -319,9 +319,10 @@ ReferenceInputs reference_inputs(const CaseInputs& in) {
   // cancellation in a 2-row variance, can alone exceed the threshold). Rounded with ties away,
   // as the tiled kernel does; warpspec's copy engine breaks ties to even, a tf32 step apart in
   // about one element in 16000.
-  if (p.dtype == DType::tf32) {
-    for (auto& v : r.x) v = round_to_tf32(static_cast<float>(v));
-    for (auto& v : r.w) v = round_to_tf32(static_cast<float>(v));
+  if (p.dtype == DType::tf32 && tf32 != Tf32Operands::whole) {
+    const auto read = tf32 == Tf32Operands::rounded ? round_to_tf32 : truncate_to_tf32;
+    for (auto& v : r.x) v = read(static_cast<float>(v));
+    for (auto& v : r.w) v = read(static_cast<float>(v));
   }
   return r;
 }

@@ -84,8 +84,16 @@ struct CaseInputs {
 CaseInputs make_case_inputs(const SweepCase& c, std::optional<std::uint64_t> seed = {});
 // A fresh x of the same shape and stride (for multi-step tests).
 HostTensor make_x(const SweepCase& c, std::uint64_t seed);
-// The inputs as the float64 reference takes them (packed, exactly the rounded values).
-ReferenceInputs reference_inputs(const CaseInputs& in);
+// How a tf32 implementation reads its fp32 operands x and W, for the float64 reference to read
+// them the same way. fusejit's kernels round them (rounded: round_to_tf32). cuBLASLt's FAST_TF32
+// compute type allows tensor cores without requiring them: its tensor-core kernels read the top
+// 10 mantissa bits (truncated: truncate_to_tf32), and it may pick an fp32 kernel that reads them
+// whole (a 3x1x1 tf32 layer on an H200 matched the whole operands' float64 to fp32 rounding and
+// missed the rounded ones' by 2.2e-3).
+enum class Tf32Operands { rounded, truncated, whole };
+// The inputs as the float64 reference takes them (packed, exactly the rounded values; tf32's x
+// and W as `tf32` says; other dtypes ignore it).
+ReferenceInputs reference_inputs(const CaseInputs& in, Tf32Operands tf32 = Tf32Operands::rounded);
 // The forward's `saved` output (Tensors::saved) in float64, [M][N] packed: with a = x W^T,
 // train c = a - (batch mean of a's column), eval u = a + bias. Taken by value: pass
 // reference_inputs(...) and nothing is copied.
