@@ -14,6 +14,11 @@ struct GemmParams {
   // SPLIT_K > 1: the fp32 slices (common/split_k.h's layout) the GEMM writes and the split sum
   // (kernels/grad_split_sum.cuh) adds into C; unused otherwise.
   float* partials;
+  // != 0: this GEMM may run beside the grid launched right before it (dW beside dX: the
+  // backward's GEMMs share no output, and both read only what earlier grids finished). It waits
+  // for that grid only before it exits (join_launch_chain_at_exit), so its own completion still
+  // implies the earlier grid's, as the next kernel of the chain and the stream's later work need.
+  int beside_prior;
 };
 
 // dst [cols][ld_dst] = the transpose of src [rows][ld_src], 4-byte elements, in tiles of

@@ -54,7 +54,7 @@ struct GradGemm {
 
   __device__ static void run(const GemmParams& p) {
     extern __shared__ __align__(128) char smem[];
-    join_launch_chain();
+    if (!p.beside_prior) join_launch_chain();
     const GemmOperands op{p.a, p.b, p.m, p.m};
     const int rows = gemm_rows<G>(op);
     const auto t = Raster{(rows + BM - 1) / BM}.tile(blockIdx.x);
@@ -70,6 +70,7 @@ struct GradGemm {
       store_slice(p, tile, m0, n0, rows);
     else
       store(p, tile, m0, n0, rows);
+    if (p.beside_prior) join_launch_chain_at_exit();
   }
 
  private:

@@ -173,7 +173,7 @@ struct GradWgmma {
     }
     __syncthreads();
     // The barriers' set-up and the maps' prefetch above overlap the previous kernel's end.
-    join_launch_chain();
+    if (!p.beside_prior) join_launch_chain();
     if (threadIdx.x < 128) {
       if constexpr (CONSUMERS == 2) regs_release<kProducerRegs>();
       if (threadIdx.x == 0) produce(ta, tb, c);
@@ -181,6 +181,7 @@ struct GradWgmma {
       if constexpr (CONSUMERS == 2) regs_acquire<kConsumerRegs>();
       consume(p, c, threadIdx.x - 128, &tc);
     }
+    if (p.beside_prior) join_launch_chain_at_exit();
   }
 
  private:

@@ -417,7 +417,10 @@ TEST_CASE("backward: bit-identical run to run, and under CUDA graph capture") {
 // copy queued after the run would catch dX half-written (poisoned with NaN before the run).
 // Also: train's dbias is exactly 0 (y does not depend on the bias in train mode).
 TEST_CASE("backward: the stream's next work sees every gradient finished; train's dbias is 0") {
-  const SweepCase c = parse_sweep_line("256x8192x4096 bf16 train");
+  // dX is the slow GEMM: 4 tiles of 128x128, each reducing over N = 8192, while dW's 128 tiles
+  // reduce over 256 rows. On Hopper dW runs beside dX (launch_backward) and its CTAs finish
+  // theirs long before dX does: the run must still end only when dX has.
+  const SweepCase c = parse_sweep_line("256x8192x256 bf16 train");
   const Problem& p = c.problem;
   const CaseInputs in = make_case_inputs(c);
   DeviceCase dev(in);
@@ -425,8 +428,8 @@ TEST_CASE("backward: the stream's next work sees every gradient finished; train'
   const Plan forward(p);
   BackwardOptions o;
   if (Device::get(0).cc() == 90) {
-    o.dx_config = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1");
-    o.dw_config = KernelConfig::parse("warpspec.128x256x64.c2.s4.g16.cl1.p1");
+    o.dx_config = KernelConfig::parse("warpspec.128x128x64.c2.s6.g8.cl1.p1");
+    o.dw_config = KernelConfig::parse("warpspec.128x128x64.c2.s6.g8.cl1.p1");
   }
   const BackwardPlan backward(p, o);
   REQUIRE(p.param_dtype == DType::fp32);

@@ -601,8 +601,9 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   auto gemm = [&](CUfunction f, CUfunction sum, const KernelConfig& k, std::int64_t out_rows,
                   unsigned smem, const void* b, void* out, bool acc, float* slices,
                   const CUtensorMap& ta, const CUtensorMap& tb, const CUtensorMap& tc,
-                  const char* what, const char* sum_what) {
+                  const char* what, const char* sum_what, bool beside_prior) {
     fj::GemmParams g{};
+    g.beside_prior = beside_prior ? 1 : 0;
     g.a = bp.ws_da;
     g.b = b;
     g.c = out;
@@ -642,7 +643,15 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   if (t.dx && !dx_lt)
     gemm(c.dx, c.dx_sum, c.config.dx, rows, static_cast<unsigned>(c.dx_smem_bytes), t.w, t.dx,
          false, reinterpret_cast<float*>(ws + w.dx_slices_offset), maps.dx_a, maps.dx_b, maps.dx_c,
-         "cuLaunchKernelEx(fj_bwd_dx)", "cuLaunchKernelEx(fj_bwd_dx_sum)");
+         "cuLaunchKernelEx(fj_bwd_dx)", "cuLaunchKernelEx(fj_bwd_dx_sum)", false);
+  // dW runs beside dX where the grid before it is dX's (or dX's split sum): the two read only
+  // what the passes before them finished (da, x, W) and write different outputs, so dW's CTAs
+  // may start on the SMs that dX's grid leaves idle, and in its last wave's tail, instead of after
+  // it (GemmParams::beside_prior). Not after its own copies, which it reads. H200, bf16 train,
+  // backward alone: 2048x2048x512 0.0391 -> 0.0379 ms, 8192x512x128 0.0341 -> 0.0322,
+  // 4096x1024x1024 0.0495 -> 0.0487, 4096^3 unchanged (docs/performance.md).
+  const bool dw_beside_dx = t.dx && !dx_lt && !grad_gemm_reads_da_copy(p, c.config.dw) &&
+                            !grad_gemm_reads_copies(p, c.config.dw);
   if (t.dw && !dw_lt && grad_gemm_reads_da_copy(p, c.config.dw))
     transpose(bp.ws_da, grad_da_row_elements(p), rows, p.N, w.da_t_offset, w.copy_ld_rows,
               "cuLaunchKernelEx(fj_bwd_transpose, dA)");
@@ -652,7 +661,7 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   if (t.dw && !dw_lt)
     gemm(c.dw, c.dw_sum, c.config.dw, p.N, static_cast<unsigned>(c.dw_smem_bytes), t.x, t.dw,
          accumulate, reinterpret_cast<float*>(ws + w.dw_slices_offset), maps.dw_a, maps.dw_b,
-         maps.dw_c, "cuLaunchKernelEx(fj_bwd_dw)", "cuLaunchKernelEx(fj_bwd_dw_sum)");
+         maps.dw_c, "cuLaunchKernelEx(fj_bwd_dw)", "cuLaunchKernelEx(fj_bwd_dw_sum)", dw_beside_dx);
 }
 
 }  // namespace fusejit
