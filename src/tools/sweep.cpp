@@ -86,9 +86,9 @@ class ReferenceSweepOp final : public SweepOp {
   ReferenceSweepOp(const Problem& p, const ReferenceOpOptions& o) : op_(p, o) {}
   void run(CUstream stream, const Tensors& t) const override { op_.run(stream, t); }
   std::string describe() const override { return op_.description(); }
-  // cuBLASLt's FAST_TF32 may run tensor cores (truncated operands) or an fp32 kernel (whole).
+  // cuBLASLt's FAST_TF32 kernel may round its operands, truncate them or read them whole.
   std::vector<Tf32Operands> tf32_operands() const override {
-    return {Tf32Operands::truncated, Tf32Operands::whole};
+    return {Tf32Operands::rounded, Tf32Operands::truncated, Tf32Operands::whole};
   }
 
  private:

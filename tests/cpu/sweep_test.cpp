@@ -247,6 +247,15 @@ TEST_CASE("case inputs: tf32's operands as the implementation reads them, other 
   const double apart =
       relative_error(reference_forward(whole, s).y, reference_forward(rounded, s).y);
   CHECK(apart > sweep_threshold(DType::tf32));  // why the reference op needs its own readings
+  // And one where its kernel rounded them (2x7x8, H200): there the whole operands' save_invstd
+  // is as far from the rounded ones'.
+  const CaseInputs two =
+      make_case_inputs(parse_sweep_line("2x7x8 tf32 train fp32"), 0xd9fec64e9f9fc8c8ull);
+  const ReferenceSettings s2 = reference_settings(two.c.problem, two.num_batches_tracked);
+  CHECK(
+      relative_error(reference_forward(reference_inputs(two, Tf32Operands::whole), s2).save_invstd,
+                     reference_forward(reference_inputs(two), s2).save_invstd) >
+      sweep_threshold(DType::tf32));
   // fp16 stores what it multiplies: every reading is the stored value.
   const CaseInputs h = make_case_inputs(parse_sweep_line("3x2x5 fp16 train"), 7);
   CHECK(reference_inputs(h, Tf32Operands::truncated).x == reference_inputs(h).x);

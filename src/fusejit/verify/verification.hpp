@@ -86,10 +86,11 @@ CaseInputs make_case_inputs(const SweepCase& c, std::optional<std::uint64_t> see
 HostTensor make_x(const SweepCase& c, std::uint64_t seed);
 // How a tf32 implementation reads its fp32 operands x and W, for the float64 reference to read
 // them the same way. fusejit's kernels round them (rounded: round_to_tf32). cuBLASLt's FAST_TF32
-// compute type allows tensor cores without requiring them: its tensor-core kernels read the top
-// 10 mantissa bits (truncated: truncate_to_tf32), and it may pick an fp32 kernel that reads them
-// whole (a 3x1x1 tf32 layer on an H200 matched the whole operands' float64 to fp32 rounding and
-// missed the rounded ones' by 2.2e-3).
+// compute type allows tensor cores without requiring them, and its kernels differ: some round
+// the operands, some read their top 10 mantissa bits (truncated: truncate_to_tf32), and it may
+// pick an fp32 kernel that reads them whole. On an H200 a 3x1x1 tf32 train layer matched the
+// whole operands' float64 and missed the rounded ones' by 2.2e-3; a 2x7x8 one matched the
+// rounded ones and missed the whole ones' save_invstd by 3.5e-3.
 enum class Tf32Operands { rounded, truncated, whole };
 // The inputs as the float64 reference takes them (packed, exactly the rounded values; tf32's x
 // and W as `tf32` says; other dtypes ignore it).
