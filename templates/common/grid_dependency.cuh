@@ -35,11 +35,12 @@ __device__ __forceinline__ void join_launch_chain() {
 }
 
 // A kernel that runs beside the grid before it (GemmParams::beside_prior): it did not wait at its
-// start, and touches nothing that grid writes or reads; it joins the chain as its last step
-// instead. Waiting there keeps "a grid completes after the one ahead of it", which the next
-// kernel's wait and the stream's later work rely on. Triggering only then keeps the next grid's
-// waiting CTAs from taking the SMs this grid's unscheduled CTAs still need (they would wait for
-// this grid while it waits for SMs). Every thread calls it, after its last memory access.
+// start, so neither of the two may write what the other reads or writes; what it reads was
+// finished by earlier grids (the grid before it passed its own wait before it let this one
+// launch). It joins the chain as its last step instead. Waiting there keeps "a grid completes
+// after the one ahead of it", which the next kernel's wait and the stream's later work rely on;
+// triggering only then keeps the chain's one waiting grid at a time. Every thread calls it, after
+// its last memory access.
 __device__ __forceinline__ void join_launch_chain_at_exit() {
   join_launch_chain();
 }

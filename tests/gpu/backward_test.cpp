@@ -412,9 +412,9 @@ TEST_CASE("backward: bit-identical run to run, and under CUDA graph capture") {
 
 // On sm_90+ every backward kernel is a programmatic dependent launch
 // (common/grid_dependency.cuh). What the stream runs after run() must still see every output
-// finished. The layer makes dX the slow GEMM: 32 tiles reducing over 8192 columns, against dW's
-// 1024 tiles reducing over 256 rows, so a dW that did not wait for dX would finish first and a
-// copy queued after the run would catch dX half-written (poisoned with NaN before the run).
+// finished. The layer makes dX the slow GEMM: 4 tiles reducing over 8192 columns, against dW's
+// 128 tiles reducing over 256 rows, so a dW that did not wait for dX would finish first and a
+// copy queued after the run could catch dX half-written (poisoned with NaN before the run).
 // Also: train's dbias is exactly 0 (y does not depend on the bias in train mode).
 TEST_CASE("backward: the stream's next work sees every gradient finished; train's dbias is 0") {
   // dX is the slow GEMM: 4 tiles of 128x128, each reducing over N = 8192, while dW's 128 tiles

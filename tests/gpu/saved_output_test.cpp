@@ -380,7 +380,8 @@ TEST_CASE("saved: misaligned or overlapping y is refused by name, by the referen
 // The reference op (cuBLASLt GEMM + plain BatchNorm kernels) on `line`'s case, as `rows` rows
 // (0: M) of an op made for M: saved and y against float64 within the sweep's threshold (large
 // mean: plus four times the plain fp32 floor, as check_case), and without saved the same bits
-// everywhere else.
+// everywhere else. tf32: against the float64 of whichever way cuBLASLt's kernel read x and W
+// (Tf32Operands) the outputs are closest to, as the sweep judges the reference op.
 void check_reference(const std::string& line, std::int64_t rows = 0, bool large_mean = false) {
   const SweepCase c = parse_sweep_line(line);
   SweepCase run_case = c;
@@ -393,9 +394,6 @@ void check_reference(const std::string& line, std::int64_t rows = 0, bool large_
   CaseInputs in = make_case_inputs(run_case);
   CAPTURE(in.seed);
   if (large_mean) make_x_large_mean(in);
-  const ReferenceInputs ri = reference_inputs(in);
-  const std::vector<double> ref_saved = reference_saved(ri, p.mode);
-  const ReferenceOutputs ref = reference_forward(ri, reference_settings(p, in.num_batches_tracked));
   auto once = [&](bool with_saved) {
     DeviceCase dc(in, with_saved);
     const Stream st;
@@ -403,11 +401,23 @@ void check_reference(const std::string& line, std::int64_t rows = 0, bool large_
     st.synchronize();
     Run r;
     r.out = dc.download();
-    r.errors = compare(in, r.out, ref, with_saved ? &ref_saved : nullptr);
     return r;
   };
   const Run with = once(true);
-  const CaseErrors& e = with.errors;
+  const std::vector<Tf32Operands> reads =
+      p.dtype == DType::tf32
+          ? std::vector{Tf32Operands::rounded, Tf32Operands::truncated, Tf32Operands::whole}
+          : std::vector{Tf32Operands::rounded};
+  ReferenceInputs ri;
+  std::vector<double> ref_saved;
+  CaseErrors e;
+  for (std::size_t i = 0; i < reads.size(); ++i) {
+    ReferenceInputs r = reference_inputs(in, reads[i]);
+    std::vector<double> s = reference_saved(r, p.mode);
+    const CaseErrors ei = compare(
+        in, with.out, reference_forward(r, reference_settings(p, in.num_batches_tracked)), &s);
+    if (i == 0 || ei.worst() < e.worst()) ri = std::move(r), ref_saved = std::move(s), e = ei;
+  }
   REQUIRE(with.out.saved.size() == ref_saved.size());
   CHECK(!e.non_finite);
   CHECK(e.padding_ok);

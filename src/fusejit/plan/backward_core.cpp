@@ -650,8 +650,7 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   // it (GemmParams::beside_prior). Not after its own copies, which it reads. H200, bf16 train,
   // backward alone: 2048x2048x512 0.0391 -> 0.0379 ms, 8192x512x128 0.0341 -> 0.0322,
   // 4096x1024x1024 0.0495 -> 0.0487, 4096^3 unchanged (docs/performance.md).
-  const bool dw_beside_dx = t.dx && !dx_lt && !grad_gemm_reads_da_copy(p, c.config.dw) &&
-                            !grad_gemm_reads_copies(p, c.config.dw);
+  const bool dw_beside_dx = t.dx && !dx_lt && !grad_gemm_reads_copies(p, c.config.dw);
   if (t.dw && !dw_lt && grad_gemm_reads_da_copy(p, c.config.dw))
     transpose(bp.ws_da, grad_da_row_elements(p), rows, p.N, w.da_t_offset, w.copy_ld_rows,
               "cuLaunchKernelEx(fj_bwd_transpose, dA)");

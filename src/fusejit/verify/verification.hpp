@@ -156,8 +156,9 @@ struct CaseErrors {
   double worst() const;
 };
 // `got.saved`, when there, is compared with `ref_saved` (reference_saved; computed here when
-// null) by relative error: c is centred, so that is its error against its own spread, however
-// large the column's mean.
+// null, from reference_inputs(in): tf32's rounded reading, so a caller judging another reading
+// passes its own) by relative error: c is centred, so that is its error against its own spread,
+// however large the column's mean.
 CaseErrors compare(const CaseInputs& in, const CaseOutputs& got, const ReferenceOutputs& ref,
                    const std::vector<double>* ref_saved = nullptr);
 
