@@ -6,6 +6,7 @@
 #include <future>
 #include <memory>
 #include <random>
+#include <span>
 #include <sstream>
 #include <thread>
 
@@ -68,7 +69,7 @@ class SweepOp {
   virtual void run(CUstream stream, const Tensors& t) const = 0;
   virtual std::string describe() const = 0;
   // The ways its tf32 math may read x and W (Tf32Operands): a case passes against any of them.
-  virtual std::vector<Tf32Operands> tf32_operands() const { return {Tf32Operands::rounded}; }
+  virtual std::span<const Tf32Operands> tf32_operands() const { return kFusedTf32Readings; }
 };
 
 class PlanOp final : public SweepOp {
@@ -77,9 +78,9 @@ class PlanOp final : public SweepOp {
   void run(CUstream stream, const Tensors& t) const override { plan_.run(stream, t); }
   std::string describe() const override { return plan_.config().key(); }
   // A plan whose dispatch chose the reference op reads tf32 as cuBLASLt does (ReferenceSweepOp).
-  std::vector<Tf32Operands> tf32_operands() const override {
-    if (!plan_.uses_reference()) return {Tf32Operands::rounded};
-    return {Tf32Operands::rounded, Tf32Operands::truncated, Tf32Operands::whole};
+  std::span<const Tf32Operands> tf32_operands() const override {
+    if (plan_.uses_reference()) return kCublasLtTf32Readings;
+    return kFusedTf32Readings;
   }
 
  private:
@@ -91,10 +92,7 @@ class ReferenceSweepOp final : public SweepOp {
   ReferenceSweepOp(const Problem& p, const ReferenceOpOptions& o) : op_(p, o) {}
   void run(CUstream stream, const Tensors& t) const override { op_.run(stream, t); }
   std::string describe() const override { return op_.description(); }
-  // cuBLASLt's FAST_TF32 kernel may round its operands, truncate them or read them whole.
-  std::vector<Tf32Operands> tf32_operands() const override {
-    return {Tf32Operands::rounded, Tf32Operands::truncated, Tf32Operands::whole};
-  }
+  std::span<const Tf32Operands> tf32_operands() const override { return kCublasLtTf32Readings; }
 
  private:
   ReferenceOp op_;
@@ -155,24 +153,12 @@ CaseResult run_built(const SweepCase& c, const Built& b, std::uint64_t seed) {
     b.op->run(stream, dev.tensors());
     stream.synchronize();
     const CaseOutputs got = dev.download();
-    const ReferenceSettings settings = reference_settings(c.problem, in.num_batches_tracked);
-    const std::vector<Tf32Operands> reads =
-        c.problem.dtype == DType::tf32 ? b.op->tf32_operands() : std::vector{Tf32Operands::rounded};
-    // The first way of reading the operands that passes, else the closest (by its worst figure).
-    static constexpr const char* kReading[] = {"rounded", "truncated", "whole"};
-    bool ok = false;
-    for (std::size_t i = 0; i < reads.size() && !ok; ++i) {
-      const CaseErrors e =
-          compare(in, got, reference_forward(reference_inputs(in, reads[i]), settings));
-      std::string why;
-      ok = passes(e, r.threshold, &why);
-      if (!ok && reads.size() > 1)
-        why = fmt::format("closest of {} tf32 readings: {}; {}", reads.size(),
-                          kReading[static_cast<int>(reads[i])], why);
-      if (ok || i == 0 || e.worst() < r.errors.worst()) r.errors = e, r.message = why;
-    }
+    const ReadingErrors judged =
+        compare_readings(in, got, reference_settings(c.problem, in.num_batches_tracked),
+                         b.op->tf32_operands(), r.threshold, &r.message);
+    r.errors = judged.errors;
     r.measured = true;
-    r.status = ok ? CaseResult::Status::passed : CaseResult::Status::failed;
+    r.status = judged.passed ? CaseResult::Status::passed : CaseResult::Status::failed;
   } catch (const std::exception& e) {
     r.status = CaseResult::Status::failed;
     r.message = e.what();

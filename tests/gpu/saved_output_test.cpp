@@ -404,24 +404,17 @@ void check_reference(const std::string& line, std::int64_t rows = 0, bool large_
     return r;
   };
   const Run with = once(true);
-  const std::vector<Tf32Operands> reads =
-      p.dtype == DType::tf32
-          ? std::vector{Tf32Operands::rounded, Tf32Operands::truncated, Tf32Operands::whole}
-          : std::vector{Tf32Operands::rounded};
-  ReferenceInputs ri;
-  std::vector<double> ref_saved;
-  CaseErrors e;
-  for (std::size_t i = 0; i < reads.size(); ++i) {
-    ReferenceInputs r = reference_inputs(in, reads[i]);
-    std::vector<double> s = reference_saved(r, p.mode);
-    const CaseErrors ei = compare(
-        in, with.out, reference_forward(r, reference_settings(p, in.num_batches_tracked)), &s);
-    if (i == 0 || ei.worst() < e.worst()) ri = std::move(r), ref_saved = std::move(s), e = ei;
-  }
+  const double threshold = sweep_threshold(p.dtype);
+  const ReadingErrors judged =
+      compare_readings(in, with.out, reference_settings(p, in.num_batches_tracked),
+                       kCublasLtTf32Readings, threshold);
+  const CaseErrors& e = judged.errors;
+  // The floors below, of the reading judged.
+  const ReferenceInputs ri = reference_inputs(in, judged.reading);
+  const std::vector<double> ref_saved = reference_saved(ri, p.mode);
   REQUIRE(with.out.saved.size() == ref_saved.size());
   CHECK(!e.non_finite);
   CHECK(e.padding_ok);
-  const double threshold = sweep_threshold(p.dtype);
   // tf32's GEMM runs on cuBLASLt's tensor cores: their accumulation counts as in check_case.
   const double accumulation =
       p.dtype == DType::tf32 && p.mode == Mode::train ? 2 * tensor_core_floor(ri, ref_saved) : 0.0;

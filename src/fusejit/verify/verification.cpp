@@ -558,6 +558,41 @@ CaseErrors compare(const CaseInputs& in, const CaseOutputs& got, const Reference
   return e;
 }
 
+std::string_view name(Tf32Operands t) {
+  switch (t) {
+    case Tf32Operands::rounded:
+      return "rounded";
+    case Tf32Operands::truncated:
+      return "truncated";
+    default:
+      return "whole";
+  }
+}
+
+ReadingErrors compare_readings(const CaseInputs& in, const CaseOutputs& got,
+                               const ReferenceSettings& s, std::span<const Tf32Operands> reads,
+                               double threshold, std::string* why) {
+  if (reads.empty()) throw InvalidArgument("reads", "expected at least one tf32 reading");
+  if (in.c.problem.dtype != DType::tf32) reads = reads.first(1);
+  ReadingErrors best;
+  for (std::size_t i = 0; i < reads.size() && !best.passed; ++i) {
+    const ReferenceInputs ri = reference_inputs(in, reads[i]);
+    std::vector<double> ref_saved;
+    if (!got.saved.empty()) ref_saved = reference_saved(ri, in.c.problem.mode, s.threads);
+    const CaseErrors e = compare(in, got, reference_forward(ri, s), &ref_saved);
+    std::string reasons;
+    const bool ok = passes(e, threshold, &reasons);
+    if (ok || i == 0 || e.worst() < best.errors.worst()) {
+      best = {e, reads[i], ok};
+      if (why)
+        *why = ok || reads.size() == 1 ? reasons
+                                       : fmt::format("closest of {} tf32 readings: {}; {}",
+                                                     reads.size(), name(reads[i]), reasons);
+    }
+  }
+  return best;
+}
+
 bool passes(const CaseErrors& e, double threshold, std::string* why) {
   std::string s;
   auto note = [&s](const std::string& w) { s += (s.empty() ? "" : "; ") + w; };

@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -92,6 +93,11 @@ HostTensor make_x(const SweepCase& c, std::uint64_t seed);
 // whole operands' float64 and missed the rounded ones' by 2.2e-3; a 2x7x8 one matched the
 // rounded ones and missed the whole ones' save_invstd by 3.5e-3.
 enum class Tf32Operands { rounded, truncated, whole };
+std::string_view name(Tf32Operands);
+// The readings fusejit's kernels and cuBLASLt's (the reference op) are each judged against.
+inline constexpr Tf32Operands kFusedTf32Readings[] = {Tf32Operands::rounded};
+inline constexpr Tf32Operands kCublasLtTf32Readings[] = {
+    Tf32Operands::rounded, Tf32Operands::truncated, Tf32Operands::whole};
 // The inputs as the float64 reference takes them (packed, exactly the rounded values; tf32's x
 // and W as `tf32` says; other dtypes ignore it).
 ReferenceInputs reference_inputs(const CaseInputs& in, Tf32Operands tf32 = Tf32Operands::rounded);
@@ -166,5 +172,18 @@ CaseErrors compare(const CaseInputs& in, const CaseOutputs& got, const Reference
 // `threshold`, the counter advanced by one, nothing written past column N, eval's running
 // stats untouched. `why` (when given) gets what failed, "; "-separated.
 bool passes(const CaseErrors& e, double threshold, std::string* why = nullptr);
+
+// `got` against the float64 forward (and `saved`, when got holds it) of each way in `reads` that
+// the implementation may have read tf32's operands (other dtypes: the first only): the first
+// reading that passes `threshold`, else the one whose worst figure is least. `why` gets
+// passes()'s reasons for it, naming the reading when there were several.
+struct ReadingErrors {
+  CaseErrors errors;
+  Tf32Operands reading = Tf32Operands::rounded;
+  bool passed = false;
+};
+ReadingErrors compare_readings(const CaseInputs& in, const CaseOutputs& got,
+                               const ReferenceSettings& s, std::span<const Tf32Operands> reads,
+                               double threshold, std::string* why = nullptr);
 
 }  // namespace fusejit
