@@ -16,8 +16,9 @@ struct GemmParams {
   float* partials;
   // != 0: this GEMM may run beside the grid launched right before it (dW beside dX: the
   // backward's GEMMs share no output, and both read only what earlier grids finished). It waits
-  // for that grid only before it exits (join_launch_chain_at_exit), so its own completion still
-  // implies the earlier grid's, as the next kernel of the chain and the stream's later work need.
+  // for that grid only before it exits (join_launch_chain as its last step), so its own completion
+  // still implies the earlier grid's, as the next kernel of the chain and the stream's later work
+  // need.
   int beside_prior;
 };
 

@@ -29,20 +29,14 @@ __device__ __forceinline__ void allow_dependent_launch() {
 // thread waits before it touches memory, so no grid of the chain completes before the one ahead
 // of it, and each sees all earlier grids' writes. Triggering after the wait, not before, keeps at
 // most one waiting grid resident beside a running one. Every thread calls it.
+// A kernel that runs beside the grid before it (GemmParams::beside_prior) calls it as its last
+// step instead, after its last memory access: neither of the two may then write what the other
+// reads or writes, and what it reads was finished by earlier grids (the grid before it passed its
+// own wait before it let this one launch). Waiting there keeps "a grid completes after the one
+// ahead of it", which the next kernel's wait and the stream's later work rely on.
 __device__ __forceinline__ void join_launch_chain() {
   wait_for_prior_grid();
   allow_dependent_launch();
-}
-
-// A kernel that runs beside the grid before it (GemmParams::beside_prior): it did not wait at its
-// start, so neither of the two may write what the other reads or writes; what it reads was
-// finished by earlier grids (the grid before it passed its own wait before it let this one
-// launch). It joins the chain as its last step instead. Waiting there keeps "a grid completes
-// after the one ahead of it", which the next kernel's wait and the stream's later work rely on;
-// triggering only then keeps the chain's one waiting grid at a time. Every thread calls it, after
-// its last memory access.
-__device__ __forceinline__ void join_launch_chain_at_exit() {
-  join_launch_chain();
 }
 
 }  // namespace fj

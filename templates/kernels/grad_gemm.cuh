@@ -70,7 +70,7 @@ struct GradGemm {
       store_slice(p, tile, m0, n0, rows);
     else
       store(p, tile, m0, n0, rows);
-    if (p.beside_prior) join_launch_chain_at_exit();
+    if (p.beside_prior) join_launch_chain();  // at its exit: see beside_prior
   }
 
  private:

@@ -181,7 +181,7 @@ struct GradWgmma {
       if constexpr (CONSUMERS == 2) regs_acquire<kConsumerRegs>();
       consume(p, c, threadIdx.x - 128, &tc);
     }
-    if (p.beside_prior) join_launch_chain_at_exit();
+    if (p.beside_prior) join_launch_chain();  // at its exit: see beside_prior
   }
 
  private:
