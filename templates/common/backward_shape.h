@@ -46,6 +46,19 @@ constexpr int kBackwardMinSlabRows = 64;
 constexpr int kBackwardMaxSlabs = 64;
 constexpr int kBackwardTargetBlocks = 512;
 
+// fj_bwd_resident (kernels/bn_backward.cuh) holds a thread's rows of its slab in registers
+// between the column sums and da: at most kBackwardResidentRows of them (2 x 2 registers a row
+// of 8 bytes), so a run takes it where slab_rows <= kBackwardResidentRows x kBackwardRowThreads.
+// Eight rows: every backward_slabs split of up to 64 x (its slab cap) rows, e.g. 2048x2048,
+// 4096x1024, 8192x512; kBackwardResidentBlocksPerSm blocks per SM (64 registers) let a grid of
+// up to 4 x the SMs be resident (528 blocks on H100 and H200: 2048x2048's 512).
+constexpr int kBackwardResidentRows = 8;
+constexpr int kBackwardResidentBlocksPerSm = 4;
+
+FJ_HOST_DEVICE constexpr bool backward_slab_in_registers(int slab_rows) {
+  return slab_rows <= kBackwardResidentRows * kBackwardRowThreads;
+}
+
 struct BackwardSlabs {
   int count;
   int rows;

@@ -38,6 +38,20 @@ struct Packed {
       w[0] = *reinterpret_cast<const unsigned short*>(src);
     }
   }
+  // The first n < VEC elements of a row's tail, zeros after them (as the vector's +0.0).
+  __device__ __forceinline__ void load_first(const T* src, int n) {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) w[i] = 0u;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      if (j < n) {
+        if constexpr (sizeof(T) == 4)
+          w[j] = *reinterpret_cast<const unsigned*>(src + j);
+        else
+          w[j / 2] |= static_cast<unsigned>(reinterpret_cast<const unsigned short*>(src)[j])
+                      << (16 * (j % 2));
+      }
+  }
   __device__ __forceinline__ float get(int j) const {
     if constexpr (sizeof(T) == 4) {
       return __uint_as_float(w[j]);

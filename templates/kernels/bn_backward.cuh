@@ -16,6 +16,7 @@
 #pragma once
 #include "common/backward_params.h"
 #include "common/backward_shape.h"
+#include "common/grid_barrier.cuh"
 #include "common/grid_dependency.cuh"
 #include "common/types.cuh"
 #include "epilogue/store.cuh"
@@ -98,14 +99,17 @@ __device__ __forceinline__ void load_partial_row(const void* base, long long row
 // padding (TMA's bounds and the tiled loads' byte counts stop at N), but a 16-byte copy at a row's
 // end reads it: the thread that writes a row's last columns writes the padding as zeros, so no
 // load ever reads memory the run did not write.
-template <class Spec, int VEC>
+// kWhole: the caller knows n_here == VEC, so the tail's element stores are not compiled in (ptxas
+// has been seen to if-convert them into a row loop beside the vector store: docs/performance.md,
+// "Train's BatchNorm side as one cluster kernel").
+template <class Spec, int VEC, bool kWhole = false>
 __device__ __forceinline__ void store_da(const BackwardParams& p, long long row, int c, int n_here,
                                          const float (&v)[VEC]) {
   using T = typename Spec::T;
   static_assert(Spec::LDDA >= Spec::N && Spec::LDDA * sizeof(T) % 16 == 0,
                 "da's rows are N padded to 16 bytes");
   T* dst = static_cast<T*>(p.ws_da) + row * Spec::LDDA + c;
-  if (n_here == VEC) {
+  if (kWhole || n_here == VEC) {
     store_vec<T, VEC>(dst, v);
   } else {
     for (int j = 0; j < n_here; ++j) dst[j] = from_float<T>(v[j]);
@@ -271,23 +275,27 @@ __device__ void bn_backward_reduce(const BackwardParams& p) {
 
 // The per-column kernels' thread layout: kBackwardMergeColumns consecutive columns per block
 // (consecutive threads, so a lane's loads of one slab are coalesced) x kBackwardMergeLanes lanes.
-__device__ __forceinline__ int merged_column() {
-  return static_cast<int>(blockIdx.x) * kBackwardMergeColumns +
+// `column_block`: the block's share of columns, blockIdx.x in the per-column kernels (fj_bwd_resident
+// walks the column blocks over its grid).
+__device__ __forceinline__ int merged_column(int column_block) {
+  return column_block * kBackwardMergeColumns +
          static_cast<int>(threadIdx.x) % kBackwardMergeColumns;
 }
 // The threads that hold a merged column's total (lane 0) and own its outputs.
-__device__ __forceinline__ bool merge_leader(int N) {
-  return threadIdx.x < kBackwardMergeColumns && merged_column() < N;
+__device__ __forceinline__ bool merge_leader(int N, int column_block) {
+  return threadIdx.x < kBackwardMergeColumns && merged_column(column_block) < N;
 }
 
 // The slab partials of merged_column(), summed in a fixed order: lane l adds slabs l, l + lanes,
 // ... in order, then lane 0 adds the lanes' sums in lane order. Every thread of the block calls
 // it (it synchronizes); the total is valid where merge_leader().
-__device__ __forceinline__ float2 merge_slabs(const float* partials, int N, int slabs) {
+__device__ __forceinline__ float2 merge_slabs(const float* partials, int N, int slabs,
+                                              int column_block) {
+  static_assert(kBackwardColumnThreads == kBackwardMergeLanes * kBackwardMergeColumns);
   __shared__ float2 lanes[kBackwardMergeLanes][kBackwardMergeColumns];
   const int col = static_cast<int>(threadIdx.x) % kBackwardMergeColumns;
   const int lane = static_cast<int>(threadIdx.x) / kBackwardMergeColumns;
-  const int n = merged_column();
+  const int n = merged_column(column_block);
   const float2* pp = reinterpret_cast<const float2*>(partials);
   float2 t = make_float2(0.f, 0.f);
   // Four of the lane's slabs' loads in flight at once, added in slab order: narrow layers have
@@ -345,13 +353,14 @@ __device__ __forceinline__ float backward_da(const float4& k, float dy, float sa
 // dscale = g eps invstd^3 sum dy c: no cancellation. The same quantity as sum dz (a + b), whose
 // terms cancel to a fraction eps / (var z + eps) of their size, which the rounding of c in the
 // storage type would swamp (bf16: errors of tens of percent).
+// One column block's share (every thread of the block calls it).
 template <class Spec>
-__device__ void bn_backward_coef(const BackwardParams& p) {
+__device__ __forceinline__ void backward_coef_columns(const BackwardParams& p, int column_block) {
   using P = typename Spec::P;
-  join_launch_chain();
-  const float2 t = merge_slabs(p.ws_dy_partials, Spec::N, p.slabs);  // {sum dy, sum dy c}
-  if (!merge_leader(Spec::N)) return;
-  const int n = merged_column();
+  // {sum dy, sum dy c}
+  const float2 t = merge_slabs(p.ws_dy_partials, Spec::N, p.slabs, column_block);
+  if (!merge_leader(Spec::N, column_block)) return;
+  const int n = merged_column(column_block);
   const BackwardColumn col = backward_column<Spec>(p, n);
   const float invstd = p.save_invstd[n];
   const float dgamma = col.zs * t.y;
@@ -367,6 +376,12 @@ __device__ void bn_backward_coef(const BackwardParams& p) {
   const float a = col.s * col.g * invstd;
   reinterpret_cast<float4*>(p.ws_coef)[n] =
       make_float4(a, -a * col.zs * (dgamma * inv_m), -a * (t.x * inv_m), 0.f);
+}
+
+template <class Spec>
+__device__ void bn_backward_coef(const BackwardParams& p) {
+  join_launch_chain();
+  backward_coef_columns<Spec>(p, static_cast<int>(blockIdx.x));
 }
 
 // Train, pass 3 (launched only when dx or dW is wanted): da = s dz = s g invstd (dy - dbeta / m
@@ -395,6 +410,108 @@ __device__ void bn_backward_da(const BackwardParams& p) {
     });
 }
 
+// fj_bwd_resident's last step: da of the rows a thread holds (kWhole: its columns are a whole
+// vector, decided once per thread rather than per store).
+template <class Spec, bool kWhole, class Row>
+__device__ __forceinline__ void store_resident_da(const BackwardParams& p,
+                                                  const BackwardBlock<Spec>& blk,
+                                                  const float4 (&k)[BackwardBlock<Spec>::VEC],
+                                                  const Row (&dy)[kBackwardResidentRows],
+                                                  const Row (&sv)[kBackwardResidentRows]) {
+  constexpr int VEC = BackwardBlock<Spec>::VEC;
+#pragma unroll
+  for (int i = 0; i < kBackwardResidentRows; ++i) {
+    const int r = blk.row_begin + blk.ty + i * kBackwardRowThreads;
+    if (r >= blk.row_end) break;
+    float da[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) da[j] = backward_da(k[j], dy[i].get(j), sv[i].get(j));
+    store_da<Spec, VEC, kWhole>(p, r, blk.c, blk.n_here, da);
+  }
+}
+
+// Train, all three passes in one cooperative grid (launched where the run's grid of strips x
+// slabs is resident at once and a thread's rows of a slab fit in its registers:
+// backward_slab_in_registers). Why: at mid-size layers the three passes cost the backward more than
+// the bytes they move; at 2048x2048x512 bf16 (ncu, H200) fj_bwd_reduce took 9.1 us, fj_bwd_coef
+// 3.2 and fj_bwd_da 7.2, beside two 12 us GEMMs. Here dy and saved are read once and kept in
+// registers across two grid barriers (common/grid_barrier.cuh): the column partials, the
+// coefficients, then da from the registers; one launch instead of three, and no second read.
+// The arithmetic and its order are the three passes' (the same partials, merge and coefficients):
+// da and the parameter gradients are bit for bit theirs, which is what gpu_backward_test checks,
+// and a run whose grid does not fit takes the three passes with the same result.
+template <class Spec>
+__device__ void bn_backward_resident(const BackwardParams& p) {
+  using B = BackwardBlock<Spec>;
+  using T = typename Spec::T;
+  constexpr int VEC = B::VEC;
+  constexpr int R = kBackwardResidentRows;
+  static_assert(kBackwardThreads == kBackwardColumnThreads,
+                "the coefficients' merge runs on the elementwise grid's blocks");
+  join_launch_chain();
+  const B blk(p, false);
+  // Row i of this thread: row_begin + ty + i * kBackwardRowThreads (the order fj_bwd_reduce adds
+  // them in).
+  Packed<T, VEC> dy[R], sv[R];
+  const int first = blk.row_begin + blk.ty;
+  const T* const dy_col = static_cast<const T*>(p.dy) + blk.c;
+  const T* const sv_col = static_cast<const T*>(p.saved) + blk.c;
+  auto row_offset = [&](int i) {
+    return static_cast<long long>(first + i * kBackwardRowThreads) * Spec::LDY;
+  };
+  auto here = [&](int i) { return first + i * kBackwardRowThreads < blk.row_end; };
+  if (blk.active) {
+    if (blk.n_here == VEC) {
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+        if (here(i)) {
+          dy[i].load(dy_col + row_offset(i));
+          sv[i].load(sv_col + row_offset(i));
+        }
+    } else {
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+        if (here(i)) {
+          dy[i].load_first(dy_col + row_offset(i), blk.n_here);
+          sv[i].load_first(sv_col + row_offset(i), blk.n_here);
+        }
+    }
+  }
+  float sdy[VEC], sdyu[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) sdy[j] = sdyu[j] = 0.f;
+  if (blk.active)
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (here(i))
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float d = dy[i].get(j), c = sv[i].get(j);
+          sdy[j] += d;
+          sdyu[j] += d * c;
+        }
+  blk.store_partials(reinterpret_cast<float2*>(p.ws_dy_partials), sdy, sdyu);
+  // store_partials ends in a CTA barrier, after its stores.
+  if (threadIdx.x == 0) grid_barrier_arrive_and_wait();
+  __syncthreads();
+  for (int cb = static_cast<int>(blockIdx.x); cb < BackwardShape<Spec>::kColumnBlocks;
+       cb += static_cast<int>(gridDim.x))
+    backward_coef_columns<Spec>(p, cb);
+  __syncthreads();
+  if (threadIdx.x == 0) grid_barrier_arrive_and_wait();
+  __syncthreads();
+  if (!blk.active) return;
+  float4 k[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j)
+    k[j] = j < blk.n_here ? reinterpret_cast<const float4*>(p.ws_coef)[blk.c + j]
+                          : make_float4(0, 0, 0, 0);
+  if (blk.n_here == VEC)
+    store_resident_da<Spec, true>(p, blk, k, dy, sv);
+  else
+    store_resident_da<Spec, false>(p, blk, k, dy, sv);
+}
+
 // Eval, last pass: the parameter gradients fj_bwd_reduce left as partials: dbeta, dgamma,
 // dbias = s sum dz and dscale = sum dz u. (Train writes its four in bn_backward_coef.)
 template <class Spec>
@@ -403,11 +520,13 @@ __device__ void bn_backward_params(const BackwardParams& p) {
   using P = typename Spec::P;
   join_launch_chain();
   float2 dy_sums = make_float2(0.f, 0.f), dz_sums = make_float2(0.f, 0.f);
-  if constexpr (Spec::HAS_AFFINE) dy_sums = merge_slabs(p.ws_dy_partials, Spec::N, p.slabs);
+  const int block = static_cast<int>(blockIdx.x);
+  if constexpr (Spec::HAS_AFFINE)
+    dy_sums = merge_slabs(p.ws_dy_partials, Spec::N, p.slabs, block);
   if constexpr (Spec::HAS_BIAS || Spec::HAS_SCALE)
-    dz_sums = merge_slabs(p.ws_dz_partials, Spec::N, p.slabs);
-  if (!merge_leader(Spec::N)) return;
-  const int n = merged_column();
+    dz_sums = merge_slabs(p.ws_dz_partials, Spec::N, p.slabs, block);
+  if (!merge_leader(Spec::N, block)) return;
+  const int n = merged_column(block);
   if constexpr (Spec::HAS_AFFINE) {
     store_param<P>(p, p.dbeta, n, dy_sums.x);
     store_param<P>(p, p.dgamma, n, dy_sums.y);

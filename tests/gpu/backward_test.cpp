@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,8 @@
 #include "fusejit/device/device_memory.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
+#include "common/backward_shape.h"
+#include "fusejit/util/fault.hpp"
 #include "fusejit/plan.hpp"
 #include "gpu_required.hpp"
 #include "tools/backward_check.hpp"
@@ -407,6 +410,74 @@ TEST_CASE("backward: bit-identical run to run, and under CUDA graph capture") {
     CHECK(snapshot() == first);
     FJ_CU(cuGraphExecDestroy(exec));
     FJ_CU(cuGraphDestroy(graph));
+  }
+}
+
+// Train's three BatchNorm passes as one cooperative grid (fj_bwd_resident) where the run's grid
+// is resident at once and a thread's rows fit in its registers: the same arithmetic in the same
+// order, so every gradient must equal the three passes' bit for bit. The three passes run when
+// the cooperative launch is refused (the fault below); the fault's count says whether the run
+// tried the resident grid at all. The built-in sweep's train cases (M <= 1000) run it against
+// float64.
+TEST_CASE("backward: train's passes in one resident grid equal the three passes bit for bit") {
+  const Device device = Device::get(0);
+  // 1000x1030x72: N's last vector is half a vector (rows padded to 1032), the last slab 40 rows.
+  // 4100x1024x64: 72-row slabs, more than a thread's registers hold: the three passes only.
+  for (const char* line :
+       {"2048x2048x512 bf16 train", "1000x1030x72 fp16 train ldy=1032", "777x200x64 fp32 train",
+        "4096x1024x1024 bf16 train", "8192x512x128 fp16 train", "4100x1024x64 bf16 train"}) {
+    CAPTURE(line);
+    const SweepCase c = parse_sweep_line(line);
+    const Problem& p = c.problem;
+    const int vec_bytes = std::min(p.effective_alignment(), 16);
+    const int strips = fj::backward_strips(static_cast<int>(p.N), vec_bytes,
+                                           static_cast<int>(storage_bytes(p.dtype)));
+    const fj::BackwardSlabs slabs = fj::backward_slabs(p.M, strips);
+    const bool fits = fj::backward_slab_in_registers(slabs.rows) &&
+                      strips * slabs.count <= fj::kBackwardResidentBlocksPerSm * device.sm_count;
+    CAPTURE(fits);
+    const CaseInputs in = make_case_inputs(c);
+    DeviceCase dev(in);
+    const Stream s;
+    const Plan forward(p);
+    const BackwardPlan backward(p);
+    StepTensors t(p, dev);
+    std::vector<DeviceBuffer*> outs{&t.dx, &t.dw, &t.dgamma, &t.dbias, &t.dscale, &t.dbeta};
+    auto snapshot = [&] {
+      s.synchronize();
+      std::vector<std::vector<unsigned char>> v;
+      for (DeviceBuffer* b : outs) v.push_back(b->download_bytes());
+      for (DeviceBuffer* b : outs) b->fill_words(nan_word(p.dtype));
+      return v;
+    };
+    for (DeviceBuffer* b : outs) b->fill_words(nan_word(p.dtype));
+    forward.run(s, t.fwd);
+    backward.run(s, t.bwd);
+    const auto resident = snapshot();
+    const int before = fault::fired(Fault::cooperative_too_large);
+    fault::arm(Fault::cooperative_too_large, 1);
+    backward.run(s, t.bwd);
+    const int fired = fault::fired(Fault::cooperative_too_large) - before;
+    fault::arm(Fault::cooperative_too_large, 0);
+    const auto passes = snapshot();
+    CHECK(fired == (fits ? 1 : 0));
+    for (std::size_t i = 0; i < outs.size(); ++i) {
+      CAPTURE(i);
+      CHECK(resident[i] == passes[i]);
+    }
+    // Written at all: no 4-byte word of any output still holds the poison.
+    const std::uint32_t poison = nan_word(p.dtype);
+    for (std::size_t i = 0; i < outs.size(); ++i) {
+      CAPTURE(i);
+      const std::vector<unsigned char>& b = resident[i];
+      std::size_t left = 0;
+      for (std::size_t o = 0; o + 4 <= b.size(); o += 4) {
+        std::uint32_t w;
+        std::memcpy(&w, b.data() + o, 4);
+        left += w == poison;
+      }
+      CHECK(left == 0);
+    }
   }
 }
 

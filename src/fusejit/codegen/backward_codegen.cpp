@@ -174,7 +174,7 @@ Problem dw_gemm_problem(const Problem& p) {
 std::vector<std::string> backward_kernel_set(const Problem& p, const BackwardConfig& c) {
   std::vector<std::string> k{"fj_bwd_reduce"};
   if (p.mode == Mode::train)
-    k.insert(k.end(), {"fj_bwd_coef", "fj_bwd_da"});
+    k.insert(k.end(), {"fj_bwd_coef", "fj_bwd_da", "fj_bwd_resident"});
   else
     k.push_back("fj_bwd_params");
   // A GEMM on cuBLASLt has no kernel here (and reads no copies: it takes any layout).
@@ -264,6 +264,10 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
       t += "extern \"C\" __global__ void\n"
            "__launch_bounds__(fj::kBackwardThreads, fj::BackwardShape<Spec>::kDaBlocksPerSm)\n"
            "fj_bwd_da(const fj::BackwardParams p) { fj::bn_backward_da<Spec>(p); }\n";
+    else if (k == "fj_bwd_resident")
+      t += "extern \"C\" __global__ void\n"
+           "__launch_bounds__(fj::kBackwardThreads, fj::kBackwardResidentBlocksPerSm)\n"
+           "fj_bwd_resident(const fj::BackwardParams p) { fj::bn_backward_resident<Spec>(p); }\n";
     else if (k == "fj_bwd_params")
       t += "extern \"C\" __global__ void __launch_bounds__(fj::kBackwardColumnThreads)\n"
            "fj_bwd_params(const fj::BackwardParams p) { fj::bn_backward_params<Spec>(p); }\n";

@@ -56,6 +56,13 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
   core->coef = fn("fj_bwd_coef");
   core->da = fn("fj_bwd_da");
   core->params = fn("fj_bwd_params");
+  core->resident = fn("fj_bwd_resident");
+  if (core->resident) {
+    int per_sm = 0;
+    FJ_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, core->resident,
+                                                      fj::kBackwardThreads, 0));
+    core->resident_blocks = per_sm * core->device.sm_count;
+  }
   core->dx = fn("fj_bwd_dx");
   core->dw = fn("fj_bwd_dw");
   core->dx_sum = fn("fj_bwd_dx_sum");
@@ -511,6 +518,26 @@ GradGemmMaps grad_gemm_maps(const BackwardCore& c, std::int64_t rows, char* ws,
   return m;
 }
 
+// fj_bwd_resident as a cooperative launch (its grid barriers need every block resident), and on
+// sm_90+ also a programmatic dependent one, like the passes it replaces: the kernel joins the
+// chain before it touches memory, and its blocks are all resident once the grid before it
+// drains, which never waits for them. False where the driver refuses the grid as too large.
+bool launch_resident_passes(const BackwardCore& c, unsigned grid, CUstream stream, void** args) {
+  CUlaunchAttribute attrs[2] = {cooperative_attribute(), programmatic_dependent_attribute()};
+  CUlaunchConfig cfg{};
+  cfg.gridDimX = grid;
+  cfg.gridDimY = cfg.gridDimZ = 1;
+  cfg.blockDimX = fj::kBackwardThreads;
+  cfg.blockDimY = cfg.blockDimZ = 1;
+  cfg.hStream = stream;
+  cfg.attrs = attrs;
+  cfg.numAttrs = c.device.cc() >= 90 ? 2 : 1;
+  const CUresult r = launch_cooperative(cfg, c.resident, args);
+  if (r == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) return false;
+  check(r, "cuLaunchKernelEx(fj_bwd_resident, cooperative)");
+  return true;
+}
+
 }  // namespace
 
 void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, CUstream stream,
@@ -571,14 +598,27 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
                 const char* what, unsigned grid_y = 1) {
     launch_dependent(c.device, f, grid, grid_y, threads, smem, stream, args, what);
   };
-  go(c.reduce, elementwise_grid, fj::kBackwardThreads, 0, bargs, "cuLaunchKernelEx(fj_bwd_reduce)");
-  if (p.mode == Mode::train) {
-    go(c.coef, columns_grid, fj::kBackwardColumnThreads, 0, bargs, "cuLaunchKernelEx(fj_bwd_coef)");
-    if (need_da)
-      go(c.da, elementwise_grid, fj::kBackwardThreads, 0, bargs, "cuLaunchKernelEx(fj_bwd_da)");
-  } else {
-    go(c.params, columns_grid, fj::kBackwardColumnThreads, 0, bargs,
-       "cuLaunchKernelEx(fj_bwd_params)");
+  // Train's three passes as one cooperative grid where it is resident at once and a thread's rows
+  // fit in its registers (kernels/bn_backward.cuh, bn_backward_resident): dy and saved read once,
+  // one launch. Bit for bit the three passes' results, which a refused launch (a device shared or
+  // partitioned in ways the occupancy query does not see) falls back to. Without da to form, the
+  // reduce and coefficients passes alone read dy and saved once already.
+  const bool resident = p.mode == Mode::train && need_da && c.resident &&
+                        fj::backward_slab_in_registers(slabs.rows) &&
+                        elementwise_grid <= static_cast<unsigned>(c.resident_blocks) &&
+                        launch_resident_passes(c, elementwise_grid, stream, bargs);
+  if (!resident) {
+    go(c.reduce, elementwise_grid, fj::kBackwardThreads, 0, bargs,
+       "cuLaunchKernelEx(fj_bwd_reduce)");
+    if (p.mode == Mode::train) {
+      go(c.coef, columns_grid, fj::kBackwardColumnThreads, 0, bargs,
+         "cuLaunchKernelEx(fj_bwd_coef)");
+      if (need_da)
+        go(c.da, elementwise_grid, fj::kBackwardThreads, 0, bargs, "cuLaunchKernelEx(fj_bwd_da)");
+    } else {
+      go(c.params, columns_grid, fj::kBackwardColumnThreads, 0, bargs,
+         "cuLaunchKernelEx(fj_bwd_params)");
+    }
   }
   const GradGemmMaps maps = grad_gemm_maps(c, rows, ws, w, t, cache);
   // The K-major copies (grad_gemm_reads_copies), each right before the GEMM that reads it.

@@ -32,6 +32,10 @@ struct BackwardCore {
   CUfunction dx_sum = nullptr, dw_sum = nullptr;  // split-K configs only
   CUfunction transpose = nullptr;                 // grad_gemm_reads_copies configs only
   int strips = 0, column_blocks = 0;              // from the module (kernels/bn_backward.cuh)
+  // Train: fj_bwd_resident, and the most blocks of it the device holds at once (its occupancy
+  // times the SMs): a run whose strips x slabs grid is larger takes the three passes.
+  CUfunction resident = nullptr;
+  int resident_blocks = 0;
   int dx_smem_bytes = 0, dw_smem_bytes = 0;
   std::vector<std::string> kernel_names;
   bool cache_hit = false;
