@@ -126,11 +126,11 @@ struct BackwardBlock {
   int tx, ty, c, n_here, row_begin, row_end, slab;
   bool active;
 
-  // bottom_up: the last slab first (fj_bwd_da, see there).
-  __device__ __forceinline__ BackwardBlock(const BackwardParams& p, bool bottom_up) {
-    const int strip = static_cast<int>(blockIdx.x) % S::kStrips;
-    slab = bottom_up ? p.slabs - 1 - static_cast<int>(blockIdx.x) / S::kStrips
-                     : static_cast<int>(blockIdx.x) / S::kStrips;
+  // The block's share of the grid's strips x slabs: `unit` (blockIdx.x, but for fj_bwd_resident,
+  // whose blocks walk several). bottom_up: the last slab first (fj_bwd_da, see there).
+  __device__ __forceinline__ BackwardBlock(const BackwardParams& p, int unit, bool bottom_up) {
+    const int strip = unit % S::kStrips;
+    slab = bottom_up ? p.slabs - 1 - unit / S::kStrips : unit / S::kStrips;
     tx = threadIdx.x % kBackwardColThreads;
     ty = threadIdx.x / kBackwardColThreads;
     c = strip * S::kCols + tx * VEC;
@@ -223,12 +223,11 @@ __device__ __forceinline__ void for_each_row(const BackwardParams& p,
 
 // Pass 1. Train: per slab and column {sum dy, sum dy c}. Eval: {sum dy, sum dy zh}, plus
 // {sum dz, sum dz u} and da = s dz (eval's dz is a column scale of dy).
+// One block's slab of one strip (every thread of the block calls it: it synchronizes).
 template <class Spec>
-__device__ void bn_backward_reduce(const BackwardParams& p) {
-  using B = BackwardBlock<Spec>;
-  constexpr int VEC = B::VEC;
-  join_launch_chain();
-  const B blk(p, false);
+__device__ __forceinline__ void backward_reduce_unit(const BackwardParams& p,
+                                                     const BackwardBlock<Spec>& blk) {
+  constexpr int VEC = BackwardBlock<Spec>::VEC;
   BackwardColumn col[VEC];
   float sdy[VEC], sdyz[VEC], sdyu[VEC];
 #pragma unroll
@@ -271,6 +270,12 @@ __device__ void bn_backward_reduce(const BackwardParams& p) {
     }
     blk.store_partials(reinterpret_cast<float2*>(p.ws_dz_partials), sdy, sdyu);
   }
+}
+
+template <class Spec>
+__device__ void bn_backward_reduce(const BackwardParams& p) {
+  join_launch_chain();
+  backward_reduce_unit<Spec>(p, BackwardBlock<Spec>(p, static_cast<int>(blockIdx.x), false));
 }
 
 // The per-column kernels' thread layout: kBackwardMergeColumns consecutive columns per block
@@ -389,25 +394,38 @@ __device__ void bn_backward_coef(const BackwardParams& p) {
 // saved from the top down, so the last slabs it read are the likeliest to still be in L2 when this
 // pass starts; and the rows of da this pass writes last, the top ones, are the ones the dX GEMM's
 // raster reads first.
+// The columns' coefficients of da (bn_backward_coef's), zeros past N.
 template <class Spec>
-__device__ void bn_backward_da(const BackwardParams& p) {
-  using B = BackwardBlock<Spec>;
-  constexpr int VEC = B::VEC;
-  join_launch_chain();
-  const B blk(p, true);
-  float4 k[VEC];
+__device__ __forceinline__ void load_da_coefficients(const BackwardParams& p,
+                                                     const BackwardBlock<Spec>& blk,
+                                                     float4 (&k)[BackwardBlock<Spec>::VEC]) {
 #pragma unroll
-  for (int j = 0; j < VEC; ++j) {
+  for (int j = 0; j < BackwardBlock<Spec>::VEC; ++j) {
     const bool here = blk.active && j < blk.n_here;
     k[j] = here ? reinterpret_cast<const float4*>(p.ws_coef)[blk.c + j] : make_float4(0, 0, 0, 0);
   }
-  if (blk.active)
-    for_each_row<Spec, 4>(p, blk, [&](int r, const float(&dy)[VEC], const float(&sv)[VEC]) {
-      float da[VEC];
+}
+
+// da of one block's slab of one strip, from dy and saved in memory.
+template <class Spec>
+__device__ __forceinline__ void backward_da_unit(const BackwardParams& p,
+                                                 const BackwardBlock<Spec>& blk) {
+  constexpr int VEC = BackwardBlock<Spec>::VEC;
+  if (!blk.active) return;
+  float4 k[VEC];
+  load_da_coefficients<Spec>(p, blk, k);
+  for_each_row<Spec, 4>(p, blk, [&](int r, const float(&dy)[VEC], const float(&sv)[VEC]) {
+    float da[VEC];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) da[j] = backward_da(k[j], dy[j], sv[j]);
-      store_da<Spec, VEC>(p, r, blk.c, blk.n_here, da);
-    });
+    for (int j = 0; j < VEC; ++j) da[j] = backward_da(k[j], dy[j], sv[j]);
+    store_da<Spec, VEC>(p, r, blk.c, blk.n_here, da);
+  });
+}
+
+template <class Spec>
+__device__ void bn_backward_da(const BackwardParams& p) {
+  join_launch_chain();
+  backward_da_unit<Spec>(p, BackwardBlock<Spec>(p, static_cast<int>(blockIdx.x), true));
 }
 
 // fj_bwd_resident's last step: da of the rows a thread holds (kWhole: its columns are a whole
@@ -430,86 +448,112 @@ __device__ __forceinline__ void store_resident_da(const BackwardParams& p,
   }
 }
 
-// Train, all three passes in one cooperative grid (launched where the run's grid of strips x
-// slabs is resident at once and a thread's rows of a slab fit in its registers:
-// backward_slab_in_registers). Why: at mid-size layers the three passes cost the backward more than
-// the bytes they move; at 2048x2048x512 bf16 (ncu, H200) fj_bwd_reduce took 9.1 us, fj_bwd_coef
-// 3.2 and fj_bwd_da 7.2, beside two 12 us GEMMs. Here dy and saved are read once and kept in
-// registers across two grid barriers (common/grid_barrier.cuh): the column partials, the
-// coefficients, then da from the registers; one launch instead of three, and no second read.
-// The arithmetic and its order are the three passes' (the same partials, merge and coefficients):
-// da and the parameter gradients are bit for bit theirs, which is what gpu_backward_test checks,
-// and a run whose grid does not fit takes the three passes with the same result.
-template <class Spec>
-__device__ void bn_backward_resident(const BackwardParams& p) {
+// Train, all three passes in one cooperative grid: a block per SM slot the device holds at once
+// (at most the strips x slabs units), each walking units blockIdx.x, + gridDim.x, ... through the
+// three passes' bodies with two grid barriers (common/grid_barrier.cuh) between them instead of
+// two launches. Where a thread's rows of a slab fit in its registers
+// (backward_slab_in_registers), the block's first unit is read once and kept there from its
+// column sums to its da; the other units are read again for da, last read first (L2). Why: at
+// mid-size layers the three passes cost the backward more than the bytes they move; at
+// 2048x2048x512 bf16 (ncu, H200) fj_bwd_reduce took 8.5 us, fj_bwd_coef 3.2 and fj_bwd_da 7.3.
+// Each unit's arithmetic and its order are the three passes' (the same partials, merge and
+// coefficients), so da and the parameter gradients are bit for bit theirs, which is what
+// gpu_backward_test checks, and a run whose cooperative launch is refused takes the three passes
+// with the same result.
+// bn_backward_resident's body; kHold: the block's first unit is held in registers.
+template <class Spec, bool kHold>
+__device__ __forceinline__ void backward_resident_units(const BackwardParams& p) {
   using B = BackwardBlock<Spec>;
   using T = typename Spec::T;
   constexpr int VEC = B::VEC;
   constexpr int R = kBackwardResidentRows;
-  static_assert(kBackwardThreads == kBackwardColumnThreads,
-                "the coefficients' merge runs on the elementwise grid's blocks");
-  join_launch_chain();
-  const B blk(p, false);
+  const int units = BackwardShape<Spec>::kStrips * p.slabs;
+  const int step = static_cast<int>(gridDim.x);
+  const int held = static_cast<int>(blockIdx.x);
+  // The units read again: from the second on where the first is held.
+  const int reread_first = kHold ? held + step : held;
+  for (int u = reread_first; u < units; u += step) backward_reduce_unit<Spec>(p, B(p, u, false));
+  // The held unit last, so that its registers are not live across the other units' loads.
+  const B blk(p, held, false);
   // Row i of this thread: row_begin + ty + i * kBackwardRowThreads (the order fj_bwd_reduce adds
   // them in).
-  Packed<T, VEC> dy[R], sv[R];
-  const int first = blk.row_begin + blk.ty;
-  const T* const dy_col = static_cast<const T*>(p.dy) + blk.c;
-  const T* const sv_col = static_cast<const T*>(p.saved) + blk.c;
-  auto row_offset = [&](int i) {
-    return static_cast<long long>(first + i * kBackwardRowThreads) * Spec::LDY;
-  };
-  auto here = [&](int i) { return first + i * kBackwardRowThreads < blk.row_end; };
-  if (blk.active) {
-    if (blk.n_here == VEC) {
+  Packed<T, VEC> dy[kHold ? R : 1], sv[kHold ? R : 1];
+  if constexpr (kHold) {
+    const int first = blk.row_begin + blk.ty;
+    const T* const dy_col = static_cast<const T*>(p.dy) + blk.c;
+    const T* const sv_col = static_cast<const T*>(p.saved) + blk.c;
+    auto row_offset = [&](int i) {
+      return static_cast<long long>(first + i * kBackwardRowThreads) * Spec::LDY;
+    };
+    auto here = [&](int i) { return first + i * kBackwardRowThreads < blk.row_end; };
+    if (blk.active) {
+      if (blk.n_here == VEC) {
 #pragma unroll
-      for (int i = 0; i < R; ++i)
-        if (here(i)) {
-          dy[i].load(dy_col + row_offset(i));
-          sv[i].load(sv_col + row_offset(i));
-        }
-    } else {
+        for (int i = 0; i < R; ++i)
+          if (here(i)) {
+            dy[i].load(dy_col + row_offset(i));
+            sv[i].load(sv_col + row_offset(i));
+          }
+      } else {
 #pragma unroll
-      for (int i = 0; i < R; ++i)
-        if (here(i)) {
-          dy[i].load_first(dy_col + row_offset(i), blk.n_here);
-          sv[i].load_first(sv_col + row_offset(i), blk.n_here);
-        }
+        for (int i = 0; i < R; ++i)
+          if (here(i)) {
+            dy[i].load_first(dy_col + row_offset(i), blk.n_here);
+            sv[i].load_first(sv_col + row_offset(i), blk.n_here);
+          }
+      }
     }
+    float sdy[VEC], sdyu[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) sdy[j] = sdyu[j] = 0.f;
+    if (blk.active)
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+        if (here(i))
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            const float d = dy[i].get(j), c = sv[i].get(j);
+            sdy[j] += d;
+            sdyu[j] += d * c;
+          }
+    blk.store_partials(reinterpret_cast<float2*>(p.ws_dy_partials), sdy, sdyu);
   }
-  float sdy[VEC], sdyu[VEC];
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) sdy[j] = sdyu[j] = 0.f;
-  if (blk.active)
-#pragma unroll
-    for (int i = 0; i < R; ++i)
-      if (here(i))
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float d = dy[i].get(j), c = sv[i].get(j);
-          sdy[j] += d;
-          sdyu[j] += d * c;
-        }
-  blk.store_partials(reinterpret_cast<float2*>(p.ws_dy_partials), sdy, sdyu);
-  // store_partials ends in a CTA barrier, after its stores.
+  // Every unit's partials are stored and the CTA synchronized after them (store_partials ends in
+  // a CTA barrier; a block with no unit stored nothing).
+  __syncthreads();
   if (threadIdx.x == 0) grid_barrier_arrive_and_wait();
   __syncthreads();
-  for (int cb = static_cast<int>(blockIdx.x); cb < BackwardShape<Spec>::kColumnBlocks;
-       cb += static_cast<int>(gridDim.x))
+  for (int cb = held; cb < BackwardShape<Spec>::kColumnBlocks; cb += step)
     backward_coef_columns<Spec>(p, cb);
   __syncthreads();
   if (threadIdx.x == 0) grid_barrier_arrive_and_wait();
   __syncthreads();
-  if (!blk.active) return;
-  float4 k[VEC];
-#pragma unroll
-  for (int j = 0; j < VEC; ++j)
-    k[j] = j < blk.n_here ? reinterpret_cast<const float4*>(p.ws_coef)[blk.c + j]
-                          : make_float4(0, 0, 0, 0);
-  if (blk.n_here == VEC)
-    store_resident_da<Spec, true>(p, blk, k, dy, sv);
+  if constexpr (kHold)
+    if (blk.active) {
+      float4 k[VEC];
+      load_da_coefficients<Spec>(p, blk, k);
+      if (blk.n_here == VEC)
+        store_resident_da<Spec, true>(p, blk, k, dy, sv);
+      else
+        store_resident_da<Spec, false>(p, blk, k, dy, sv);
+    }
+  // The units read again, the last read first: the likeliest still in L2.
+  if (reread_first < units)
+    for (int u = reread_first + (units - 1 - reread_first) / step * step; u >= reread_first;
+         u -= step)
+      backward_da_unit<Spec>(p, B(p, u, false));
+}
+
+template <class Spec>
+__device__ void bn_backward_resident(const BackwardParams& p) {
+  static_assert(Spec::TRAIN, "eval's one pass forms da already");
+  static_assert(kBackwardThreads == kBackwardColumnThreads,
+                "the coefficients' merge runs on the elementwise grid's blocks");
+  join_launch_chain();
+  if (backward_slab_in_registers(p.slab_rows))
+    backward_resident_units<Spec, true>(p);
   else
-    store_resident_da<Spec, false>(p, blk, k, dy, sv);
+    backward_resident_units<Spec, false>(p);
 }
 
 // Eval, last pass: the parameter gradients fj_bwd_reduce left as partials: dbeta, dgamma,

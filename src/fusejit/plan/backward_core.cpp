@@ -598,15 +598,16 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
                 const char* what, unsigned grid_y = 1) {
     launch_dependent(c.device, f, grid, grid_y, threads, smem, stream, args, what);
   };
-  // Train's three passes as one cooperative grid where it is resident at once and a thread's rows
-  // fit in its registers (kernels/bn_backward.cuh, bn_backward_resident): dy and saved read once,
-  // one launch. Bit for bit the three passes' results, which a refused launch (a device shared or
-  // partitioned in ways the occupancy query does not see) falls back to. Without da to form, the
-  // reduce and coefficients passes alone read dy and saved once already.
-  const bool resident = p.mode == Mode::train && need_da && c.resident &&
-                        fj::backward_slab_in_registers(slabs.rows) &&
-                        elementwise_grid <= static_cast<unsigned>(c.resident_blocks) &&
-                        launch_resident_passes(c, elementwise_grid, stream, bargs);
+  // Train's three passes as one cooperative grid of at most what the device holds at once
+  // (kernels/bn_backward.cuh, bn_backward_resident): one launch, and where a thread's rows of a
+  // slab fit in its registers, dy and saved read once for each block's first slab. Bit for bit the
+  // three passes' results, which a refused launch (a device shared or partitioned in ways the
+  // occupancy query does not see) falls back to. Without da to form, the reduce and coefficients
+  // passes alone read dy and saved once already.
+  const bool resident =
+      p.mode == Mode::train && need_da && c.resident &&
+      launch_resident_passes(
+          c, std::min(elementwise_grid, static_cast<unsigned>(c.resident_blocks)), stream, bargs);
   if (!resident) {
     go(c.reduce, elementwise_grid, fj::kBackwardThreads, 0, bargs,
        "cuLaunchKernelEx(fj_bwd_reduce)");
