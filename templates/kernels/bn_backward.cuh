@@ -448,19 +448,9 @@ __device__ __forceinline__ void store_resident_da(const BackwardParams& p,
   }
 }
 
-// Train, all three passes in one cooperative grid: a block per SM slot the device holds at once
-// (at most the strips x slabs units), each walking units blockIdx.x, + gridDim.x, ... through the
-// three passes' bodies with two grid barriers (common/grid_barrier.cuh) between them instead of
-// two launches. Where a thread's rows of a slab fit in its registers
-// (backward_slab_in_registers), the block's first unit is read once and kept there from its
-// column sums to its da; the other units are read again for da, last read first (L2). Why: at
-// mid-size layers the three passes cost the backward more than the bytes they move; at
-// 2048x2048x512 bf16 (ncu, H200) fj_bwd_reduce took 8.5 us, fj_bwd_coef 3.2 and fj_bwd_da 7.3.
-// Each unit's arithmetic and its order are the three passes' (the same partials, merge and
-// coefficients), so da and the parameter gradients are bit for bit theirs, which is what
-// gpu_backward_test checks, and a run whose cooperative launch is refused takes the three passes
-// with the same result.
-// bn_backward_resident's body; kHold: the block's first unit is held in registers.
+// bn_backward_resident's body. kHold: the block has one unit, held in registers (with units to
+// read again beside it, the held rows stayed live across their loops and merges: ptxas spilled
+// at 64 registers, and 2048x2048x512's backward went from 0.0366 to 0.0387 ms, H200).
 template <class Spec, bool kHold>
 __device__ __forceinline__ void backward_resident_units(const BackwardParams& p) {
   using B = BackwardBlock<Spec>;
@@ -470,10 +460,9 @@ __device__ __forceinline__ void backward_resident_units(const BackwardParams& p)
   const int units = BackwardShape<Spec>::kStrips * p.slabs;
   const int step = static_cast<int>(gridDim.x);
   const int held = static_cast<int>(blockIdx.x);
-  // The units read again: from the second on where the first is held.
-  const int reread_first = kHold ? held + step : held;
+  // The units read again: all of the block's, or none where it holds its one unit.
+  const int reread_first = kHold ? units : held;
   for (int u = reread_first; u < units; u += step) backward_reduce_unit<Spec>(p, B(p, u, false));
-  // The held unit last, so that its registers are not live across the other units' loads.
   const B blk(p, held, false);
   // Row i of this thread: row_begin + ty + i * kBackwardRowThreads (the order fj_bwd_reduce adds
   // them in).
@@ -544,13 +533,26 @@ __device__ __forceinline__ void backward_resident_units(const BackwardParams& p)
       backward_da_unit<Spec>(p, B(p, u, false));
 }
 
+// Train, all three passes in one cooperative grid: a block per SM slot the device holds at once
+// (at most the strips x slabs units), each walking units blockIdx.x, + gridDim.x, ... through the
+// three passes' bodies, with two grid barriers (common/grid_barrier.cuh) between them instead of
+// two launches. Where every unit has a block and a thread's rows of a slab fit in its registers
+// (backward_slab_in_registers), each block reads its unit once and holds it from the column sums
+// to da; elsewhere every unit is read again for da, the last read first (the likeliest in L2).
+// Why: at mid-size layers the three passes cost the backward more than the bytes they move; at
+// 2048x2048x512 bf16 (ncu, H200) fj_bwd_reduce took 8.5 us, fj_bwd_coef 3.2 and fj_bwd_da 7.3,
+// and fj_bwd_resident 13.8. Each unit's arithmetic and its order are the three passes' (the same
+// partials, merge and coefficients), so da and the parameter gradients are bit for bit theirs,
+// which gpu_backward_test checks, and a run whose cooperative launch is refused takes the three
+// passes with the same result.
 template <class Spec>
 __device__ void bn_backward_resident(const BackwardParams& p) {
   static_assert(Spec::TRAIN, "eval's one pass forms da already");
   static_assert(kBackwardThreads == kBackwardColumnThreads,
                 "the coefficients' merge runs on the elementwise grid's blocks");
   join_launch_chain();
-  if (backward_slab_in_registers(p.slab_rows))
+  if (backward_slab_in_registers(p.slab_rows) &&
+      BackwardShape<Spec>::kStrips * p.slabs <= static_cast<int>(gridDim.x))
     backward_resident_units<Spec, true>(p);
   else
     backward_resident_units<Spec, false>(p);
