@@ -472,6 +472,51 @@ TEST_CASE("backward: train's passes in one resident grid equal the three passes 
   }
 }
 
+// fj_bwd_resident's grid is as large as the device holds at once, so two of them on two streams
+// cannot both be resident: each must still complete (the driver places a cooperative grid whole)
+// and count only its own blocks at its barriers. 20 rounds of two layers' backward passes, each on
+// its own stream, must each give the bits the layer gives alone.
+TEST_CASE("backward: resident grids on two streams at once each give their own gradients") {
+  const char* lines[] = {"2048x8192x256 bf16 train", "2048x8192x256 bf16 train non_centred"};
+  struct Layer {
+    SweepCase c;
+    CaseInputs in;
+    DeviceCase dev;
+    Plan forward;
+    BackwardPlan backward;
+    StepTensors t;
+    Stream s;
+    explicit Layer(const char* line)
+        : c(parse_sweep_line(line)),
+          in(make_case_inputs(c)),
+          dev(in),
+          forward(c.problem),
+          backward(c.problem),
+          t(c.problem, dev) {}
+    std::vector<unsigned char> dx() {
+      s.synchronize();
+      std::vector<unsigned char> v = t.dx.download_bytes();
+      t.dx.fill_words(nan_word(c.problem.dtype));
+      return v;
+    }
+  };
+  Layer a(lines[0]), b(lines[1]);
+  a.forward.run(a.s, a.t.fwd);
+  b.forward.run(b.s, b.t.fwd);
+  a.backward.run(a.s, a.t.bwd);
+  const std::vector<unsigned char> alone_a = a.dx();
+  b.backward.run(b.s, b.t.bwd);
+  const std::vector<unsigned char> alone_b = b.dx();
+  REQUIRE(alone_a != alone_b);
+  for (int round = 0; round < 20; ++round) {
+    CAPTURE(round);
+    a.backward.run(a.s, a.t.bwd);
+    b.backward.run(b.s, b.t.bwd);
+    CHECK(a.dx() == alone_a);
+    CHECK(b.dx() == alone_b);
+  }
+}
+
 // On sm_90+ every backward kernel is a programmatic dependent launch
 // (common/grid_dependency.cuh). What the stream runs after run() must still see every output
 // finished. The layer makes dX the slow GEMM: 4 tiles reducing over 8192 columns, against dW's
