@@ -280,8 +280,8 @@ __device__ void bn_backward_reduce(const BackwardParams& p) {
 
 // The per-column kernels' thread layout: kBackwardMergeColumns consecutive columns per block
 // (consecutive threads, so a lane's loads of one slab are coalesced) x kBackwardMergeLanes lanes.
-// `column_block`: the block's share of columns, blockIdx.x in the per-column kernels (fj_bwd_resident
-// walks the column blocks over its grid).
+// `column_block`: the block's share of columns, blockIdx.x in the per-column kernels
+// (fj_bwd_resident walks the column blocks over its grid).
 __device__ __forceinline__ int merged_column(int column_block) {
   return column_block * kBackwardMergeColumns +
          static_cast<int>(threadIdx.x) % kBackwardMergeColumns;
@@ -567,8 +567,7 @@ __device__ void bn_backward_params(const BackwardParams& p) {
   join_launch_chain();
   float2 dy_sums = make_float2(0.f, 0.f), dz_sums = make_float2(0.f, 0.f);
   const int block = static_cast<int>(blockIdx.x);
-  if constexpr (Spec::HAS_AFFINE)
-    dy_sums = merge_slabs(p.ws_dy_partials, Spec::N, p.slabs, block);
+  if constexpr (Spec::HAS_AFFINE) dy_sums = merge_slabs(p.ws_dy_partials, Spec::N, p.slabs, block);
   if constexpr (Spec::HAS_BIAS || Spec::HAS_SCALE)
     dz_sums = merge_slabs(p.ws_dz_partials, Spec::N, p.slabs, block);
   if (!merge_leader(Spec::N, block)) return;

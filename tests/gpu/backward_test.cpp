@@ -18,8 +18,8 @@
 #include "fusejit/device/device_memory.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
-#include "fusejit/util/fault.hpp"
 #include "fusejit/plan.hpp"
+#include "fusejit/util/fault.hpp"
 #include "gpu_required.hpp"
 #include "tools/backward_check.hpp"
 

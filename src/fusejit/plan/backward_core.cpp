@@ -59,8 +59,8 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
   core->resident = fn("fj_bwd_resident");
   if (core->resident) {
     int per_sm = 0;
-    FJ_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, core->resident,
-                                                      fj::kBackwardThreads, 0));
+    FJ_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, core->resident, fj::kBackwardThreads,
+                                                      0));
     core->resident_blocks = per_sm * core->device.sm_count;
   }
   core->dx = fn("fj_bwd_dx");
