@@ -99,6 +99,33 @@ struct StepTensors {
   }
 };
 
+// One layer's training step: its inputs on the device, the heuristic's forward and backward plans,
+// the step's tensors and a stream.
+struct StepCase {
+  SweepCase c;
+  CaseInputs in;
+  DeviceCase dev;
+  Plan forward;
+  BackwardPlan backward;
+  StepTensors t;
+  Stream s;
+  explicit StepCase(const char* line)
+      : c(parse_sweep_line(line)),
+        in(make_case_inputs(c)),
+        dev(in),
+        forward(c.problem),
+        backward(c.problem),
+        t(c.problem, dev) {}
+  // Waits for the stream, downloads each of `outs` and poisons it again.
+  std::vector<std::vector<unsigned char>> snapshot(const std::vector<DeviceBuffer*>& outs) {
+    s.synchronize();
+    std::vector<std::vector<unsigned char>> v;
+    for (DeviceBuffer* b : outs) v.push_back(b->download_bytes());
+    for (DeviceBuffer* b : outs) b->fill_words(nan_word(c.problem.dtype));
+    return v;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("backward: the built-in sweep (every dtype x mode, tails, flags, strides)") {
@@ -363,27 +390,16 @@ TEST_CASE("backward: bit-identical run to run, and under CUDA graph capture") {
        {"1000x136x96 bf16 train", "300x72x40 fp16 eval", "20000x256x64 bf16 train",
         "1000x136x96 fp32 train" /* cuBLASLt's gradient GEMMs */}) {
     CAPTURE(line);
-    const SweepCase c = parse_sweep_line(line);
-    const Problem& p = c.problem;
-    const CaseInputs in = make_case_inputs(c);
-    DeviceCase dev(in);
-    const Stream s;
-    const Plan forward(p);
-    const BackwardPlan backward(p);
-    StepTensors t(p, dev);
+    StepCase k(line);
+    const Stream& s = k.s;
+    StepTensors& t = k.t;
     std::vector<DeviceBuffer*> outs{&t.saved, &t.dx,     &t.dw,   &t.dgamma,
                                     &t.dbias, &t.dscale, &t.dbeta};
     auto step = [&] {
-      forward.run(s, t.fwd);
-      backward.run(s, t.bwd);
+      k.forward.run(s, t.fwd);
+      k.backward.run(s, t.bwd);
     };
-    auto snapshot = [&] {
-      s.synchronize();
-      std::vector<std::vector<unsigned char>> v;
-      for (DeviceBuffer* b : outs) v.push_back(b->download_bytes());
-      for (DeviceBuffer* b : outs) b->fill_words(nan_word(p.dtype));
-      return v;
-    };
+    auto snapshot = [&] { return k.snapshot(outs); };
     step();
     const auto first = snapshot();
     step();
@@ -401,10 +417,10 @@ TEST_CASE("backward: bit-identical run to run, and under CUDA graph capture") {
     // The backward alone as a graph: its first kernel, a programmatic dependent launch, is a root
     // node with no kernel before it in the graph, launched after the forward ran on the stream.
     FJ_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
-    backward.run(s, t.bwd);
+    k.backward.run(s, t.bwd);
     FJ_CU(cuStreamEndCapture(s, &graph));
     FJ_CU(cuGraphInstantiate(&exec, graph, 0));
-    forward.run(s, t.fwd);
+    k.forward.run(s, t.fwd);
     FJ_CU(cuGraphLaunch(exec, s));
     CHECK(snapshot() == first);
     FJ_CU(cuGraphExecDestroy(exec));
@@ -425,39 +441,26 @@ TEST_CASE("backward: train's passes in one resident grid equal the three passes 
        {"2048x2048x512 bf16 train", "1000x1030x72 fp16 train ldy=1032", "777x200x64 fp32 train",
         "8192x512x128 fp16 train", "2048x8192x256 bf16 train", "4100x1024x64 bf16 train"}) {
     CAPTURE(line);
-    const SweepCase c = parse_sweep_line(line);
-    const Problem& p = c.problem;
-    const CaseInputs in = make_case_inputs(c);
-    DeviceCase dev(in);
-    const Stream s;
-    const Plan forward(p);
-    const BackwardPlan backward(p);
-    StepTensors t(p, dev);
+    StepCase k(line);
+    StepTensors& t = k.t;
     std::vector<DeviceBuffer*> outs{&t.dx, &t.dw, &t.dgamma, &t.dbias, &t.dscale, &t.dbeta};
-    auto snapshot = [&] {
-      s.synchronize();
-      std::vector<std::vector<unsigned char>> v;
-      for (DeviceBuffer* b : outs) v.push_back(b->download_bytes());
-      for (DeviceBuffer* b : outs) b->fill_words(nan_word(p.dtype));
-      return v;
-    };
-    for (DeviceBuffer* b : outs) b->fill_words(nan_word(p.dtype));
-    forward.run(s, t.fwd);
-    backward.run(s, t.bwd);
-    const auto resident = snapshot();
+    for (DeviceBuffer* b : outs) b->fill_words(nan_word(k.c.problem.dtype));
+    k.forward.run(k.s, t.fwd);
+    k.backward.run(k.s, t.bwd);
+    const auto resident = k.snapshot(outs);
     const int before = fault::fired(Fault::cooperative_too_large);
     fault::arm(Fault::cooperative_too_large, 1);
-    backward.run(s, t.bwd);
+    k.backward.run(k.s, t.bwd);
     const int fired = fault::fired(Fault::cooperative_too_large) - before;
     fault::arm(Fault::cooperative_too_large, 0);
-    const auto passes = snapshot();
+    const auto passes = k.snapshot(outs);
     CHECK(fired == 1);
     for (std::size_t i = 0; i < outs.size(); ++i) {
       CAPTURE(i);
       CHECK(resident[i] == passes[i]);
     }
     // Written at all: no 4-byte word of any output still holds the poison.
-    const std::uint32_t poison = nan_word(p.dtype);
+    const std::uint32_t poison = nan_word(k.c.problem.dtype);
     for (std::size_t i = 0; i < outs.size(); ++i) {
       CAPTURE(i);
       const std::vector<unsigned char>& b = resident[i];
@@ -478,42 +481,20 @@ TEST_CASE("backward: train's passes in one resident grid equal the three passes 
 // its own stream, must each give the bits the layer gives alone.
 TEST_CASE("backward: resident grids on two streams at once each give their own gradients") {
   const char* lines[] = {"2048x8192x256 bf16 train", "2048x8192x256 bf16 train non_centred"};
-  struct Layer {
-    SweepCase c;
-    CaseInputs in;
-    DeviceCase dev;
-    Plan forward;
-    BackwardPlan backward;
-    StepTensors t;
-    Stream s;
-    explicit Layer(const char* line)
-        : c(parse_sweep_line(line)),
-          in(make_case_inputs(c)),
-          dev(in),
-          forward(c.problem),
-          backward(c.problem),
-          t(c.problem, dev) {}
-    std::vector<unsigned char> dx() {
-      s.synchronize();
-      std::vector<unsigned char> v = t.dx.download_bytes();
-      t.dx.fill_words(nan_word(c.problem.dtype));
-      return v;
-    }
-  };
-  Layer a(lines[0]), b(lines[1]);
+  StepCase a(lines[0]), b(lines[1]);
   a.forward.run(a.s, a.t.fwd);
   b.forward.run(b.s, b.t.fwd);
   a.backward.run(a.s, a.t.bwd);
-  const std::vector<unsigned char> alone_a = a.dx();
+  const auto alone_a = a.snapshot({&a.t.dx});
   b.backward.run(b.s, b.t.bwd);
-  const std::vector<unsigned char> alone_b = b.dx();
+  const auto alone_b = b.snapshot({&b.t.dx});
   REQUIRE(alone_a != alone_b);
   for (int round = 0; round < 20; ++round) {
     CAPTURE(round);
     a.backward.run(a.s, a.t.bwd);
     b.backward.run(b.s, b.t.bwd);
-    CHECK(a.dx() == alone_a);
-    CHECK(b.dx() == alone_b);
+    CHECK(a.snapshot({&a.t.dx}) == alone_a);
+    CHECK(b.snapshot({&b.t.dx}) == alone_b);
   }
 }
 
