@@ -48,7 +48,8 @@ constexpr int kBackwardTargetBlocks = 512;
 
 // fj_bwd_resident (kernels/bn_backward.cuh) holds a thread's rows of its slab in registers
 // between the column sums and da: at most kBackwardResidentRows of them (2 x 2 registers a row
-// of 8 bytes), so a run takes it where slab_rows <= kBackwardResidentRows x kBackwardRowThreads.
+// of 8 bytes), so its blocks hold rows where slab_rows <= kBackwardResidentRows x
+// kBackwardRowThreads and each has one slab of one strip (else they read the rows again).
 // Eight rows: every backward_slabs split of up to 64 x (its slab cap) rows, e.g. 2048x2048,
 // 4096x1024, 8192x512; kBackwardResidentBlocksPerSm blocks per SM (64 registers) let a grid of
 // up to 4 x the SMs be resident (528 blocks on H100 and H200: 2048x2048's 512).

@@ -13,8 +13,8 @@
 // and the next 8 K-rows (the stride offset) lie (mainloop/wgmma.cuh). tf32 has no transpose
 // bits: its GEMMs read K-major copies the plan makes first (W^T, dA^T, x^T:
 // kernels/transpose.cuh), so both of its operands are K-major here; 16-bit layers whose rows TMA
-// cannot load read K-major copies of W and x the same way, and dA (whose rows fj_bwd_da pads) in
-// place.
+// cannot load read K-major copies of W and x the same way, and dA (whose rows fj_bwd_da and
+// fj_bwd_resident pad) in place.
 //
 // The epilogue, two ways. Thread stores: each thread's accumulator pairs straight from
 // registers (the wgmma fragment: 2 adjacent columns per row). TMA_STORE: each warp writes its

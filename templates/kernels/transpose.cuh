@@ -6,7 +6,7 @@
 // (H200: the backward 3.6x its two cuBLASLt GEMMs at 4096^3). 16-bit types need them where the
 // rows of x and W are not 16-byte aligned, which TMA cannot load (odd K: 4097x4095x129), so that
 // those layers too run on wgmma rather than the tiled kernel; dA's own rows are padded where
-// fj_bwd_da writes them.
+// fj_bwd_da (or fj_bwd_resident) writes them.
 //
 // One 32 x 32 tile per block through shared memory, elements moved as raw bits: 32 threads read
 // each source row's 32 elements and write each destination row's 32. The tile's rows are 33

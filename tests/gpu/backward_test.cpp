@@ -431,15 +431,17 @@ TEST_CASE("backward: bit-identical run to run, and under CUDA graph capture") {
 // Train's three BatchNorm passes as one cooperative grid (fj_bwd_resident): the same arithmetic
 // in the same order, so every gradient must equal the three passes' bit for bit. The three passes
 // run when the cooperative launch is refused (the fault below), whose count says the run tried
-// the resident grid. The built-in sweep's train cases (M <= 1000) run it against float64.
+// the resident grid. The built-in sweep's train cases run it against float64.
 TEST_CASE("backward: train's passes in one resident grid equal the three passes bit for bit") {
   // 1000x1030x72: N's last vector is half a vector (rows padded to 1032), the last slab 40 rows.
   // 2048x8192x256: 2048 slabs x strips, more than the device holds at once: each block walks
   // several. 4100x1024x64: 72-row slabs, more than a thread's registers hold: every slab is read
-  // twice, as by the three passes.
+  // twice, as by the three passes. 64x4096x64 and 8x2048x64: more columns of 32 than blocks,
+  // so each block merges several columns' slabs between the barriers.
   for (const char* line :
        {"2048x2048x512 bf16 train", "1000x1030x72 fp16 train ldy=1032", "777x200x64 fp32 train",
-        "8192x512x128 fp16 train", "2048x8192x256 bf16 train", "4100x1024x64 bf16 train"}) {
+        "8192x512x128 fp16 train", "2048x8192x256 bf16 train", "4100x1024x64 bf16 train",
+        "64x4096x64 bf16 train", "8x2048x64 fp16 train"}) {
     CAPTURE(line);
     StepCase k(line);
     StepTensors& t = k.t;
@@ -459,17 +461,16 @@ TEST_CASE("backward: train's passes in one resident grid equal the three passes 
       CAPTURE(i);
       CHECK(resident[i] == passes[i]);
     }
-    // Written at all: no 4-byte word of any output still holds the poison.
+    // Written at all: no element of dx or dW (the storage type's width) and no 4-byte word of a
+    // parameter gradient still holds the poison.
     const std::uint32_t poison = nan_word(k.c.problem.dtype);
     for (std::size_t i = 0; i < outs.size(); ++i) {
       CAPTURE(i);
       const std::vector<unsigned char>& b = resident[i];
+      const std::size_t width = i < 2 ? storage_bytes(k.c.problem.dtype) : 4;
       std::size_t left = 0;
-      for (std::size_t o = 0; o + 4 <= b.size(); o += 4) {
-        std::uint32_t w;
-        std::memcpy(&w, b.data() + o, 4);
-        left += w == poison;
-      }
+      for (std::size_t o = 0; o + width <= b.size(); o += width)
+        left += std::memcmp(b.data() + o, &poison, width) == 0;
       CHECK(left == 0);
     }
   }
@@ -479,7 +480,7 @@ TEST_CASE("backward: train's passes in one resident grid equal the three passes 
 // cannot both be resident: each must still complete (the driver places a cooperative grid whole)
 // and count only its own blocks at its barriers. 20 rounds of two layers' backward passes, each on
 // its own stream, must each give the bits the layer gives alone.
-TEST_CASE("backward: resident grids on two streams at once each give their own gradients") {
+TEST_CASE("backward: resident grids on two streams at once each give their own dx") {
   const char* lines[] = {"2048x8192x256 bf16 train", "2048x8192x256 bf16 train non_centred"};
   StepCase a(lines[0]), b(lines[1]);
   a.forward.run(a.s, a.t.fwd);

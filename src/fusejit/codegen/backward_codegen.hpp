@@ -82,7 +82,8 @@ Problem dw_gemm_problem(const Problem&);
 // Kernels of the set, in launch order: fj_bwd_reduce, then fj_bwd_coef, fj_bwd_da (train) or
 // fj_bwd_params (eval), [fj_bwd_transpose] (grad_gemm_reads_copies), fj_bwd_dx, [fj_bwd_dx_sum] (dx
 // split), fj_bwd_dw, [fj_bwd_dw_sum] (dW split). Train's set also has fj_bwd_resident, which a run
-// launches instead of its three passes where its grid fits (plan/backward_core.cpp).
+// that forms da launches instead of the three passes; they run where the driver refuses its
+// cooperative launch (plan/backward_core.cpp).
 std::vector<std::string> backward_kernel_set(const Problem&, const BackwardConfig&);
 
 // The source. It names no M: problems differing only in M give the same text (one cache key).

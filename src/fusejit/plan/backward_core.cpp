@@ -599,13 +599,13 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
     launch_dependent(c.device, f, grid, grid_y, threads, smem, stream, args, what);
   };
   // Train's three passes as one cooperative grid of at most what the device holds at once
-  // (kernels/bn_backward.cuh, bn_backward_resident): one launch, and where a thread's rows of a
-  // slab fit in its registers, dy and saved read once for each block's first slab. Bit for bit the
+  // (kernels/bn_backward.cuh, bn_backward_resident): one launch, and where every slab of a strip
+  // has a block and its rows fit in registers, dy and saved read once. Bit for bit the
   // three passes' results, which a refused launch (a device shared or partitioned in ways the
   // occupancy query does not see) falls back to. Without da to form, the reduce and coefficients
   // passes alone read dy and saved once already.
   const bool resident =
-      p.mode == Mode::train && need_da && c.resident &&
+      p.mode == Mode::train && need_da && c.resident && c.resident_blocks > 0 &&
       launch_resident_passes(
           c, std::min(elementwise_grid, static_cast<unsigned>(c.resident_blocks)), stream, bargs);
   if (!resident) {
@@ -670,8 +670,8 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
          0, plain, sum_what);
     }
   };
-  // cuBLASLt's GEMMs read da as fj_bwd_da wrote it, and the layer's W and x in place; as
-  // ordinary launches they start once the pass before has finished.
+  // cuBLASLt's GEMMs read da as fj_bwd_da or fj_bwd_resident wrote it, and the layer's W and x in
+  // place; as ordinary launches they start once the pass before has finished.
   auto run_lt = [&](const LtGemm& g, const void* a, void* out, bool acc) {
     g.run(lt->handle.get(), stream, a, bp.ws_da, out, nullptr, ws + w.lt_offset, lt->workspace, acc,
           rows);

@@ -33,7 +33,7 @@ struct BackwardCore {
   CUfunction transpose = nullptr;                 // grad_gemm_reads_copies configs only
   int strips = 0, column_blocks = 0;              // from the module (kernels/bn_backward.cuh)
   // Train: fj_bwd_resident, and the most blocks of it the device holds at once (its occupancy
-  // times the SMs): a run whose strips x slabs grid is larger takes the three passes.
+  // times the SMs): launch_backward's grid is at most this, and its blocks walk the units beyond.
   CUfunction resident = nullptr;
   int resident_blocks = 0;
   int dx_smem_bytes = 0, dw_smem_bytes = 0;

@@ -23,11 +23,10 @@ enum class Fault {
   disk_full,       // write_file_atomically: a write after the first part fails with ENOSPC
   disk_read_only,  // write_file_atomically: creating the temp file fails with EACCES
   // Plan::run of a grid_sync, overlap_apply or input_stats plan, or a train BackwardPlan::run
-  // that forms da: the driver refuses the
-  // cooperative launch as too large (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE), which the
-  // occupancy check of the plan should prevent and was never seen on the H100; the run falls
-  // back to recompute's kernels (grid_sync, input_stats) or the two-pass passes (overlap_apply).
-  // BackwardPlan::run in train mode (fj_bwd_resident): the three BatchNorm passes.
+  // that forms da (fj_bwd_resident): the driver refuses the cooperative launch as too large
+  // (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE), which the occupancy check of the plan should
+  // prevent and was never seen on the H100; the run falls back to recompute's kernels (grid_sync,
+  // input_stats), the two-pass passes (overlap_apply) or the three BatchNorm passes (backward).
   cooperative_too_large,
 };
 inline constexpr int kFaultCount = 6;
