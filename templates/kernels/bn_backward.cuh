@@ -84,15 +84,17 @@ __device__ __forceinline__ BackwardColumn backward_column(const BackwardParams& 
   return c;
 }
 
-// The n_here < VEC columns of a strip's last chunk (N not a multiple of VEC) at row `row` of a
-// [m][LDY] tensor of T, as floats, zeros past them.
-template <class Spec, int VEC>
-__device__ __forceinline__ void load_partial_row(const void* base, long long row, int c, int n_here,
-                                                 float (&v)[VEC]) {
-  using T = typename Spec::T;
-  const T* src = static_cast<const T*>(base) + row * Spec::LDY + c;
+// One row's {sum dy, sum dy saved} terms, added to a thread's column sums in row order. Written
+// once: fj_bwd_reduce's partials and those fj_bwd_resident forms from the rows it holds must be the
+// same bits.
+template <int VEC>
+__device__ __forceinline__ void add_dy_sums(float (&sdy)[VEC], float (&sdyu)[VEC],
+                                            const float (&dy)[VEC], const float (&sv)[VEC]) {
 #pragma unroll
-  for (int j = 0; j < VEC; ++j) v[j] = j < n_here ? to_float(src[j]) : 0.f;
+  for (int j = 0; j < VEC; ++j) {
+    sdy[j] += dy[j];
+    sdyu[j] += dy[j] * sv[j];
+  }
 }
 
 // da [m][LDDA] from VEC floats. Its rows are padded to 16 bytes (grad_da_row_elements) so that the
@@ -183,22 +185,8 @@ __device__ __forceinline__ void for_each_row(const BackwardParams& p,
   constexpr int VEC = BackwardBlock<Spec>::VEC;
   constexpr int kStep = kBackwardRowThreads;
   int r = blk.row_begin + blk.ty;
-  if (blk.n_here < VEC) {
-    for (; r < blk.row_end; r += kStep) {
-      float dy[VEC], sv[VEC];
-      load_partial_row<Spec, VEC>(p.dy, r, blk.c, blk.n_here, dy);
-      load_partial_row<Spec, VEC>(p.saved, r, blk.c, blk.n_here, sv);
-      f(r, dy, sv);
-    }
-    return;
-  }
   const T* const dy_col = static_cast<const T*>(p.dy) + blk.c;
   const T* const sv_col = static_cast<const T*>(p.saved) + blk.c;
-  auto load = [&](int row, Packed<T, VEC>& dy_raw, Packed<T, VEC>& sv_raw) {
-    const long long off = static_cast<long long>(row) * Spec::LDY;
-    dy_raw.load(dy_col + off);
-    sv_raw.load(sv_col + off);
-  };
   auto use = [&](int row, const Packed<T, VEC>& dy_raw, const Packed<T, VEC>& sv_raw) {
     float dy[VEC], sv[VEC];
 #pragma unroll
@@ -207,6 +195,22 @@ __device__ __forceinline__ void for_each_row(const BackwardParams& p,
       sv[j] = sv_raw.get(j);
     }
     f(row, dy, sv);
+  };
+  if (blk.n_here < VEC) {
+    // The strip's last chunk (N not a multiple of VEC): its n_here columns, zeros past them.
+    for (; r < blk.row_end; r += kStep) {
+      const long long off = static_cast<long long>(r) * Spec::LDY;
+      Packed<T, VEC> dy, sv;
+      dy.load_first(dy_col + off, blk.n_here);
+      sv.load_first(sv_col + off, blk.n_here);
+      use(r, dy, sv);
+    }
+    return;
+  }
+  auto load = [&](int row, Packed<T, VEC>& dy_raw, Packed<T, VEC>& sv_raw) {
+    const long long off = static_cast<long long>(row) * Spec::LDY;
+    dy_raw.load(dy_col + off);
+    sv_raw.load(sv_col + off);
   };
   for (; r + (UNROLL - 1) * kStep < blk.row_end; r += UNROLL * kStep) {
     Packed<T, VEC> dy[UNROLL], sv[UNROLL];
@@ -246,13 +250,12 @@ __device__ __forceinline__ void backward_reduce_unit(const BackwardParams& p,
   // from 0.083 to 0.075 ms; 4096x4096: 20.8 -> 19.6 us (H200; docs/performance.md).
   if (blk.active)
     for_each_row<Spec, 8>(p, blk, [&](int r, const float(&dy)[VEC], const float(&sv)[VEC]) {
+      add_dy_sums(sdy, sdyu, dy, sv);
       float da[VEC];
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float zh = col[j].zs * sv[j] + col[j].zo;
-        sdy[j] += dy[j];
         sdyz[j] += dy[j] * zh;
-        sdyu[j] += dy[j] * sv[j];
         da[j] = col[j].s * col[j].dzk * dy[j];
       }
       if constexpr (!Spec::TRAIN)
@@ -500,13 +503,12 @@ __device__ __forceinline__ void backward_resident_units(const BackwardParams& p)
     if (blk.active)
 #pragma unroll
       for (int i = 0; i < R; ++i)
-        if (here(i))
+        if (here(i)) {
+          float d[VEC], c[VEC];
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            const float d = dy[i].get(j), c = sv[i].get(j);
-            sdy[j] += d;
-            sdyu[j] += d * c;
-          }
+          for (int j = 0; j < VEC; ++j) d[j] = dy[i].get(j), c[j] = sv[i].get(j);
+          add_dy_sums(sdy, sdyu, d, c);
+        }
     blk.store_partials(reinterpret_cast<float2*>(p.ws_dy_partials), sdy, sdyu);
   }
   // Every unit's partials are stored and the CTA synchronized after them (store_partials ends in
@@ -543,7 +545,7 @@ __device__ __forceinline__ void backward_resident_units(const BackwardParams& p)
 // to da; elsewhere every unit is read again for da, the last read first (the likeliest in L2).
 // Why: at mid-size layers the three passes cost the backward more than the bytes they move; at
 // 2048x2048x512 bf16 (ncu, H200) fj_bwd_reduce took 8.5 us, fj_bwd_coef 3.2 and fj_bwd_da 7.3,
-// and fj_bwd_resident 13.8. Each unit's arithmetic and its order are the three passes' (the same
+// and a first build of fj_bwd_resident, whose held path is this one's, 13.8. Each unit's arithmetic and its order are the three passes' (the same
 // partials, merge and coefficients), so da and the parameter gradients are bit for bit theirs,
 // which gpu_backward_test checks, and a run whose cooperative launch is refused takes the three
 // passes with the same result.
