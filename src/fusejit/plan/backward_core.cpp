@@ -523,16 +523,8 @@ GradGemmMaps grad_gemm_maps(const BackwardCore& c, std::int64_t rows, char* ws,
 // chain before it touches memory, and its blocks are all resident once the grid before it
 // drains, which never waits for them. False where the driver refuses the grid as too large.
 bool launch_resident_passes(const BackwardCore& c, unsigned grid, CUstream stream, void** args) {
-  CUlaunchAttribute attrs[2] = {cooperative_attribute(), programmatic_dependent_attribute()};
-  CUlaunchConfig cfg{};
-  cfg.gridDimX = grid;
-  cfg.gridDimY = cfg.gridDimZ = 1;
-  cfg.blockDimX = fj::kBackwardThreads;
-  cfg.blockDimY = cfg.blockDimZ = 1;
-  cfg.hStream = stream;
-  cfg.attrs = attrs;
-  cfg.numAttrs = c.device.cc() >= 90 ? 2 : 1;
-  const CUresult r = launch_cooperative(cfg, c.resident, args);
+  const CUresult r =
+      launch_cooperative_grid(c.device, c.resident, grid, fj::kBackwardThreads, stream, args, true);
   if (r == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) return false;
   check(r, "cuLaunchKernelEx(fj_bwd_resident, cooperative)");
   return true;
@@ -605,7 +597,7 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   // occupancy query does not see) falls back to. Without da to form, the reduce and coefficients
   // passes alone read dy and saved once already.
   const bool resident =
-      p.mode == Mode::train && need_da && c.resident && c.resident_blocks > 0 &&
+      p.mode == Mode::train && need_da && c.resident_blocks > 0 &&
       launch_resident_passes(
           c, std::min(elementwise_grid, static_cast<unsigned>(c.resident_blocks)), stream, bargs);
   if (!resident) {

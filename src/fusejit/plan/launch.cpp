@@ -60,17 +60,23 @@ CUresult launch_cooperative(const CUlaunchConfig& cfg, CUfunction f, void** args
   return driver().cuLaunchKernelEx(&cfg, f, args, nullptr);
 }
 
-bool launch_input_stats(const PlanCore& c, const RunShape& shape, CUstream stream, void** args) {
-  CUlaunchAttribute cooperative = cooperative_attribute();
+CUresult launch_cooperative_grid(const Device& device, CUfunction f, unsigned grid,
+                                 unsigned threads, CUstream stream, void** args, bool dependent) {
+  CUlaunchAttribute attrs[2] = {cooperative_attribute(), programmatic_dependent_attribute()};
   CUlaunchConfig cfg{};
-  cfg.gridDimX = shape.input_stats_grid;
+  cfg.gridDimX = grid;
   cfg.gridDimY = cfg.gridDimZ = 1;
-  cfg.blockDimX = fj::kInputStatsThreads;
+  cfg.blockDimX = threads;
   cfg.blockDimY = cfg.blockDimZ = 1;
   cfg.hStream = stream;
-  cfg.attrs = &cooperative;
-  cfg.numAttrs = 1;
-  const CUresult r = launch_cooperative(cfg, c.input_stats, args);
+  cfg.attrs = attrs;
+  cfg.numAttrs = dependent && device.cc() >= 90 ? 2 : 1;
+  return launch_cooperative(cfg, f, args);
+}
+
+bool launch_input_stats(const PlanCore& c, const RunShape& shape, CUstream stream, void** args) {
+  const CUresult r = launch_cooperative_grid(c.device, c.input_stats, shape.input_stats_grid,
+                                             fj::kInputStatsThreads, stream, args, false);
   if (r == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) return false;
   check(r, "cuLaunchKernelEx(fj_input_stats, cooperative)");
   return true;
