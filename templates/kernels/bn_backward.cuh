@@ -545,10 +545,10 @@ __device__ __forceinline__ void backward_resident_units(const BackwardParams& p)
 // to da; elsewhere every unit is read again for da, the last read first (the likeliest in L2).
 // Why: at mid-size layers the three passes cost the backward more than the bytes they move; at
 // 2048x2048x512 bf16 (ncu, H200) fj_bwd_reduce took 8.5 us, fj_bwd_coef 3.2 and fj_bwd_da 7.3,
-// and a first build of fj_bwd_resident, whose held path is this one's, 13.8. Each unit's arithmetic and its order are the three passes' (the same
-// partials, merge and coefficients), so da and the parameter gradients are bit for bit theirs,
-// which gpu_backward_test checks, and a run whose cooperative launch is refused takes the three
-// passes with the same result.
+// and a first build of fj_bwd_resident, whose held path is this one's, 13.8. Each unit's arithmetic
+// and its order are the three passes' (the same partials, merge and coefficients), so da and the
+// parameter gradients are bit for bit theirs, which gpu_backward_test checks, and a run whose
+// cooperative launch is refused takes the three passes with the same result.
 template <class Spec>
 __device__ void bn_backward_resident(const BackwardParams& p) {
   static_assert(Spec::TRAIN, "eval's one pass forms da already");
