@@ -326,6 +326,7 @@ nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device
   // Every set's saved tensor and statistics written before any backward reads them (the
   // rounds rotate, so the backward may run before the forward has visited every set).
   for (int i = 0; i < sets; ++i) forward.run(stream.get(), data[static_cast<std::size_t>(i)]->t);
+  const std::uint64_t refusals_before = resident_grid_refusals();
   constexpr int kRounds = 5;
   const int per_round = std::max(1, (a.runs + kRounds - 1) / kRounds);
   EventTimer timer(stream.get(), per_round);
@@ -339,7 +340,18 @@ nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device
                bwd = median(systems[4].times), step = median(systems[5].times);
   stream.synchronize();
   const double floor3 = g_fwd + g_dx + g_dw, floor2 = g_dx + g_dw;
+  // Which BatchNorm passes the timed train runs took: fj_bwd_resident, or the three passes where
+  // the driver refused its cooperative launch (launch_backward falls back run by run).
+  const std::uint64_t refusals = resident_grid_refusals() - refusals_before;
+  const auto& kernels = backward.kernel_names();
+  std::string passes =
+      p.mode == Mode::eval ? "fj_bwd_reduce, fj_bwd_params" : "fj_bwd_reduce, fj_bwd_coef";
+  if (std::find(kernels.begin(), kernels.end(), "fj_bwd_resident") != kernels.end())
+    passes = refusals == 0
+                 ? "fj_bwd_resident"
+                 : fmt::format("three passes in {} runs (fj_bwd_resident refused)", refusals);
   nlohmann::json j;
+  j["batchnorm_passes"] = passes;
   j["problem"] = p.key();
   j["shape"] = format_shape(p.shape());
   j["backward_config"] = backward.config_key();
@@ -363,6 +375,7 @@ nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device
                join(forward.kernel_names()), backward.config_key(), backward.dispatch(),
                join(backward.kernel_names()), plan_ms,
                backward.cache_hit() ? "cache hit" : "compiled");
+    fmt::print("  batchnorm passes: {}\n", passes);
     fmt::print("{:<26} {:>10} {:>10}\n", "system", "ms", "vs floor");
     fmt::print("{:<26} {:>10.4f} {:>10.3f}\n", "fused forward + backward", step, step / floor3);
     fmt::print("{:<26} {:>10.4f} {:>10.3f}\n", "fused backward", bwd, bwd / floor2);

@@ -36,6 +36,9 @@ struct BackwardParams {
   float* ws_dy_partials;  // [slabs][N] x {sum dy, sum dy c} (train) or {sum dy, sum dy zh} (eval)
   float* ws_dz_partials;  // eval: [slabs][N] x {sum dz, sum dz u}
   float* ws_coef;         // train: [N] x da's {A, B, C, 0} (kernels/bn_backward.cuh, backward_da)
+  // train, fj_bwd_resident: per strip, the column blocks whose coefficients are in ws_coef
+  // (zeroed by the kernel itself before its grid barrier).
+  unsigned* ws_strip_ready;
   void* ws_da;    // [m][Spec::LDDA], T: da, the operand of both gradient GEMMs; null: not needed
   int m;          // rows of this run
   int slabs;      // ceil(m / slab_rows): the host's split (backward_slabs)

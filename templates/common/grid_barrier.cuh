@@ -47,3 +47,21 @@ __device__ __forceinline__ void grid_barrier_arrive_and_wait() {
 }
 
 }  // namespace fj
+
+// A counter in global memory that some CTAs of a cooperative grid add to when they have
+// published something and others wait on: a wait for the CTAs it depends on only, not for the
+// whole grid. The counter must be zero before any add and ordered before it (the kernel zeroes
+// it before a grid barrier that every adder passes first). Called by one thread of a CTA after a
+// CTA barrier that orders the CTA's writes before it.
+__device__ __forceinline__ void counter_release_add(unsigned* counter) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" : : "l"(counter) : "memory");
+}
+
+// Returns once `counter` has reached `target`, with the writes its adders ordered before their
+// adds visible to this thread (and, after the caller's next CTA barrier, to its whole CTA).
+__device__ __forceinline__ void counter_wait_at_least(const unsigned* counter, unsigned target) {
+  unsigned now;
+  do {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(counter) : "memory");
+  } while (now < target);
+}

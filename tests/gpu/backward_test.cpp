@@ -19,6 +19,7 @@
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/plan.hpp"
+#include "fusejit/plan/backward_core.hpp"
 #include "fusejit/util/fault.hpp"
 #include "gpu_required.hpp"
 #include "tools/backward_check.hpp"
@@ -431,7 +432,8 @@ TEST_CASE("backward: bit-identical run to run, and under CUDA graph capture") {
 // Train's three BatchNorm passes as one cooperative grid (fj_bwd_resident): the same arithmetic
 // in the same order, so every gradient must equal the three passes' bit for bit. The three passes
 // run when the cooperative launch is refused (the fault below), whose count says the run tried
-// the resident grid. The built-in sweep's train cases run it against float64.
+// the resident grid; the refusal count says the first run was not refused. The built-in sweep's
+// train cases run it against float64.
 TEST_CASE("backward: train's passes in one resident grid equal the three passes bit for bit") {
   // 1000x1030x72: N's last vector is half a vector (rows padded to 1032), the last slab 40 rows.
   // 2048x8192x256: 2048 slabs x strips, more than the device holds at once: each block walks
@@ -448,7 +450,11 @@ TEST_CASE("backward: train's passes in one resident grid equal the three passes 
     std::vector<DeviceBuffer*> outs{&t.dx, &t.dw, &t.dgamma, &t.dbias, &t.dscale, &t.dbeta};
     for (DeviceBuffer* b : outs) b->fill_words(nan_word(k.c.problem.dtype));
     k.forward.run(k.s, t.fwd);
+    const std::uint64_t refused = resident_grid_refusals();
     k.backward.run(k.s, t.bwd);
+    // Else both runs took the three passes and the comparison below would prove nothing.
+    REQUIRE_MESSAGE(resident_grid_refusals() == refused,
+                    "the driver refused fj_bwd_resident's cooperative launch on this device");
     const auto resident = k.snapshot(outs);
     const int before = fault::fired(Fault::cooperative_too_large);
     fault::arm(Fault::cooperative_too_large, 1);
@@ -457,6 +463,7 @@ TEST_CASE("backward: train's passes in one resident grid equal the three passes 
     fault::arm(Fault::cooperative_too_large, 0);
     const auto passes = k.snapshot(outs);
     CHECK(fired == 1);
+    CHECK(resident_grid_refusals() == refused + 1);
     for (std::size_t i = 0; i < outs.size(); ++i) {
       CAPTURE(i);
       CHECK(resident[i] == passes[i]);

@@ -358,6 +358,7 @@ BackwardWorkspace backward_workspace(const Problem& p, const BackwardConfig& c, 
   region(slabs * n * 8, w.dy_partials_offset);
   region(p.mode == Mode::eval ? slabs * n * 8 : 0, w.dz_partials_offset);
   region(p.mode == Mode::train ? n * 16 : 0, w.coef_offset);
+  region(p.mode == Mode::train ? static_cast<std::size_t>(strips) * 4 : 0, w.strip_ready_offset);
   region(static_cast<std::size_t>(rows) * static_cast<std::size_t>(grad_da_row_elements(p)) *
              storage_bytes(p.dtype),
          w.da_offset);
@@ -522,15 +523,24 @@ GradGemmMaps grad_gemm_maps(const BackwardCore& c, std::int64_t rows, char* ws,
 // sm_90+ also a programmatic dependent one, like the passes it replaces: the kernel joins the
 // chain before it touches memory, and its blocks are all resident once the grid before it
 // drains, which never waits for them. False where the driver refuses the grid as too large.
+std::atomic<std::uint64_t> resident_refusals{0};
+
 bool launch_resident_passes(const BackwardCore& c, unsigned grid, CUstream stream, void** args) {
   const CUresult r =
       launch_cooperative_grid(c.device, c.resident, grid, fj::kBackwardThreads, stream, args, true);
-  if (r == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) return false;
+  if (r == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) {
+    resident_refusals.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
   check(r, "cuLaunchKernelEx(fj_bwd_resident, cooperative)");
   return true;
 }
 
 }  // namespace
+
+std::uint64_t resident_grid_refusals() {
+  return resident_refusals.load(std::memory_order_relaxed);
+}
 
 void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, CUstream stream,
                      const BackwardTensors& t, void* workspace, BackwardRunCache* cache,
@@ -571,6 +581,8 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   bp.ws_dz_partials =
       p.mode == Mode::eval ? reinterpret_cast<float*>(ws + w.dz_partials_offset) : nullptr;
   bp.ws_coef = p.mode == Mode::train ? reinterpret_cast<float*>(ws + w.coef_offset) : nullptr;
+  bp.ws_strip_ready =
+      p.mode == Mode::train ? reinterpret_cast<unsigned*>(ws + w.strip_ready_offset) : nullptr;
   bp.ws_da = need_da ? ws + w.da_offset : nullptr;
   bp.m = static_cast<int>(rows);
   bp.slabs = slabs.count;

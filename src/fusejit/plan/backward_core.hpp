@@ -121,6 +121,7 @@ std::shared_ptr<const BackwardCore> backward_core(const Problem&, const Backward
 struct BackwardWorkspace {
   std::size_t lt_offset = 0;  // cuBLASLt's workspace (BackwardLt::workspace bytes), first
   std::size_t dy_partials_offset = 0, dz_partials_offset = 0, coef_offset = 0, da_offset = 0;
+  std::size_t strip_ready_offset = 0;  // train: [strips] u32 (BackwardParams::ws_strip_ready)
   std::size_t dx_slices_offset = 0, dw_slices_offset = 0;
   std::size_t w_t_offset = 0, da_t_offset = 0, x_t_offset = 0;
   std::int64_t copy_ld_n = 0, copy_ld_rows = 0;  // the copies' row strides, in elements
@@ -169,5 +170,10 @@ struct BackwardRunCache {
 void launch_backward(const BackwardCore&, std::int64_t rows, bool accumulate, CUstream stream,
                      const BackwardTensors&, void* workspace, BackwardRunCache* cache = nullptr,
                      const BackwardLt* lt = nullptr);
+
+// How many train runs of this process launch_backward found fj_bwd_resident's cooperative launch
+// refused (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, or Fault::cooperative_too_large) and ran
+// the three passes instead: what tells a test or a benchmark which of the two ran.
+std::uint64_t resident_grid_refusals();
 
 }  // namespace fusejit
