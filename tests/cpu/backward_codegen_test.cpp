@@ -104,8 +104,14 @@ TEST_CASE("backward workspace: aligned regions, growing with the rows") {
   for (std::int64_t rows : {2, 64, 65, 1000, 5000}) {
     CAPTURE(rows);
     const BackwardWorkspace w = backward_workspace(p, unsplit, rows, 0);
-    for (std::size_t o : {w.dy_partials_offset, w.dz_partials_offset, w.coef_offset, w.da_offset})
+    for (std::size_t o : {w.dy_partials_offset, w.dz_partials_offset, w.coef_offset,
+                          w.strip_ready_offset, w.da_offset})
       CHECK(o % kWorkspaceAlign == 0);
+    // Train: fj_bwd_resident's strip counters, a u32 per strip, between the coefficients and da.
+    const int strips = fj::backward_strips(136, std::min(p.effective_alignment(), 16), 2);
+    CHECK(strips == 2);
+    CHECK(w.strip_ready_offset >= w.coef_offset + 136 * 16);
+    CHECK(w.da_offset >= w.strip_ready_offset + static_cast<std::size_t>(strips) * 4);
     // Only eval sums dz over slabs (fj_bwd_params): train's region of dz partials is empty,
     // eval's holds a float2 per slab and column.
     CHECK(w.coef_offset == w.dz_partials_offset);
@@ -113,6 +119,7 @@ TEST_CASE("backward workspace: aligned regions, growing with the rows") {
     e.mode = Mode::eval;
     const BackwardWorkspace we = backward_workspace(e, unsplit, rows, 0);
     CHECK(we.coef_offset >= we.dz_partials_offset + 136 * 8);
+    CHECK(we.da_offset == we.strip_ready_offset);  // eval has no counters
     CHECK(w.da_offset + static_cast<std::size_t>(rows) * 136 * 2 <= w.total);
     CHECK(w.total >= last);
     last = w.total;
