@@ -326,7 +326,7 @@ nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device
   // Every set's saved tensor and statistics written before any backward reads them (the
   // rounds rotate, so the backward may run before the forward has visited every set).
   for (int i = 0; i < sets; ++i) forward.run(stream.get(), data[static_cast<std::size_t>(i)]->t);
-  const std::uint64_t refusals_before = resident_grid_refusals();
+  const ResidentGridCounts resident_before = resident_grid_counts();
   constexpr int kRounds = 5;
   const int per_round = std::max(1, (a.runs + kRounds - 1) / kRounds);
   EventTimer timer(stream.get(), per_round);
@@ -340,16 +340,19 @@ nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device
                bwd = median(systems[4].times), step = median(systems[5].times);
   stream.synchronize();
   const double floor3 = g_fwd + g_dx + g_dw, floor2 = g_dx + g_dw;
-  // Which BatchNorm passes the timed train runs took: fj_bwd_resident, or the three passes where
-  // the driver refused its cooperative launch (launch_backward falls back run by run).
-  const std::uint64_t refusals = resident_grid_refusals() - refusals_before;
-  const auto& kernels = backward.kernel_names();
-  std::string passes =
-      p.mode == Mode::eval ? "fj_bwd_reduce, fj_bwd_params" : "fj_bwd_reduce, fj_bwd_coef";
-  if (std::find(kernels.begin(), kernels.end(), "fj_bwd_resident") != kernels.end())
-    passes = refusals == 0
-                 ? "fj_bwd_resident"
-                 : fmt::format("three passes in {} runs (fj_bwd_resident refused)", refusals);
+  // The BatchNorm passes the backward runs of the timing (warm-up included) took, as launched.
+  const ResidentGridCounts resident_after = resident_grid_counts();
+  const std::uint64_t launched = resident_after.launched - resident_before.launched,
+                      refused = resident_after.refused - resident_before.refused;
+  std::string passes = p.mode == Mode::eval ? "fj_bwd_reduce, fj_bwd_params"
+                                            : "fj_bwd_reduce, fj_bwd_coef, fj_bwd_da";
+  if (refused > 0)
+    passes = fmt::format(
+        "fj_bwd_resident in {} runs, the three passes in {} (its cooperative "
+        "launch refused)",
+        launched, refused);
+  else if (launched > 0)
+    passes = "fj_bwd_resident";
   nlohmann::json j;
   j["batchnorm_passes"] = passes;
   j["problem"] = p.key();

@@ -46,8 +46,6 @@ __device__ __forceinline__ void grid_barrier_arrive_and_wait() {
   } while (((before ^ now) & 0x80000000u) == 0u);
 }
 
-}  // namespace fj
-
 // A counter in global memory that some CTAs of a cooperative grid add to when they have
 // published something and others wait on: a wait for the CTAs it depends on only, not for the
 // whole grid. The counter must be zero before any add and ordered before it (the kernel zeroes
@@ -65,3 +63,5 @@ __device__ __forceinline__ void counter_wait_at_least(const unsigned* counter, u
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(counter) : "memory");
   } while (now < target);
 }
+
+}  // namespace fj

@@ -539,7 +539,7 @@ __device__ __forceinline__ void backward_resident_units(const BackwardParams& p)
       if (threadIdx.x == 0) counter_release_add(p.ws_strip_ready + cb / kColumnBlocksPerStrip);
     }
   }
-  __syncthreads();  // the coefficients this block stored, before its arrival (re-read path)
+  if constexpr (!kHold) __syncthreads();  // the coefficients this block stored, before arriving
   // A block that reads its units again forms da in many strips: it waits for the whole grid
   // (waiting on every strip's counter measured 0.6 us slower at 4096^3 bf16, ncu, H200).
   if (threadIdx.x == 0) {
@@ -567,10 +567,12 @@ __device__ __forceinline__ void backward_resident_units(const BackwardParams& p)
 
 // Train, all three passes in one cooperative grid: a block per SM slot the device holds at once
 // (at most the strips x slabs units), each walking units blockIdx.x, + gridDim.x, ... through the
-// three passes' bodies, with two grid barriers (common/grid_barrier.cuh) between them instead of
-// two launches. Where every unit has a block and a thread's rows of a slab fit in its registers
-// (backward_slab_in_registers), each block reads its unit once and holds it from the column sums
-// to da; elsewhere every unit is read again for da, the last read first (the likeliest in L2).
+// three passes' bodies, with a grid barrier (common/grid_barrier.cuh) after the column sums
+// instead of a launch. Where every unit has a block and a thread's rows of a slab fit in its
+// registers (backward_slab_in_registers), each block reads its unit once and holds it from the
+// column sums to da, and waits only for its strip's coefficients (counts in ws_strip_ready)
+// before forming it; elsewhere a second grid barrier follows the coefficients and every unit is
+// read again for da, the last read first (the likeliest in L2).
 // Why: at mid-size layers the three passes cost the backward more than the bytes they move; at
 // 2048x2048x512 bf16 (ncu, H200) fj_bwd_reduce took 8.5 us, fj_bwd_coef 3.2 and fj_bwd_da 7.3,
 // and a first build of fj_bwd_resident, whose held path is this one's, 13.8. Each unit's arithmetic

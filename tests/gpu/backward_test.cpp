@@ -432,7 +432,8 @@ TEST_CASE("backward: bit-identical run to run, and under CUDA graph capture") {
 // Train's three BatchNorm passes as one cooperative grid (fj_bwd_resident): the same arithmetic
 // in the same order, so every gradient must equal the three passes' bit for bit. The three passes
 // run when the cooperative launch is refused (the fault below), whose count says the run tried
-// the resident grid; the refusal count says the first run was not refused. The built-in sweep's
+// the resident grid; resident_grid_counts() says the first run was launched resident. Both run
+// after a run on other dy, whose leftovers in the workspace would show. The built-in sweep's
 // train cases run it against float64.
 TEST_CASE("backward: train's passes in one resident grid equal the three passes bit for bit") {
   // 1000x1030x72: N's last vector is half a vector (rows padded to 1032), the last slab 40 rows.
@@ -450,11 +451,22 @@ TEST_CASE("backward: train's passes in one resident grid equal the three passes 
     std::vector<DeviceBuffer*> outs{&t.dx, &t.dw, &t.dgamma, &t.dbias, &t.dscale, &t.dbeta};
     for (DeviceBuffer* b : outs) b->fill_words(nan_word(k.c.problem.dtype));
     k.forward.run(k.s, t.fwd);
-    const std::uint64_t refused = resident_grid_refusals();
+    // First a run on other dy, on the same workspace: its coefficients and strip counts are what
+    // a block would read if the kernel's zeroing of the counts or its wait for them failed.
+    const std::vector<unsigned char> dy = t.dy.download_bytes();
+    HostTensor other(storage_type(k.c.problem.dtype), dy.size() / storage_bytes(k.c.problem.dtype));
+    fill_normal(other, 2.0, 3.0);
+    t.dy.upload(other.data(), other.bytes());
+    k.backward.run(k.s, t.bwd);
+    k.snapshot(outs);
+    t.dy.upload(dy.data(), dy.size());
+    const ResidentGridCounts before_run = resident_grid_counts();
     k.backward.run(k.s, t.bwd);
     // Else both runs took the three passes and the comparison below would prove nothing.
-    REQUIRE_MESSAGE(resident_grid_refusals() == refused,
+    const ResidentGridCounts after_run = resident_grid_counts();
+    REQUIRE_MESSAGE(after_run.refused == before_run.refused,
                     "the driver refused fj_bwd_resident's cooperative launch on this device");
+    CHECK(after_run.launched == before_run.launched + 1);
     const auto resident = k.snapshot(outs);
     const int before = fault::fired(Fault::cooperative_too_large);
     fault::arm(Fault::cooperative_too_large, 1);
@@ -463,7 +475,7 @@ TEST_CASE("backward: train's passes in one resident grid equal the three passes 
     fault::arm(Fault::cooperative_too_large, 0);
     const auto passes = k.snapshot(outs);
     CHECK(fired == 1);
-    CHECK(resident_grid_refusals() == refused + 1);
+    CHECK(resident_grid_counts().refused == after_run.refused + 1);
     for (std::size_t i = 0; i < outs.size(); ++i) {
       CAPTURE(i);
       CHECK(resident[i] == passes[i]);

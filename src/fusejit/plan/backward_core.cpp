@@ -69,6 +69,13 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
   core->dw_sum = fn("fj_bwd_dw_sum");
   core->transpose = fn("fj_bwd_transpose");
   core->strips = m.read_int("fj_bwd_strips");
+  // The workspace (backward_workspace) is sized by the host's count of the same strips.
+  if (const int host = fj::backward_strips(static_cast<int>(problem.N),
+                                           std::min(problem.effective_alignment(), 16),
+                                           static_cast<int>(storage_bytes(problem.dtype)));
+      core->strips != host)
+    throw Error(fmt::format("{}: the kernels count {} strips of columns, the host {}", src.name,
+                            core->strips, host));
   core->column_blocks = m.read_int("fj_bwd_column_blocks");
   auto dynamic_smem = [&](CUfunction f, const char* kernel, const char* symbol) {
     const int bytes = m.read_int(symbol);
@@ -519,12 +526,12 @@ GradGemmMaps grad_gemm_maps(const BackwardCore& c, std::int64_t rows, char* ws,
   return m;
 }
 
+std::atomic<std::uint64_t> resident_launches{0}, resident_refusals{0};
+
 // fj_bwd_resident as a cooperative launch (its grid barriers need every block resident), and on
 // sm_90+ also a programmatic dependent one, like the passes it replaces: the kernel joins the
 // chain before it touches memory, and its blocks are all resident once the grid before it
 // drains, which never waits for them. False where the driver refuses the grid as too large.
-std::atomic<std::uint64_t> resident_refusals{0};
-
 bool launch_resident_passes(const BackwardCore& c, unsigned grid, CUstream stream, void** args) {
   const CUresult r =
       launch_cooperative_grid(c.device, c.resident, grid, fj::kBackwardThreads, stream, args, true);
@@ -533,13 +540,15 @@ bool launch_resident_passes(const BackwardCore& c, unsigned grid, CUstream strea
     return false;
   }
   check(r, "cuLaunchKernelEx(fj_bwd_resident, cooperative)");
+  resident_launches.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
 }  // namespace
 
-std::uint64_t resident_grid_refusals() {
-  return resident_refusals.load(std::memory_order_relaxed);
+ResidentGridCounts resident_grid_counts() {
+  return {resident_launches.load(std::memory_order_relaxed),
+          resident_refusals.load(std::memory_order_relaxed)};
 }
 
 void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, CUstream stream,

@@ -171,9 +171,13 @@ void launch_backward(const BackwardCore&, std::int64_t rows, bool accumulate, CU
                      const BackwardTensors&, void* workspace, BackwardRunCache* cache = nullptr,
                      const BackwardLt* lt = nullptr);
 
-// How many train runs of this process launch_backward found fj_bwd_resident's cooperative launch
-// refused (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, or Fault::cooperative_too_large) and ran
-// the three passes instead: what tells a test or a benchmark which of the two ran.
-std::uint64_t resident_grid_refusals();
+// The train runs of this process whose BatchNorm passes launch_backward launched as
+// fj_bwd_resident, and those whose cooperative launch was refused
+// (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, or Fault::cooperative_too_large) and ran the three
+// passes instead: what tells a test or a benchmark which of them ran.
+struct ResidentGridCounts {
+  std::uint64_t launched = 0, refused = 0;
+};
+ResidentGridCounts resident_grid_counts();
 
 }  // namespace fusejit
