@@ -108,7 +108,7 @@ TEST_CASE("backward workspace: aligned regions, growing with the rows") {
                           w.strip_ready_offset, w.da_offset})
       CHECK(o % kWorkspaceAlign == 0);
     // Train: fj_bwd_resident's strip counters, a u32 per strip, between the coefficients and da.
-    const int strips = fj::backward_strips(136, std::min(p.effective_alignment(), 16), 2);
+    const int strips = backward_layer_strips(p);
     CHECK(strips == 2);
     CHECK(w.strip_ready_offset >= w.coef_offset + 136 * 16);
     CHECK(w.da_offset >= w.strip_ready_offset + static_cast<std::size_t>(strips) * 4);

@@ -70,10 +70,7 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
   core->transpose = fn("fj_bwd_transpose");
   core->strips = m.read_int("fj_bwd_strips");
   // The workspace (backward_workspace) is sized by the host's count of the same strips.
-  if (const int host = fj::backward_strips(static_cast<int>(problem.N),
-                                           std::min(problem.effective_alignment(), 16),
-                                           static_cast<int>(storage_bytes(problem.dtype)));
-      core->strips != host)
+  if (const int host = backward_layer_strips(problem); core->strips != host)
     throw Error(fmt::format("{}: the kernels count {} strips of columns, the host {}", src.name,
                             core->strips, host));
   core->column_blocks = m.read_int("fj_bwd_column_blocks");
@@ -344,6 +341,11 @@ std::shared_ptr<const BackwardCore> backward_core(const Problem& problem,
   return cores.get(key, [&] { return build_backward_core(problem, config, context, cache_dir); });
 }
 
+int backward_layer_strips(const Problem& p) {
+  return fj::backward_strips(static_cast<int>(p.N), std::min(p.effective_alignment(), 16),
+                             static_cast<int>(storage_bytes(p.dtype)));
+}
+
 BackwardWorkspace backward_workspace(const Problem& p, const BackwardConfig& c, std::int64_t rows,
                                      std::size_t lt_bytes) {
   BackwardWorkspace w;
@@ -354,10 +356,7 @@ BackwardWorkspace backward_workspace(const Problem& p, const BackwardConfig& c, 
     offset = w.total;
     w.total = align_workspace(w.total + bytes);
   };
-  // The strips as the kernels count them (codegen's Spec: VEC_BYTES = the rows' alignment).
-  const int strips =
-      fj::backward_strips(static_cast<int>(p.N), std::min(p.effective_alignment(), 16),
-                          static_cast<int>(storage_bytes(p.dtype)));
+  const int strips = backward_layer_strips(p);
   const auto slabs = static_cast<std::size_t>(fj::backward_slab_bound(rows, strips));
   const auto n = static_cast<std::size_t>(p.N);
   // First, so that it lies where it did for the plan's rows whatever a run's rows.
