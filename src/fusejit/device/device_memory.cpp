@@ -54,9 +54,16 @@ void DeviceBuffer::check_range(std::size_t bytes, std::size_t offset, const char
                                             bytes, offset, bytes_));
 }
 
+// A copy from pageable memory returns once the source is staged, not once it has reached the
+// device (CUDA's "API synchronization behavior"), and non-blocking streams do not wait for the
+// legacy stream's DMA: without the wait, a kernel queued right after an upload could read the
+// buffer's old contents (gpu_backward_test saw it: a run on dy just uploaded over other values
+// read some of the old ones).
 void DeviceBuffer::upload(const void* src, std::size_t bytes, std::size_t offset) {
   check_range(bytes, offset, "upload");
-  if (bytes) FJ_CU(cuMemcpyHtoD(ptr_ + offset, src, bytes));
+  if (!bytes) return;
+  FJ_CU(cuMemcpyHtoD(ptr_ + offset, src, bytes));
+  FJ_CU(cuStreamSynchronize(nullptr));
 }
 
 void DeviceBuffer::download(void* dst, std::size_t bytes, std::size_t offset) const {
