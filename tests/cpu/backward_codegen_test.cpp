@@ -374,6 +374,38 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
             .dw.key() == "warpspec.128x128x64.c2.s6.g8.cl1.p1.k8");
   CHECK(default_backward_config(parse_sweep_line("4096x512x512 bf16 train").problem, hopper)
             .dw.key() == "warpspec.64x64x64.c1.s8.g8.cl1.p1");
+  // cuBLASLt takes a 16-bit GEMM of aligned rows that the tiles would run as one wave of single
+  // consumers over a reduction of 4096 or more (dW of 4096x1024x1024 and 8192x2048x512, dX of
+  // 1024x4096x1024): not over 2048 (2048x2048x512), not with two consumers (2048x4096x1024's
+  // dX), not tf32, not rows TMA cannot load (4097x4095x129), not a split (16384x1024x256's dW),
+  // not the GPU's second wave (4096^3), not on sm_80.
+  struct LtCase {
+    const char* line;
+    bool dx, dw;
+  };
+  for (const LtCase& k : {LtCase{"4096x1024x1024 bf16 train", false, true},
+                          LtCase{"8192x2048x512 fp16 train", false, true},
+                          LtCase{"1024x4096x1024 bf16 train", true, false},
+                          LtCase{"2048x2048x512 bf16 train", false, false},
+                          LtCase{"2048x4096x1024 bf16 train", false, false},
+                          LtCase{"4096x1024x1024 tf32 train", false, false},
+                          LtCase{"4097x4095x129 bf16 train", false, false},
+                          LtCase{"16384x1024x256 bf16 train", false, false},
+                          LtCase{"4096x4096x4096 bf16 train", false, false}}) {
+    const std::string layer = k.line;
+    CAPTURE(layer);
+    const Problem q = parse_sweep_line(k.line).problem;
+    const BackwardConfig c = default_backward_config(q, hopper);
+    CHECK(c.dx_cublaslt == k.dx);
+    CHECK(c.dw_cublaslt == k.dw);
+    // The tiles it replaces: one wave of one consumer.
+    const BackwardConfig tiles = default_backward_tiles(q, hopper);
+    if (k.dx) CHECK(tiles.dx.warps_m == 1);
+    if (k.dw) CHECK(tiles.dw.warps_m == 1);
+    const BackwardConfig ampere = default_backward_config(q, Device::for_arch("sm_80"));
+    CHECK(!ampere.dx_cublaslt);
+    CHECK(!ampere.dw_cublaslt);
+  }
   auto why = [&](const Problem& q, const char* key) {
     return grad_gemm_why_invalid(q, KernelConfig::parse(key), dw_gemm_problem(q), hopper);
   };

@@ -282,6 +282,32 @@ BackwardConfig default_backward_tiles(const Problem& p, const Device& d) {
   return {gemm_config(p, g.dx, false, d), gemm_config(p, g.dw, true, d)};
 }
 
+namespace {
+
+// The reductions from which a 16-bit gradient GEMM that the heuristic runs as one wave of
+// single-consumer tiles runs on cuBLASLt instead (lt_beats_one_wave).
+constexpr std::int64_t kLtOneWaveReduction = 4096;
+
+// Whether gradient GEMM `g` (output g.M x g.N, reduction g.K), which the heuristic would run as
+// `c`, is better left to cuBLASLt: a 16-bit GEMM of 16-byte aligned rows in one wave (90-100% of
+// the SMs) of single-consumer warpspec tiles (the one-wave ranking's 64x128 pick for a ~1M-element
+// output) over a reduction of at least kLtOneWaveReduction. One consumer warpgroup per SM there
+// multiplies at a lower rate than cuBLASLt's kernels: on H200 (`fusejit bench --backward`, bf16
+// and fp16 train, two interleaved rounds in one call, docs/performance.md "Gradient GEMMs on
+// cuBLASLt where one wave of single-consumer tiles runs a long reduction") the backward took
+// 3-6% less time with that GEMM on cuBLASLt at every such layer measured but one, where it
+// tied. Where the same one wave reduces over 2048 or fewer it tied or lost, and with two
+// consumers (2048x4096x1024's dX) cuBLASLt lost 1.5%, so neither takes it.
+bool lt_beats_one_wave(const Problem& p, const Problem& g, const KernelConfig& c, const Device& d) {
+  if (p.dtype != DType::bf16 && p.dtype != DType::fp16) return false;
+  if (p.effective_alignment() < 16) return false;
+  if (c.variant != Variant::warpspec || c.warps_m != 1 || c.split_k != 1) return false;
+  const std::int64_t tiles = (g.M + c.bm - 1) / c.bm * ((g.N + c.bn - 1) / c.bn);
+  return g.K >= kLtOneWaveReduction && tiles <= d.sm_count && 10 * tiles >= 9 * d.sm_count;
+}
+
+}  // namespace
+
 BackwardConfig default_backward_config(const Problem& p, const Device& d) {
   // Strict fp32 GEMMs (fp32, and tf32x3's: grad_gemm_dtype) have no tensor cores to fuse into,
   // and the backward on cuBLASLt's SGEMM took 0.28-0.87x its time on the FFMA tiles on every
@@ -292,7 +318,11 @@ BackwardConfig default_backward_config(const Problem& p, const Device& d) {
     c.dx_cublaslt = c.dw_cublaslt = true;
     return c;
   }
-  return default_backward_tiles(p, d);
+  BackwardConfig c = default_backward_tiles(p, d);
+  const BackwardGemms g = backward_gemms(p);
+  if (lt_beats_one_wave(p, g.dx, c.dx, d)) c.dx = {}, c.dx_cublaslt = true;
+  if (lt_beats_one_wave(p, g.dw, c.dw, d)) c.dw = {}, c.dw_cublaslt = true;
+  return c;
 }
 
 BackwardLt make_backward_lt(const Problem& p, const BackwardConfig& c) {

@@ -101,8 +101,9 @@ BackwardGemms backward_gemms(const Problem&);
 // The config the backward plan runs without a tuning entry: for strict fp32 and tf32x3 both GEMMs
 // on cuBLASLt; otherwise, for each GEMM's shape (dx_gemm_problem, dw_gemm_problem; dW's
 // reduction taken at the M class's representative M) the heuristic's first candidate that
-// grad_gemm_why_invalid accepts, warpspec before tiled where it can run. The same for every M
-// of an M class.
+// grad_gemm_why_invalid accepts, warpspec before tiled where it can run, except that a 16-bit
+// GEMM of aligned rows whose pick is one wave of single-consumer warpspec tiles over a reduction
+// of 4096 or more runs on cuBLASLt (measured faster there). The same for every M of an M class.
 BackwardConfig default_backward_config(const Problem&, const Device&);
 // The heuristic's tiles for both GEMMs (never cuBLASLt): default_backward_config for the
 // tensor-core dtypes, and where cuBLASLt declines a strict fp32 layer (BackwardPlan).
