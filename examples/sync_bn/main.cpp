@@ -125,7 +125,12 @@ struct DeviceArray {
   }
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
-  void put(const void* host, std::size_t n) const { CHECK_CU(cuMemcpyHtoD, ptr, host, n); }
+  // From pageable memory the copy returns once the source is staged, not once it is on the GPU,
+  // and the plan's non-blocking stream does not wait for the legacy stream: wait for it here.
+  void put(const void* host, std::size_t n) const {
+    CHECK_CU(cuMemcpyHtoD, ptr, host, n);
+    CHECK_CU(cuStreamSynchronize, nullptr);
+  }
   std::vector<float> get() const {
     std::vector<float> v(bytes / 4);
     CHECK_CU(cuMemcpyDtoH, v.data(), ptr, bytes);

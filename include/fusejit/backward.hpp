@@ -64,11 +64,14 @@ struct BackwardOptions {
   // (InvalidArgument "dx_config" / "dw_config" otherwise).
   // dx = da W is an M x K GEMM reducing over N; dW = da^T x an N x K GEMM reducing over the
   // run's M. Unset: the tuning database's backward entry for the layer's M class (`fusejit
-  // autotune --backward`), else the heuristic (warpspec where it can run).
+  // autotune --backward`), else the heuristic (warpspec where it can run; cuBLASLt for strict
+  // fp32 and tf32x3, and for a 16-bit GEMM that its tiles would run as one wave of single
+  // consumers over a reduction of 4096 or more: docs/design.md, "Gradient GEMMs on cuBLASLt").
   std::optional<KernelConfig> dx_config, dw_config;
   // Force that GEMM onto cuBLASLt instead (reading da from the workspace and the layer's x and W
-  // in place, any layout): what strict fp32 and tf32x3 layers run without a tuning entry, and a
-  // contender `fusejit autotune --backward` times for every dtype. Not with the same GEMM's
+  // in place, any layout): what strict fp32 and tf32x3 layers (and some 16-bit GEMMs, above)
+  // run without a tuning entry, and a contender `fusejit autotune --backward` times for every
+  // dtype. Not with the same GEMM's
   // *_config (InvalidArgument "dx_cublaslt" / "dw_cublaslt").
   bool dx_cublaslt = false, dw_cublaslt = false;
 };

@@ -262,7 +262,7 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
         "4096x4096x4096 tf32 train ldx=4098 ldw=4098" /* packed, it takes TMA stores */,
         "300x60x40 bf16 train", "300x72x40 bf16 train ldx=44", "4097x4095x129 bf16 train",
         "777x1536x2050 fp16 train"}) {
-    CAPTURE(line);
+    CAPTURE(std::string(line));
     const Problem q = parse_sweep_line(line).problem;
     const bool tf32 = q.dtype == DType::tf32;
     const BackwardConfig c = default_backward_config(q, hopper);
@@ -287,7 +287,7 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
                     dw) != std::string::npos);
   }
   for (const char* line : {"300x72x40 tf32x3 train", "300x72x40 fp32 eval"}) {
-    CAPTURE(line);
+    CAPTURE(std::string(line));
     const Problem q = parse_sweep_line(line).problem;
     const BackwardConfig c = default_backward_config(q, hopper);
     CHECK(c.dx.variant == Variant::tiled);
@@ -305,7 +305,7 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
   CHECK(wide.dw.split_k == 1);
   // Nor where the reduction is short (1024 rows: 16 k tiles), nor where small tiles fill the GPU.
   for (const char* line : {"1024x256x64 bf16 train", "2048x2048x512 bf16 train"}) {
-    CAPTURE(line);
+    CAPTURE(std::string(line));
     const BackwardConfig c = default_backward_config(parse_sweep_line(line).problem, hopper);
     CHECK(c.dx.split_k == 1);
     CHECK(c.dw.split_k == 1);
@@ -391,17 +391,33 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
                           LtCase{"4096x1024x1024 tf32 train", false, false},
                           LtCase{"4097x4095x129 bf16 train", false, false},
                           LtCase{"16384x1024x256 bf16 train", false, false},
-                          LtCase{"4096x4096x4096 bf16 train", false, false}}) {
+                          LtCase{"4096x4096x4096 bf16 train", false, false},
+                          // Both GEMMs would qualify: measured only where one did.
+                          LtCase{"4096x4096x256 bf16 train", false, false}}) {
     const std::string layer = k.line;
     CAPTURE(layer);
     const Problem q = parse_sweep_line(k.line).problem;
     const BackwardConfig c = default_backward_config(q, hopper);
     CHECK(c.dx_cublaslt == k.dx);
     CHECK(c.dw_cublaslt == k.dw);
-    // The tiles it replaces: one wave of one consumer.
+    // The tiles it replaces: one wave of one consumer; the other GEMM keeps the heuristic's.
     const BackwardConfig tiles = default_backward_tiles(q, hopper);
     if (k.dx) CHECK(tiles.dx.warps_m == 1);
     if (k.dw) CHECK(tiles.dw.warps_m == 1);
+    if (!k.dx) CHECK(c.dx.key() == tiles.dx.key());
+    if (!k.dw) CHECK(c.dw.key() == tiles.dw.key());
+    // Where cuBLASLt declines the GEMM the heuristic gave it, the plan runs the tiles instead,
+    // unless the caller forced that GEMM onto cuBLASLt.
+    if (k.dx || k.dw) {
+      const std::optional<BackwardConfig> back = lt_declined_fallback(c, tiles, false, false);
+      REQUIRE(back.has_value());
+      CHECK(back->key() == tiles.key());
+      CHECK(!lt_declined_fallback(c, tiles, k.dx, k.dw).has_value());
+      // One GEMM forced (onto its tiles): the heuristic's cuBLASLt GEMM still falls back.
+      const std::optional<BackwardConfig> other = lt_declined_fallback(c, tiles, !k.dx, !k.dw);
+      REQUIRE(other.has_value());
+      CHECK(other->key() == tiles.key());
+    }
     const BackwardConfig ampere = default_backward_config(q, Device::for_arch("sm_80"));
     CHECK(!ampere.dx_cublaslt);
     CHECK(!ampere.dw_cublaslt);
@@ -513,7 +529,7 @@ TEST_CASE("gradient GEMMs on cuBLASLt: strict fp32's default, keys, kernel sets,
   const Device hopper = Device::for_arch("sm_90a");
   for (const char* line :
        {"300x72x40 fp32 train", "300x72x40 fp32 eval", "300x72x40 tf32x3 train"}) {
-    CAPTURE(line);
+    CAPTURE(std::string(line));
     const Problem p = parse_sweep_line(line).problem;
     const BackwardConfig c = default_backward_config(p, hopper);
     CHECK(c.dx_cublaslt);
@@ -541,10 +557,11 @@ TEST_CASE("gradient GEMMs on cuBLASLt: strict fp32's default, keys, kernel sets,
     CHECK(w.total >= backward_workspace(p, c, 300, 0).total + 5000);
     CHECK(backward_config_why_invalid(p, c, hopper).empty());
   }
-  // Tensor-core dtypes keep their tiles by default; the tuner times each GEMM on cuBLASLt too,
-  // beside the heuristic's other GEMM.
+  // Tensor-core dtypes keep their tiles by default at these shapes (cuBLASLt takes only the
+  // one-wave long reductions above); the tuner times each GEMM on cuBLASLt too, beside the
+  // heuristic's other GEMM.
   for (const char* line : {"300x72x40 bf16 train", "300x72x40 tf32 eval", "300x72x40 fp32 train"}) {
-    CAPTURE(line);
+    CAPTURE(std::string(line));
     const Problem p = parse_sweep_line(line).problem;
     const BackwardConfig h = default_backward_config(p, hopper);
     CHECK(h.dx_cublaslt == (p.dtype == DType::fp32));
@@ -585,7 +602,7 @@ TEST_CASE(
     "autotune --backward's candidates: the heuristic's pair first, one GEMM varied at a time") {
   const Device hopper = Device::for_arch("sm_90a");
   for (const char* line : {"1024x512x768 bf16 train", "300x72x40 fp32 eval"}) {
-    CAPTURE(line);
+    CAPTURE(std::string(line));
     const Problem p = parse_sweep_line(line).problem;
     const std::vector<BackwardConfig> cs = backward_tuning_configs(p, hopper);
     const BackwardConfig h = default_backward_config(p, hopper);

@@ -42,7 +42,7 @@ std::string rejected(const Problem& p, const Tensors& t) {
 TEST_CASE("reference_saved: train c = a - column mean of a, eval u = a + bias") {
   for (const char* line : {"37x5x9 fp32 train", "37x5x9 bf16 eval", "37x5x9 fp16 eval nobias",
                            "6x3x4 tf32 train noscale"}) {
-    CAPTURE(line);
+    CAPTURE(std::string(line));
     const SweepCase c = parse_sweep_line(line);
     const CaseInputs in = make_case_inputs(c, 11);
     const ReferenceInputs r = reference_inputs(in);

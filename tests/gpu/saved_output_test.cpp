@@ -491,7 +491,7 @@ TEST_CASE("saved from a plan whose choice is the reference op: the reference op 
   // Strict fp32 with K >= 1536: without a tuning entry the dispatch
   // prefers the reference op (tune/dispatch.hpp), as a tuning whose winner was the reference does.
   for (const char* line : {"600x1100x2000 fp32 train", "300x700x2048 fp32 eval nobias"}) {
-    CAPTURE(line);
+    CAPTURE(std::string(line));
     const SweepCase c = parse_sweep_line(line);
     const Problem& p = c.problem;
     PlanOptions po;

@@ -167,7 +167,7 @@ TEST_CASE("running statistics follow a training loop whose M changes every step"
   primary_context(0);
   for (const char* line : {"1200x96x80 bf16 train", "1200x96x80 fp32 train momentum=none",
                            "1200x96x80 fp16 train same"}) {
-    CAPTURE(line);
+    CAPTURE(std::string(line));
     const SweepCase layer = parse_sweep_line(line);
     const Problem& p = layer.problem;
     const Plan plan(p);

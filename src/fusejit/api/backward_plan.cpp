@@ -62,12 +62,15 @@ BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& option
     state_->lt = make_backward_lt(problem, config);
   } catch (const CudaError& e) {
     // cuBLASLt declined a GEMM the dispatch chose for it (no algorithm for these strides):
-    // fusejit's own tiles run every layer. A forced choice fails as asked.
-    if (forced_dx || forced_dw) throw;
-    log()->warn("backward plan {}: {} ({}); running the heuristic's tiles", problem.key(),
-                config.key(), e.what());
-    config = default_backward_tiles(problem, device);
-    dispatch_ = "heuristic";
+    // fusejit's own tiles run every layer. A GEMM forced onto cuBLASLt fails as asked.
+    const std::optional<BackwardConfig> fallback =
+        lt_declined_fallback(config, default_backward_tiles(problem, device), forced_dx, forced_dw);
+    if (!fallback) throw;
+    log()->warn("backward plan {}: {} ({}); running {}", problem.key(), config.key(), e.what(),
+                fallback->key());
+    config = *fallback;
+    state_->lt = make_backward_lt(problem, config);  // a forced cuBLASLt GEMM may still decline
+    if (!forced_dx && !forced_dw) dispatch_ = "heuristic";
   }
   core_ = backward_core(problem, config, ctx, options.cache_dir);
   state_->workspace_bytes =

@@ -85,7 +85,9 @@ Device Device::for_arch(const std::string& text) {
       break;
   }
   out.smem_per_sm = out.smem_per_block_optin + 1024;
-  // The flagship part of each architecture; only the planner's time model reads it.
+  // The flagship part of each architecture; only the planners read it (the forward's time model,
+  // the gradient GEMMs' split-K and cuBLASLt choices), so a GPU with fewer SMs may pick other
+  // kernels than `fusejit compile --arch` precompiled for it.
   switch (a.cc) {
     case 80:
       out.sm_count = 108;

@@ -36,7 +36,10 @@ class DeviceBuffer {
   bool empty() const { return bytes_ == 0; }
   CUcontext context() const { return ctx_; }
 
-  // Synchronous copies of `bytes` at byte `offset` (checked against size()).
+  // Copies of `bytes` at byte `offset` (checked against size()) that have reached their
+  // destination when they return. They run on the legacy stream and do not wait for kernels on
+  // other non-blocking streams (fusejit::Stream): synchronize a stream still using the buffer
+  // first.
   void upload(const void* src, std::size_t bytes, std::size_t offset = 0);
   void download(void* dst, std::size_t bytes, std::size_t offset = 0) const;
   template <class T>

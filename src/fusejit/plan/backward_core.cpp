@@ -288,16 +288,17 @@ namespace {
 // single-consumer tiles runs on cuBLASLt instead (lt_beats_one_wave).
 constexpr std::int64_t kLtOneWaveReduction = 4096;
 
-// Whether gradient GEMM `g` (output g.M x g.N, reduction g.K), which the heuristic would run as
-// `c`, is better left to cuBLASLt: a 16-bit GEMM of 16-byte aligned rows in one wave (90-100% of
-// the SMs) of single-consumer warpspec tiles (the one-wave ranking's 64x128 pick for a ~1M-element
-// output) over a reduction of at least kLtOneWaveReduction. One consumer warpgroup per SM there
-// multiplies at a lower rate than cuBLASLt's kernels: on H200 (`fusejit bench --backward`, bf16
-// and fp16 train, two interleaved rounds in one call, docs/performance.md "Gradient GEMMs on
-// cuBLASLt where one wave of single-consumer tiles runs a long reduction") the backward took
-// 3-6% less time with that GEMM on cuBLASLt at every such layer measured but one, where it
-// tied. Where the same one wave reduces over 2048 or fewer it tied or lost, and with two
-// consumers (2048x4096x1024's dX) cuBLASLt lost 1.5%, so neither takes it.
+// Whether gradient GEMM `g` (output g.M x g.N, reduction g.K, at the M class's representative M:
+// backward_gemms), which the heuristic would run as `c`, is better left to cuBLASLt: a 16-bit GEMM
+// of 16-byte aligned rows in one wave (90-100% of the SMs) of single-consumer warpspec tiles (the
+// ranking's 64x128 pick for an output of ~1M elements) over a reduction of at least
+// kLtOneWaveReduction. One consumer warpgroup per SM there multiplies at a lower rate than
+// cuBLASLt's kernels: on H200 (`fusejit bench --backward`, bf16 and fp16 train, two interleaved
+// rounds per call, docs/performance.md "Gradient GEMMs on cuBLASLt where one wave of
+// single-consumer tiles runs a long reduction") the backward took 3-6% less time with that GEMM
+// on cuBLASLt at every such layer measured but one, where it tied. Where the same one wave
+// reduces over 2048 or fewer it tied or lost, and with two consumers (2048x4096x1024's dX)
+// cuBLASLt lost 1%, so neither takes it.
 bool lt_beats_one_wave(const Problem& p, const Problem& g, const KernelConfig& c, const Device& d) {
   if (p.dtype != DType::bf16 && p.dtype != DType::fp16) return false;
   if (p.effective_alignment() < 16) return false;
@@ -320,9 +321,26 @@ BackwardConfig default_backward_config(const Problem& p, const Device& d) {
   }
   BackwardConfig c = default_backward_tiles(p, d);
   const BackwardGemms g = backward_gemms(p);
-  if (lt_beats_one_wave(p, g.dx, c.dx, d)) c.dx = {}, c.dx_cublaslt = true;
-  if (lt_beats_one_wave(p, g.dw, c.dw, d)) c.dw = {}, c.dw_cublaslt = true;
+  const bool lt_dx = lt_beats_one_wave(p, g.dx, c.dx, d),
+             lt_dw = lt_beats_one_wave(p, g.dw, c.dw, d);
+  // Measured only where one of the two qualified (each layer of the survey); where both do (e.g.
+  // 4096x4096x256), the pair would lose dW's overlap with dX as well, so the tiles stay until a
+  // measurement says otherwise (the tuner times each GEMM on cuBLASLt).
+  if (lt_dx != lt_dw) {
+    if (lt_dx) c.dx = {}, c.dx_cublaslt = true;
+    if (lt_dw) c.dw = {}, c.dw_cublaslt = true;
+  }
   return c;
+}
+
+std::optional<BackwardConfig> lt_declined_fallback(const BackwardConfig& c,
+                                                   const BackwardConfig& tiles, bool forced_dx,
+                                                   bool forced_dw) {
+  BackwardConfig out = c;
+  if (c.dx_cublaslt && !forced_dx) out.dx = tiles.dx, out.dx_cublaslt = false;
+  if (c.dw_cublaslt && !forced_dw) out.dw = tiles.dw, out.dw_cublaslt = false;
+  if (out.key() == c.key()) return std::nullopt;
+  return out;
 }
 
 BackwardLt make_backward_lt(const Problem& p, const BackwardConfig& c) {

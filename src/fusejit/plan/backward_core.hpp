@@ -99,15 +99,22 @@ struct BackwardGemms {
 BackwardGemms backward_gemms(const Problem&);
 
 // The config the backward plan runs without a tuning entry: for strict fp32 and tf32x3 both GEMMs
-// on cuBLASLt; otherwise, for each GEMM's shape (dx_gemm_problem, dw_gemm_problem; dW's
-// reduction taken at the M class's representative M) the heuristic's first candidate that
+// on cuBLASLt; otherwise, for each GEMM's shape (dx_gemm_problem, dw_gemm_problem; dx's rows and
+// dW's reduction taken at the M class's representative M) the heuristic's first candidate that
 // grad_gemm_why_invalid accepts, warpspec before tiled where it can run, except that a 16-bit
 // GEMM of aligned rows whose pick is one wave of single-consumer warpspec tiles over a reduction
-// of 4096 or more runs on cuBLASLt (measured faster there). The same for every M of an M class.
+// of 4096 or more (both counted at that M) runs on cuBLASLt (measured faster there) where the
+// other GEMM does not qualify too. The same for every M of an M class.
 BackwardConfig default_backward_config(const Problem&, const Device&);
-// The heuristic's tiles for both GEMMs (never cuBLASLt): default_backward_config for the
-// tensor-core dtypes, and where cuBLASLt declines a strict fp32 layer (BackwardPlan).
+// The heuristic's tiles for both GEMMs (never cuBLASLt): what default_backward_config replaces
+// with cuBLASLt, and what a GEMM runs when cuBLASLt declines it (lt_declined_fallback).
 BackwardConfig default_backward_tiles(const Problem&, const Device&);
+// The config a plan runs when cuBLASLt declined `c` (no algorithm for the layer's strides): each
+// GEMM `c` put on cuBLASLt that the caller did not force (forced_dx, forced_dw) takes `tiles`'
+// tiles instead. Nullopt where only forced GEMMs are on cuBLASLt: the plan then fails as asked.
+std::optional<BackwardConfig> lt_declined_fallback(const BackwardConfig& c,
+                                                   const BackwardConfig& tiles, bool forced_dx,
+                                                   bool forced_dw);
 
 // Built once per (kernel set, context, cache dir) and shared, like plan_core().
 std::shared_ptr<const BackwardCore> backward_core(const Problem&, const BackwardConfig&,
