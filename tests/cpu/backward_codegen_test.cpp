@@ -394,8 +394,7 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
                           LtCase{"4096x4096x4096 bf16 train", false, false},
                           // Both GEMMs would qualify: measured only where one did.
                           LtCase{"4096x4096x256 bf16 train", false, false}}) {
-    const std::string layer = k.line;
-    CAPTURE(layer);
+    CAPTURE(std::string(k.line));
     const Problem q = parse_sweep_line(k.line).problem;
     const BackwardConfig c = default_backward_config(q, hopper);
     CHECK(c.dx_cublaslt == k.dx);

@@ -216,8 +216,7 @@ TEST_CASE("backward: forced gradient GEMM tiles, and configs it cannot take") {
 TEST_CASE("backward: gradient GEMMs on cuBLASLt") {
   for (const char* line : {"1000x200x136 fp32 train", "300x72x40 fp32 eval",
                            "257x64x96 tf32x3 train", "300x60x65 fp32 train ldx=70 ldw=68"}) {
-    const std::string layer = line;  // CAPTURE shows a const char* as its address
-    CAPTURE(layer);
+    CAPTURE(std::string(line));
     CHECK(check(line).config == "dx.cublaslt.dw.cublaslt");
   }
   struct Forced {
@@ -273,8 +272,7 @@ TEST_CASE("backward: a training step whose forward is the cuBLASLt reference op"
   // which writes saved for the backward; the device's tuning database has no entry for these.
   for (const char* line : {"600x1100x2000 fp32 train", "600x1100x2000 fp32 train momentum=none",
                            "300x1024x2048 fp32 train nobias", "300x700x2048 fp32 eval"}) {
-    const std::string layer = line;  // CAPTURE shows a const char* as its address
-    CAPTURE(layer);
+    CAPTURE(std::string(line));
     BackwardCheckOptions o;
     o.use_tuning_db = false;  // the heuristic's forward, whatever the device's database holds
     const BackwardCheckResult r = check(line, o);
@@ -392,8 +390,7 @@ TEST_CASE("backward: bit-identical run to run, and under CUDA graph capture") {
   for (const char* line :
        {"1000x136x96 bf16 train", "300x72x40 fp16 eval", "20000x256x64 bf16 train",
         "1000x136x96 fp32 train" /* cuBLASLt's gradient GEMMs */}) {
-    const std::string layer = line;  // CAPTURE shows a const char* as its address
-    CAPTURE(layer);
+    CAPTURE(std::string(line));
     StepCase k(line);
     const Stream& s = k.s;
     StepTensors& t = k.t;
@@ -448,8 +445,7 @@ TEST_CASE("backward: train's passes in one resident grid equal the three passes 
        {"2048x2048x512 bf16 train", "1000x1030x72 fp16 train ldy=1032", "777x200x64 fp32 train",
         "8192x512x128 fp16 train", "2048x8192x256 bf16 train", "4100x1024x64 bf16 train",
         "64x4096x64 bf16 train", "8x2048x64 fp16 train"}) {
-    const std::string layer = line;  // CAPTURE shows a const char* as its address
-    CAPTURE(layer);
+    CAPTURE(std::string(line));
     StepCase k(line);
     StepTensors& t = k.t;
     std::vector<DeviceBuffer*> outs{&t.dx, &t.dw, &t.dgamma, &t.dbias, &t.dscale, &t.dbeta};

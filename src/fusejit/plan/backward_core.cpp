@@ -303,7 +303,7 @@ bool lt_beats_one_wave(const Problem& p, const Problem& g, const KernelConfig& c
   if (p.dtype != DType::bf16 && p.dtype != DType::fp16) return false;
   if (p.effective_alignment() < 16) return false;
   if (c.variant != Variant::warpspec || c.warps_m != 1 || c.split_k != 1) return false;
-  const std::int64_t tiles = (g.M + c.bm - 1) / c.bm * ((g.N + c.bn - 1) / c.bn);
+  const std::int64_t tiles = output_tiles(g, c);
   return g.K >= kLtOneWaveReduction && tiles <= d.sm_count && 10 * tiles >= 9 * d.sm_count;
 }
 

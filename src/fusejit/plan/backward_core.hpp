@@ -120,17 +120,17 @@ std::optional<BackwardConfig> lt_declined_fallback(const BackwardConfig& c,
 std::shared_ptr<const BackwardCore> backward_core(const Problem&, const BackwardConfig&,
                                                   CUcontext context, const std::string& cache_dir);
 
+// The strips of columns the BatchNorm kernels split N into, as they count them (codegen's
+// Spec: VEC_BYTES = the rows' alignment, at most 16): what sizes the workspace's partials and
+// strip counters.
+int backward_layer_strips(const Problem& p);
+
 // Where each region of a backward run's workspace lies, for runs of up to `rows` rows with
 // `config`'s gradient GEMMs (a split one's fp32 slices: common/split_k.h).
 // da is [rows][grad_da_row_elements]. The K-major copies (grad_gemm_reads_copies) come last:
 // W^T [K][copy_ld_n] for dX, dA^T [N][copy_ld_rows] (tf32 only: grad_gemm_reads_da_copy) and x^T
 // [K][copy_ld_rows] for dW, N and the rows rounded up to 16 bytes (TMA's row strides); their
 // offsets are 0 where the GEMM reads none.
-// The strips of columns the BatchNorm kernels split N into, as they count them (codegen's
-// Spec: VEC_BYTES = the rows' alignment, at most 16): what sizes the workspace's partials and
-// strip counters.
-int backward_layer_strips(const Problem& p);
-
 struct BackwardWorkspace {
   std::size_t lt_offset = 0;  // cuBLASLt's workspace (BackwardLt::workspace bytes), first
   std::size_t dy_partials_offset = 0, dz_partials_offset = 0, coef_offset = 0, da_offset = 0;
