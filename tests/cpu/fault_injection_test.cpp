@@ -98,7 +98,7 @@ Command run_cli(const std::string& env, const std::string& args) {
 TEST_CASE("fire() is false when unarmed, fires exactly the armed count, and disarms") {
   REQUIRE(kEnvSet);
   Disarm d;
-  for (int i = 0; i < 5; ++i) CHECK_FALSE(fault::fire(static_cast<Fault>(i)));
+  for (int i = 0; i < fusejit::kFaultCount; ++i) CHECK_FALSE(fault::fire(static_cast<Fault>(i)));
 
   const int before = fault::fired(Fault::disk_full);
   fault::arm(Fault::disk_full, 2);
@@ -119,7 +119,7 @@ TEST_CASE("fire() is false when unarmed, fires exactly the armed count, and disa
   CHECK_FALSE(fault::fire(Fault::kernel_launch));
   CHECK_FALSE(fault::fire(Fault::nvrtc_compile));
 
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < fusejit::kFaultCount; ++i) {
     const auto f = static_cast<Fault>(i);
     CHECK(fault::parse(fault::name(f)) == f);
   }

@@ -267,6 +267,35 @@ TEST_CASE("backward: gradient GEMMs on cuBLASLt") {
   }
 }
 
+// Where cuBLASLt declines a GEMM that the heuristic, not the caller, put on it, the plan runs the
+// heuristic's tiles for it (lt_declined_fallback); a GEMM the caller forced onto cuBLASLt fails
+// as asked. The refusal is Fault::lt_no_algorithm: no layer cuBLASLt declines is known.
+TEST_CASE("backward: a GEMM cuBLASLt declines runs on the heuristic's tiles") {
+  const Device device = Device::get(0);
+  for (const char* line : {"2100x1024x1024 bf16 train", "600x4096x1024 fp16 train"}) {
+    CAPTURE(std::string(line));
+    const Problem p = parse_sweep_line(line).problem;
+    const BackwardConfig heuristic = default_backward_config(p, device);
+    if (!heuristic.dx_cublaslt && !heuristic.dw_cublaslt) {
+      MESSAGE("skipped: the heuristic runs both GEMMs on tiles on this GPU");
+      continue;
+    }
+    const int before = fault::fired(Fault::lt_no_algorithm);
+    fault::arm(Fault::lt_no_algorithm, 1);
+    const BackwardCheckResult r = check(line);
+    fault::arm(Fault::lt_no_algorithm, 0);
+    // A tuning entry could have replaced the heuristic's pair; then nothing asked cuBLASLt.
+    CHECK(fault::fired(Fault::lt_no_algorithm) == before + 1);
+    CHECK(r.config.find("cublaslt") == std::string::npos);
+    BackwardOptions forced;
+    forced.dx_cublaslt = heuristic.dx_cublaslt;
+    forced.dw_cublaslt = heuristic.dw_cublaslt;
+    fault::arm(Fault::lt_no_algorithm, fault::kAlways);
+    CHECK_THROWS_AS(BackwardPlan(p, forced), CudaError);
+    fault::arm(Fault::lt_no_algorithm, 0);
+  }
+}
+
 TEST_CASE("backward: a training step whose forward is the cuBLASLt reference op") {
   // Strict fp32 at K >= 1536: the heuristic's forward is the reference op,
   // which writes saved for the backward; the device's tuning database has no entry for these.

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "fusejit/error.hpp"
+#include "fusejit/util/fault.hpp"
 
 namespace fusejit {
 
@@ -237,7 +238,8 @@ std::unique_ptr<LtGemm> LtGemm::make_for_rows(cublasLtHandle_t h, const LtGemmSp
 
 std::unique_ptr<LtGemm> LtGemm::require_for_rows(cublasLtHandle_t h, const LtGemmSpec& s,
                                                  bool rows_are_n, std::int64_t least) {
-  if (auto g = make_for_rows(h, s, rows_are_n, least)) return g;
+  if (!fault::fire(Fault::lt_no_algorithm))
+    if (auto g = make_for_rows(h, s, rows_are_n, least)) return g;
   const std::int64_t full = rows_are_n ? s.n : s.k;
   throw CudaError(fmt::format("cuBLASLt has no algorithm for {} that also runs {} = {}..{}",
                               describe(s), rows_are_n ? "n" : "k", std::min(least, full), full),

@@ -1,5 +1,7 @@
 #include "fusejit/util/fault.hpp"
 
+#include <fmt/ranges.h>
+
 #include <array>
 #include <atomic>
 #include <charconv>
@@ -13,8 +15,8 @@ namespace fusejit::fault {
 namespace {
 
 constexpr std::array<std::string_view, kFaultCount> kNames = {
-    "nvrtc_compile", "module_load",    "kernel_launch",
-    "disk_full",     "disk_read_only", "cooperative_too_large"};
+    "nvrtc_compile",  "module_load",           "kernel_launch",  "disk_full",
+    "disk_read_only", "cooperative_too_large", "lt_no_algorithm"};
 
 // Bit i: fault i is armed. kEnvPending: FUSEJIT_FAULTS has not been read yet. Kept in one word
 // so that fire() on the fast path is one relaxed load and a test.
@@ -67,10 +69,8 @@ void read_env_locked() {
     try {
       if (!f || !ok) {
         log()->warn(
-            "FUSEJIT_FAULTS: ignoring '{}' (expected NAME or NAME:COUNT with NAME one of "
-            "nvrtc_compile, module_load, kernel_launch, disk_full, disk_read_only, "
-            "cooperative_too_large)",
-            item);
+            "FUSEJIT_FAULTS: ignoring '{}' (expected NAME or NAME:COUNT with NAME one of {})", item,
+            fmt::join(kNames, ", "));
         continue;
       }
       // Loud on purpose: a fault armed from the environment must never go unnoticed.

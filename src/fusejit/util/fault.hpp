@@ -28,8 +28,12 @@ enum class Fault {
   // prevent and was never seen on the H100; the run falls back to recompute's kernels (grid_sync,
   // input_stats), the two-pass passes (overlap_apply) or the three BatchNorm passes (backward).
   cooperative_too_large,
+  // LtGemm::require_for_rows: cuBLASLt has no algorithm for the GEMM (CudaError), as for strides
+  // or row counts its kernels do not run. A BackwardPlan then runs the heuristic's tiles for a
+  // GEMM that its dispatch, not its caller, put on cuBLASLt (lt_declined_fallback).
+  lt_no_algorithm,
 };
-inline constexpr int kFaultCount = 6;
+inline constexpr int kFaultCount = 7;
 
 namespace fault {
 
