@@ -46,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "fusejit/backward.hpp"
 #include "fusejit/device.hpp"
 #include "fusejit/device/context.hpp"
 #include "fusejit/device/device_memory.hpp"
@@ -357,6 +358,18 @@ TEST_CASE("pointers the problem does not want are rejected by name") {
     t.num_batches_tracked = b.nbt.as<std::int64_t>();
     expect_rejected(op, b, t, "num_batches_tracked");
   }
+}
+
+TEST_CASE("a device ordinal past the machine's GPUs is rejected naming device") {
+  int count = 0;
+  REQUIRE(driver().cuDeviceGetCount(&count) == CUDA_SUCCESS);
+  PlanOptions o;
+  o.device = count;
+  CHECK(rejected_argument([&] { const Plan plan(base_problem(Mode::eval), o); }) == "device");
+  BackwardOptions b;
+  b.device = count;
+  CHECK(rejected_argument([&] { const BackwardPlan plan(base_problem(Mode::eval), b); }) ==
+        "device");
 }
 
 TEST_CASE("the bare GEMM checks its pointers too") {

@@ -156,6 +156,13 @@ CUcontext primary_context(int ordinal) {
     throw InvalidArgument("device", fmt::format("device ordinal {} out of range", ordinal));
   std::lock_guard<std::mutex> lock(mu);
   if (!retained[ordinal]) {
+    // An ordinal past the machine's GPUs is the caller's argument, not a driver failure.
+    int count = 0;
+    FJ_CU(cuDeviceGetCount(&count));
+    if (ordinal >= count)
+      throw InvalidArgument("device", fmt::format("device ordinal {} out of range: this machine "
+                                                  "has {} CUDA device{}",
+                                                  ordinal, count, count == 1 ? "" : "s"));
     CUdevice dev = 0;
     FJ_CU(cuDeviceGet(&dev, ordinal));
     FJ_CU(cuDevicePrimaryCtxRetain(&retained[ordinal], dev));
