@@ -33,12 +33,14 @@ struct BackwardTensors {
   // eval: required, the running stats the forward normalized with. train: must be null.
   const void* running_mean = nullptr;
   const void* running_var = nullptr;
-  // train: required, the forward's saved statistics. eval: must be null.
+  // train: required, the forward's saved statistics (save_mean is checked but not read: saved
+  // holds a - mean already). eval: must be null.
   const float* save_mean = nullptr;
   const float* save_invstd = nullptr;
   // Outputs. Each may be null: that gradient is not computed (dx: the first layer; the
   // parameter gradients: a frozen layer). A parameter gradient must be null when the problem
-  // has no such parameter.
+  // has no such parameter. dx and dw must not share a byte with x, W or each other: the
+  // gradient GEMMs read x and W while they write (InvalidArgument "dx" / "dw").
   void* dx = nullptr;      // [M][ldx], storage type
   void* dw = nullptr;      // [N][ldw], storage type
   void* dbias = nullptr;   // [N], param dtype
@@ -65,8 +67,9 @@ struct BackwardOptions {
   // dx = da W is an M x K GEMM reducing over N; dW = da^T x an N x K GEMM reducing over the
   // run's M. Unset: the tuning database's backward entry for the layer's M class (`fusejit
   // autotune --backward`), else the heuristic (warpspec where it can run; cuBLASLt for strict
-  // fp32 and tf32x3, and for a 16-bit GEMM that its tiles would run as one wave of single
-  // consumers over a reduction of 4096 or more: docs/design.md, "Gradient GEMMs on cuBLASLt").
+  // fp32 and tf32x3, and for a 16-bit GEMM of 16-byte aligned rows that its tiles would run as
+  // one wave of single consumers over a reduction of 4096 or more, where the layer's other GEMM
+  // does not qualify too: docs/design.md, "Gradient GEMMs on cuBLASLt").
   std::optional<KernelConfig> dx_config, dw_config;
   // Force that GEMM onto cuBLASLt instead (reading da from the workspace and the layer's x and W
   // in place, any layout): what strict fp32 and tf32x3 layers (and some 16-bit GEMMs, above)
@@ -81,8 +84,9 @@ struct BackwardCore;
 class BackwardPlan {
  public:
   // Validates `problem` (InvalidArgument), picks the kernels' tiles, compiles or loads them.
-  // Plans differing only in M share one compiled kernel set; a GEMM on cuBLASLt is set up per
-  // plan (its algorithm chosen for the plan's M).
+  // Plans differing only in M share one compiled kernel set where their tiles agree (the
+  // dispatch picks them per M class); a GEMM on cuBLASLt is set up per plan (its algorithm
+  // chosen for the plan's M).
   explicit BackwardPlan(const Problem& problem, const BackwardOptions& options = {});
   ~BackwardPlan();
   BackwardPlan(BackwardPlan&&) noexcept;
@@ -96,6 +100,8 @@ class BackwardPlan {
   // "dx.<config key>.dw.<config key>": the two GEMMs' tiles ("cublaslt" for one on cuBLASLt).
   std::string config_key() const;
   std::vector<std::string> kernel_names() const;
+  // Whether this plan found its kernels in a cache (in-process: built for another plan of the
+  // same kernel set; or on disk), as Plan::cache_hit.
   bool cache_hit() const;
   // How the tiles were chosen: "config" (BackwardOptions forced dx_config, dw_config,
   // dx_cublaslt or dw_cublaslt; with one GEMM forced, the other's come from the steps that
@@ -105,8 +111,13 @@ class BackwardPlan {
   const std::string& dispatch() const;
 
   // Enqueues the backward of the first `rows` rows (1 <= rows <= problem().M; train needs
-  // rows >= 2) on `stream`. The plan's own workspace, or the caller's (workspace_size() bytes,
-  // 256-byte aligned).
+  // rows >= 2) on `stream`: the rows the forward ran, whose batch `saved` and save_invstd
+  // describe (other rows give wrong gradients, which no check can see). The plan's own
+  // workspace, or the caller's (workspace_size() bytes, 256-byte aligned). A workspace serves
+  // one run at a time: one BackwardPlan must not run on two streams at once with its own
+  // workspace; give each stream its own plan or its own workspace. After an exception from a
+  // run that had started (a CudaError from a launch), the gradients it was to write are
+  // undefined, accumulated ones included.
   void run(CUstream stream, const BackwardTensors& t) const;
   void run(CUstream stream, const BackwardTensors& t, std::int64_t rows) const;
   void run(CUstream stream, const BackwardTensors& t, std::int64_t rows, void* workspace,

@@ -579,6 +579,65 @@ TEST_CASE("gradient GEMMs on cuBLASLt: strict fp32's default, keys, kernel sets,
   }
 }
 
+// What run() checks before launching: here the tensors' byte ranges (addresses only, nothing is
+// dereferenced). The gradient GEMMs read x and W while they write dx and dW.
+TEST_CASE("backward tensors: dx and dw must not overlap x, W or each other") {
+  const Problem p = parse_sweep_line("100x56x32 bf16 train").problem;
+  const std::uintptr_t x_span = ((p.M - 1) * p.lda_x() + p.K) * 2,
+                       w_span = ((p.N - 1) * p.lda_w() + p.K) * 2;
+  auto at = [](std::uintptr_t a) { return reinterpret_cast<void*>(a); };
+  BackwardTensors t;
+  t.dy = at(0x10000000);
+  t.saved = at(0x11000000);
+  t.x = at(0x12000000);
+  t.w = at(0x13000000);
+  t.scale = at(0x14000000);
+  t.gamma = at(0x14001000);
+  t.save_mean = static_cast<const float*>(at(0x14002000));
+  t.save_invstd = static_cast<const float*>(at(0x14003000));
+  t.dx = at(0x15000000);
+  t.dw = at(0x16000000);
+  auto rejected = [&](const BackwardTensors& b, std::int64_t rows = 0) -> std::string {
+    try {
+      validate_backward_tensors(p, b, rows);
+    } catch (const InvalidArgument& e) {
+      return e.argument();
+    }
+    return "(accepted)";
+  };
+  CHECK(rejected(t) == "(accepted)");
+  BackwardTensors b = t;
+  b.dx = at(0x12000000 + x_span - 16);  // x's last 16 bytes
+  CHECK(rejected(b) == "dx");
+  b.dx = at(0x12000000 + x_span);  // right after x
+  CHECK(rejected(b) == "(accepted)");
+  b.dx = at(0x13000000 + 64);
+  CHECK(rejected(b) == "dx");
+  b = t;
+  b.dw = at(0x12000000 + 16 * 64);
+  CHECK(rejected(b) == "dw");
+  b.dw = at(0x13000000 + w_span - 16);
+  CHECK(rejected(b) == "dw");
+  b.dw = at(0x15000000 + 64);
+  CHECK(rejected(b) == "dw");
+  // Only the run's rows count: dx after x's first 10 rows overlaps a run of all 100 rows of x.
+  b = t;
+  b.dx = at(0x12000000 + 10 * p.lda_x() * 2);
+  CHECK(rejected(b, 10) == "(accepted)");
+  CHECK(rejected(b, 100) == "dx");
+  // Without dW, x is not read: dx may take its place; dy and saved may be overwritten too (only
+  // the BatchNorm passes read them, and both GEMMs start after those end).
+  b = t;
+  b.dw = nullptr;
+  b.x = nullptr;
+  b.dx = at(0x12000000);
+  CHECK(rejected(b) == "(accepted)");
+  b = t;
+  b.dx = at(0x10000000);
+  b.dw = at(0x11000000);
+  CHECK(rejected(b) == "(accepted)");
+}
+
 TEST_CASE("backward config keys parse back; bad text names the argument") {
   const Problem p = parse_sweep_line("300x72x40 bf16 train").problem;
   for (const Device& d : {Device::for_arch("sm_90a"), Device::for_arch("sm_80")}) {

@@ -155,6 +155,22 @@ TEST_CASE("SingleFlight drops the least recently used: a refreshed key survives"
   CHECK(flights.size() == 102);
 }
 
+// `computed` says whether the call ran compute(): what a plan reports as its cache_hit().
+TEST_CASE("SingleFlight says whether a call computed its value") {
+  Flights flights(Flights::Keep::values, 1);
+  bool computed = false;
+  CHECK(flights.get("a", [] { return 1; }, &computed) == 1);
+  CHECK(computed);
+  CHECK(flights.get("a", [] { return 2; }, &computed) == 1);
+  CHECK_FALSE(computed);
+  flights.get("b", [] { return 3; });  // drops a
+  CHECK(flights.get("a", [] { return 4; }, &computed) == 4);
+  CHECK(computed);
+  Flights once(Flights::Keep::nothing);
+  CHECK(once.get("a", [] { return 5; }, &computed) == 5);
+  CHECK(computed);
+}
+
 TEST_CASE("SingleFlight never drops a flight in progress, whatever its capacity") {
   Flights flights(Flights::Keep::values, 1);
   std::promise<void> release;

@@ -644,6 +644,9 @@ TEST_CASE("backward: bad input is named") {
   t = bt;
   t.dbias = reinterpret_cast<void*>(static_cast<char*>(dx.get()) + 2);  // misaligned for fp32
   names(t, "dbias");
+  t = bt;
+  t.dx = const_cast<void*>(ft.w);  // the dX GEMM would overwrite W while it reads it
+  names(t, "dx");
   try {
     DeviceBuffer small(256);
     plan.run(s, bt, 256, small.get(), 256);

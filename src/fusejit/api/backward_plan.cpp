@@ -19,6 +19,7 @@ struct BackwardPlan::RunState {
   BackwardRunCache cache;
   BackwardLt lt;                    // the GEMMs the config runs on cuBLASLt, if any
   std::size_t workspace_bytes = 0;  // for the plan's M, computed once (run checks it every call)
+  bool cache_hit = false;           // cache_hit()
 };
 
 BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& options)
@@ -72,7 +73,10 @@ BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& option
     state_->lt = make_backward_lt(problem, config);  // a forced cuBLASLt GEMM may still decline
     if (!forced_dx && !forced_dw) dispatch_ = "heuristic";
   }
-  core_ = backward_core(problem, config, ctx, options.cache_dir);
+  bool built = false;
+  core_ = backward_core(problem, config, ctx, options.cache_dir, &built);
+  // This plan's own story, as Plan's: kernels another plan loaded cost it nothing.
+  state_->cache_hit = !built || core_->cache_hit;
   state_->workspace_bytes =
       backward_workspace(problem, core_->config, problem.M, state_->lt.workspace).total;
   if (const std::size_t bytes = workspace_size(); bytes && options.allocate_workspace) {
@@ -125,7 +129,7 @@ std::vector<std::string> BackwardPlan::kernel_names() const {
   return names;
 }
 bool BackwardPlan::cache_hit() const {
-  return core_->cache_hit;
+  return state_->cache_hit;
 }
 const std::string& BackwardPlan::dispatch() const {
   return dispatch_;
@@ -149,7 +153,7 @@ void BackwardPlan::run(CUstream stream, const BackwardTensors& t, std::int64_t r
   if (rows < least || rows > problem_.M)
     throw InvalidArgument(
         "rows", fmt::format("expected {} <= rows <= M = {}; got {}", least, problem_.M, rows));
-  validate_backward_tensors(problem_, t);
+  validate_backward_tensors(problem_, t, rows);
   validate_workspace(workspace, bytes, workspace_size());
   launch_backward(*core_, rows, accumulate_, stream, t, workspace, &state_->cache, &state_->lt);
 }

@@ -376,7 +376,7 @@ BackwardLt make_backward_lt(const Problem& p, const BackwardConfig& c) {
 
 std::shared_ptr<const BackwardCore> backward_core(const Problem& problem,
                                                   const BackwardConfig& config, CUcontext context,
-                                                  const std::string& cache_dir) {
+                                                  const std::string& cache_dir, bool* built) {
   static SingleFlight<std::shared_ptr<const BackwardCore>> cores(
       SingleFlight<std::shared_ptr<const BackwardCore>>::Keep::values);
   static std::atomic<std::size_t> capacity{0};
@@ -386,7 +386,8 @@ std::shared_ptr<const BackwardCore> backward_core(const Problem& problem,
   keyed.M = 1;  // every M of a layer shares one kernel set
   const std::string key = fmt::format("{}|{}|{}|{}", keyed.key(), config.key(),
                                       static_cast<const void*>(context), cache_dir);
-  return cores.get(key, [&] { return build_backward_core(problem, config, context, cache_dir); });
+  return cores.get(
+      key, [&] { return build_backward_core(problem, config, context, cache_dir); }, built);
 }
 
 int backward_layer_strips(const Problem& p) {
@@ -440,7 +441,7 @@ BackwardWorkspace backward_workspace(const Problem& p, const BackwardConfig& c, 
   return w;
 }
 
-void validate_backward_tensors(const Problem& p, const BackwardTensors& t) {
+void validate_backward_tensors(const Problem& p, const BackwardTensors& t, std::int64_t rows) {
   const auto al = static_cast<std::size_t>(p.effective_alignment());
   const std::size_t pe = storage_bytes(p.param_dtype);
   const char* dt = name(p.dtype).data();
@@ -466,7 +467,7 @@ void validate_backward_tensors(const Problem& p, const BackwardTensors& t) {
     if (present)
       require_pointer(ptr, arg, pe,
                       [&] { return fmt::format("[{}] {}", p.N, name(p.param_dtype)); });
-    else
+    else if (ptr)
       forbid(ptr, arg, fmt::format("the problem has {} = false", flag).c_str());
   };
   param(t.scale, p.has_scale, "scale", "has_scale");
@@ -492,6 +493,24 @@ void validate_backward_tensors(const Problem& p, const BackwardTensors& t) {
                     "train backward needs the forward's save_invstd, [N] fp32");
     forbid(t.running_mean, "running_mean", "train backward uses the batch statistics (save_*)");
     forbid(t.running_var, "running_var", "train backward uses the batch statistics (save_*)");
+  }
+  // dW's GEMM reads x while dX's writes dx (beside it, or before it on cuBLASLt), and dX's reads
+  // W while dW's writes dW: an output sharing a byte with x, W or the other output would be read
+  // half written. (dy and saved may be overwritten: only the BatchNorm passes read them, and
+  // both GEMMs start after those end.)
+  const std::int64_t m = rows > 0 ? rows : p.M;
+  const std::size_t es = storage_bytes(p.dtype);
+  const std::size_t x_span = tensor_span(m, p.lda_x(), p.K, es),
+                    w_span = tensor_span(p.N, p.lda_w(), p.K, es);
+  const char* why = "the gradient GEMMs read x and W while they write dx and dW";
+  if (t.dx) {
+    require_disjoint(t.dx, x_span, "dx", t.x, t.x ? x_span : 0, "x", why);
+    require_disjoint(t.dx, x_span, "dx", t.w, w_span, "w", why);
+  }
+  if (t.dw) {
+    require_disjoint(t.dw, w_span, "dw", t.x, x_span, "x", why);
+    require_disjoint(t.dw, w_span, "dw", t.w, t.w ? w_span : 0, "w", why);
+    if (t.dx) require_disjoint(t.dw, w_span, "dw", t.dx, x_span, "dx", "both are outputs");
   }
 }
 
@@ -658,6 +677,9 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
                 const char* what, unsigned grid_y = 1) {
     launch_dependent(c.device, f, grid, grid_y, threads, smem, stream, args, what);
   };
+  // The GEMMs' tensor maps before any launch: a map the driver refuses throws with nothing
+  // enqueued (not after the passes have added to accumulated parameter gradients).
+  const GradGemmMaps maps = grad_gemm_maps(c, rows, ws, w, t, cache);
   // Train's three passes as one cooperative grid of at most what the device holds at once
   // (kernels/bn_backward.cuh, bn_backward_resident): one launch, and where every slab of a strip
   // has a block and its rows fit in registers, dy and saved read once. Bit for bit the
@@ -681,7 +703,6 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
          "cuLaunchKernelEx(fj_bwd_params)");
     }
   }
-  const GradGemmMaps maps = grad_gemm_maps(c, rows, ws, w, t, cache);
   // The K-major copies (grad_gemm_reads_copies), each right before the GEMM that reads it.
   auto transpose = [&](const void* src, std::int64_t ld_src, std::int64_t src_rows,
                        std::int64_t src_cols, std::size_t dst_offset, std::int64_t ld_dst,

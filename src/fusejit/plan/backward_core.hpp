@@ -116,9 +116,11 @@ std::optional<BackwardConfig> lt_declined_fallback(const BackwardConfig& c,
                                                    const BackwardConfig& tiles, bool forced_dx,
                                                    bool forced_dw);
 
-// Built once per (kernel set, context, cache dir) and shared, like plan_core().
+// Built once per (kernel set, context, cache dir) and shared, like plan_core(); `built` (when
+// given) says whether this call built the core (false: it was in the process).
 std::shared_ptr<const BackwardCore> backward_core(const Problem&, const BackwardConfig&,
-                                                  CUcontext context, const std::string& cache_dir);
+                                                  CUcontext context, const std::string& cache_dir,
+                                                  bool* built = nullptr);
 
 // The strips of columns the BatchNorm kernels split N into, as they count them (codegen's
 // Spec: VEC_BYTES = the rows' alignment, at most 16): what sizes the workspace's partials and
@@ -156,8 +158,10 @@ struct BackwardLt {
 };
 BackwardLt make_backward_lt(const Problem& p, const BackwardConfig& c);
 
-// Throws InvalidArgument naming the first tensor that is missing, misaligned or not wanted.
-void validate_backward_tensors(const Problem&, const BackwardTensors&);
+// Throws InvalidArgument naming the first tensor that is missing, misaligned or not wanted, or
+// an output (dx, dw) that shares a byte with x, W or the other output over `rows` rows (0: the
+// problem's M). Formats nothing unless it throws.
+void validate_backward_tensors(const Problem&, const BackwardTensors&, std::int64_t rows = 0);
 
 // What a backward plan's runs remember between calls (RunCache's counterpart, plan/launch.hpp):
 // the stream last found to belong to the core's context, and the warpspec gradient GEMMs'

@@ -149,6 +149,20 @@ void validate_workspace(const void* workspace, std::size_t bytes, std::size_t ne
                           fmt::format("expected a {}-byte aligned pointer", kWorkspaceAlign));
 }
 
+void require_disjoint(const void* p, std::size_t bytes, const char* arg, const void* other,
+                      std::size_t other_bytes, const char* other_arg, const char* why) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p), b = reinterpret_cast<std::uintptr_t>(other);
+  if (a < b + other_bytes && b < a + bytes)
+    throw InvalidArgument(
+        arg, fmt::format("overlaps {}: {} bytes from {} and {} bytes from {} ({})", other_arg,
+                         bytes, p, other_bytes, other, why));
+}
+
+std::size_t tensor_span(std::int64_t rows, std::int64_t ld, std::int64_t cols,
+                        std::size_t elem_bytes) {
+  return static_cast<std::size_t>((rows - 1) * ld + cols) * elem_bytes;
+}
+
 void validate_tensors(const Problem& p, const Tensors& t, std::int64_t rows) {
   const auto al = static_cast<std::size_t>(p.effective_alignment());
   const std::size_t pe = storage_bytes(p.param_dtype);
@@ -162,17 +176,10 @@ void validate_tensors(const Problem& p, const Tensors& t, std::int64_t rows) {
     require_pointer(t.saved, "saved", al, [&] {
       return fmt::format("saved is laid out like y: [{}][{}] {}", p.M, p.lda_y(), name(p.dtype));
     });
-    // The two-pass apply reads y back while it writes saved: they must not share a byte. Both
-    // span (rows - 1) ldy + N elements from their base.
-    const std::int64_t m = rows > 0 ? rows : p.M;
-    const auto span = static_cast<std::uintptr_t>(
-        ((m - 1) * p.lda_y() + p.N) * static_cast<std::int64_t>(storage_bytes(p.dtype)));
-    const auto y0 = reinterpret_cast<std::uintptr_t>(t.y);
-    const auto s0 = reinterpret_cast<std::uintptr_t>(t.saved);
-    if (s0 < y0 + span && y0 < s0 + span)
-      throw InvalidArgument(
-          "saved", fmt::format("overlaps y: both are {} bytes ([{}][{}] {}) from {} and {}", span,
-                               m, p.lda_y(), name(p.dtype), t.y, t.saved));
+    const std::size_t span =
+        tensor_span(rows > 0 ? rows : p.M, p.lda_y(), p.N, storage_bytes(p.dtype));
+    require_disjoint(t.saved, span, "saved", t.y, span, "y",
+                     "the two-pass apply reads y back while it writes saved");
   }
   auto param = [&](const void* ptr, bool present, const char* arg, const char* flag) {
     if (present)

@@ -124,6 +124,15 @@ inline void require_pointer(const void* p, const char* arg, std::size_t align, c
 inline void forbid(const void* p, const char* arg, const char* why) {
   if (p) throw InvalidArgument(arg, fmt::format("expected null: {}", why));
 }
+// Throws InvalidArgument(arg) when the `bytes` bytes from `p` share a byte with the
+// `other_bytes` from `other` (named `other_arg`); `why` says why they must not. Formats nothing
+// unless it throws.
+void require_disjoint(const void* p, std::size_t bytes, const char* arg, const void* other,
+                      std::size_t other_bytes, const char* other_arg, const char* why);
+// The bytes a [rows][ld] tensor of `cols` columns of `elem_bytes` spans from its base:
+// (rows - 1) ld + cols elements.
+std::size_t tensor_span(std::int64_t rows, std::int64_t ld, std::int64_t cols,
+                        std::size_t elem_bytes);
 
 // Throws InvalidArgument naming the first tensor that is missing, misaligned or not wanted.
 // Formats nothing unless it throws. `rows`: the run's (0: the problem's M), which bounds the

@@ -184,13 +184,8 @@ std::shared_ptr<const PlanCore> plan_core(const Problem& problem, const KernelCo
   static std::atomic<std::size_t> capacity{0};
   if (const std::size_t want = Module::max_loaded(); capacity.exchange(want) != want)
     cores.set_capacity(want);
-  bool ran = false;
-  auto core = cores.get(key, [&] {
-    ran = true;
-    return build_plan_core(problem, config, context, cache_dir);
-  });
-  if (built) *built = ran;
-  return core;
+  return cores.get(
+      key, [&] { return build_plan_core(problem, config, context, cache_dir); }, built);
 }
 
 }  // namespace fusejit

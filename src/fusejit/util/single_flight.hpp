@@ -27,9 +27,10 @@ class SingleFlight {
   // their callers are waiting on them.
   explicit SingleFlight(Keep keep, std::size_t capacity = 0) : keep_(keep), capacity_(capacity) {}
 
-  // The value for `key`: a kept one, the one in flight, or compute()'s.
+  // The value for `key`: a kept one, the one in flight, or compute()'s; `computed` (when given)
+  // says whether this call ran compute().
   template <class Compute>
-  Value get(const std::string& key, Compute&& compute) {
+  Value get(const std::string& key, Compute&& compute, bool* computed = nullptr) {
     std::promise<Value> mine;
     std::shared_future<Value> flight;
     typename Flights::iterator slot;
@@ -47,6 +48,7 @@ class SingleFlight {
         run = true;
       }
     }
+    if (computed) *computed = run;
     if (run) {
       bool failed = false;
       try {
