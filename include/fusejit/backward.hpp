@@ -39,8 +39,9 @@ struct BackwardTensors {
   const float* save_invstd = nullptr;
   // Outputs. Each may be null: that gradient is not computed (dx: the first layer; the
   // parameter gradients: a frozen layer). A parameter gradient must be null when the problem
-  // has no such parameter. dx and dw must not share a byte with x, W or each other: the
-  // gradient GEMMs read x and W while they write (InvalidArgument "dx" / "dw").
+  // has no such parameter. dx must not share a byte with W (nor with x where dw is wanted), dw
+  // none with x (nor with W or dx where dx is wanted): the gradient GEMMs read x and W while
+  // they write (InvalidArgument "dx" / "dw").
   void* dx = nullptr;      // [M][ldx], storage type
   void* dw = nullptr;      // [N][ldw], storage type
   void* dbias = nullptr;   // [N], param dtype

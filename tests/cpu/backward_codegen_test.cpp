@@ -625,12 +625,18 @@ TEST_CASE("backward tensors: dx and dw must not overlap x, W or each other") {
   b.dx = at(0x12000000 + 10 * p.lda_x() * 2);
   CHECK(rejected(b, 10) == "(accepted)");
   CHECK(rejected(b, 100) == "dx");
-  // Without dW, x is not read: dx may take its place; dy and saved may be overwritten too (only
-  // the BatchNorm passes read them, and both GEMMs start after those end).
+  // Without dW, x is not read (given or not): dx may take its place; without dx, W is not read:
+  // dw may take its place. dy and saved may be overwritten too (only the BatchNorm passes read
+  // them, and both GEMMs start after those end).
   b = t;
   b.dw = nullptr;
-  b.x = nullptr;
   b.dx = at(0x12000000);
+  CHECK(rejected(b) == "(accepted)");
+  b.x = nullptr;
+  CHECK(rejected(b) == "(accepted)");
+  b = t;
+  b.dx = nullptr;
+  b.dw = at(0x13000000);
   CHECK(rejected(b) == "(accepted)");
   b = t;
   b.dx = at(0x10000000);

@@ -494,22 +494,22 @@ void validate_backward_tensors(const Problem& p, const BackwardTensors& t, std::
     forbid(t.running_mean, "running_mean", "train backward uses the batch statistics (save_*)");
     forbid(t.running_var, "running_var", "train backward uses the batch statistics (save_*)");
   }
-  // dW's GEMM reads x while dX's writes dx (beside it, or before it on cuBLASLt), and dX's reads
-  // W while dW's writes dW: an output sharing a byte with x, W or the other output would be read
-  // half written. (dy and saved may be overwritten: only the BatchNorm passes read them, and
-  // both GEMMs start after those end.)
+  // dX's GEMM reads W and dW's reads x while either writes its output (dW beside dX, or after
+  // it on cuBLASLt): an output sharing a byte with an operand a GEMM of the run reads, or with
+  // the other output, would be read or left half written. (dy and saved may be overwritten:
+  // only the BatchNorm passes read them, and both GEMMs start after those end.)
   const std::int64_t m = rows > 0 ? rows : p.M;
   const std::size_t es = storage_bytes(p.dtype);
   const std::size_t x_span = tensor_span(m, p.lda_x(), p.K, es),
                     w_span = tensor_span(p.N, p.lda_w(), p.K, es);
-  const char* why = "the gradient GEMMs read x and W while they write dx and dW";
+  const char* why = "the gradient GEMMs read x (for dw) and W (for dx) while they write";
   if (t.dx) {
-    require_disjoint(t.dx, x_span, "dx", t.x, t.x ? x_span : 0, "x", why);
     require_disjoint(t.dx, x_span, "dx", t.w, w_span, "w", why);
+    if (t.dw) require_disjoint(t.dx, x_span, "dx", t.x, x_span, "x", why);
   }
   if (t.dw) {
     require_disjoint(t.dw, w_span, "dw", t.x, x_span, "x", why);
-    require_disjoint(t.dw, w_span, "dw", t.w, t.w ? w_span : 0, "w", why);
+    if (t.dx) require_disjoint(t.dw, w_span, "dw", t.w, w_span, "w", why);
     if (t.dx) require_disjoint(t.dw, w_span, "dw", t.dx, x_span, "dx", "both are outputs");
   }
 }
