@@ -39,9 +39,11 @@ struct BackwardTensors {
   const float* save_invstd = nullptr;
   // Outputs. Each may be null: that gradient is not computed (dx: the first layer; the
   // parameter gradients: a frozen layer). A parameter gradient must be null when the problem
-  // has no such parameter. dx must not share a byte with W (nor with x where dw is wanted), dw
-  // none with x (nor with W or dx where dx is wanted): the gradient GEMMs read x and W while
-  // they write (InvalidArgument "dx" / "dw").
+  // has no such parameter. dx's address range, [dx, dx + ((rows - 1) ldx + K) elements), must
+  // not meet W's (nor x's where dw is wanted), dw's not x's (nor W's or dx's where dx is wanted),
+  // and neither the workspace's: the gradient GEMMs read x, W and da while they write
+  // (InvalidArgument "dx" / "dw"). The parameter gradients are not checked against the other
+  // tensors.
   void* dx = nullptr;      // [M][ldx], storage type
   void* dw = nullptr;      // [N][ldw], storage type
   void* dbias = nullptr;   // [N], param dtype
@@ -124,7 +126,8 @@ class BackwardPlan {
   void run(CUstream stream, const BackwardTensors& t, std::int64_t rows, void* workspace,
            std::size_t workspace_bytes) const;
 
-  // What run() checks first, without launching anything.
+  // What run() checks first, without launching anything, for a run of all problem().M rows
+  // (the overlaps are of the run's rows: a run of fewer may pass where this does not).
   void validate(const BackwardTensors& t) const;
 
  private:

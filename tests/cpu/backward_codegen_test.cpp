@@ -642,6 +642,18 @@ TEST_CASE("backward tensors: dx and dw must not overlap x, W or each other") {
   b.dx = at(0x10000000);
   b.dw = at(0x11000000);
   CHECK(rejected(b) == "(accepted)");
+  // Both GEMMs read da from the workspace.
+  auto rejected_with_workspace = [&](const BackwardTensors& bt, std::uintptr_t ws) {
+    try {
+      validate_backward_tensors(p, bt, 0, at(ws), 0x100000);
+    } catch (const InvalidArgument& e) {
+      return e.argument();
+    }
+    return std::string("(accepted)");
+  };
+  CHECK(rejected_with_workspace(t, 0x17000000) == "(accepted)");
+  CHECK(rejected_with_workspace(t, 0x15000000 + 256) == "dx");
+  CHECK(rejected_with_workspace(t, 0x16000000 - 0x100000 + 16) == "dw");
 }
 
 TEST_CASE("backward config keys parse back; bad text names the argument") {

@@ -22,6 +22,7 @@
 #include "fusejit/plan/backward_core.hpp"
 #include "fusejit/util/fault.hpp"
 #include "gpu_required.hpp"
+#include "test_tempdir.hpp"
 #include "tools/backward_check.hpp"
 
 FUSEJIT_GPU_TEST_EXECUTABLE;
@@ -271,6 +272,14 @@ TEST_CASE("backward: gradient GEMMs on cuBLASLt") {
 // heuristic's tiles for it (lt_declined_fallback); a GEMM the caller forced onto cuBLASLt fails
 // as asked. The refusal is Fault::lt_no_algorithm: no layer cuBLASLt declines is known.
 TEST_CASE("backward: a GEMM cuBLASLt declines runs on the heuristic's tiles") {
+  // A fault left armed by a failing check must not reach the cases after this one.
+  struct Disarm {
+    ~Disarm() { fault::disarm_all(); }
+  } disarm;
+  // A cache of its own: no tuning entry can stand in for the heuristic's pair.
+  const test::TempDir cache;
+  BackwardCheckOptions o;
+  o.cache_dir = cache.str();
   const Device device = Device::get(0);
   for (const char* line : {"2100x1024x1024 bf16 train", "600x4096x1024 fp16 train"}) {
     CAPTURE(std::string(line));
@@ -282,18 +291,31 @@ TEST_CASE("backward: a GEMM cuBLASLt declines runs on the heuristic's tiles") {
     }
     const int before = fault::fired(Fault::lt_no_algorithm);
     fault::arm(Fault::lt_no_algorithm, 1);
-    const BackwardCheckResult r = check(line);
+    const BackwardCheckResult r = check(line, o);
     fault::arm(Fault::lt_no_algorithm, 0);
-    // A tuning entry could have replaced the heuristic's pair; then nothing asked cuBLASLt.
     CHECK(fault::fired(Fault::lt_no_algorithm) == before + 1);
     CHECK(r.config.find("cublaslt") == std::string::npos);
     BackwardOptions forced;
+    forced.cache_dir = cache.str();
     forced.dx_cublaslt = heuristic.dx_cublaslt;
     forced.dw_cublaslt = heuristic.dw_cublaslt;
     fault::arm(Fault::lt_no_algorithm, fault::kAlways);
     CHECK_THROWS_AS(BackwardPlan(p, forced), CudaError);
     fault::arm(Fault::lt_no_algorithm, 0);
   }
+}
+
+// cache_hit() is the plan's own story, as Plan's: the first plan of a layer compiles into an
+// empty cache, a second one finds the kernel set the first loaded.
+TEST_CASE("backward: cache_hit says whether making this plan compiled its kernels") {
+  const test::TempDir cache;
+  BackwardOptions o;
+  o.cache_dir = cache.str();
+  const Problem p = parse_sweep_line("300x72x40 bf16 train").problem;
+  const BackwardPlan first(p, o);
+  CHECK_FALSE(first.cache_hit());
+  const BackwardPlan second(p, o);
+  CHECK(second.cache_hit());
 }
 
 TEST_CASE("backward: a training step whose forward is the cuBLASLt reference op") {

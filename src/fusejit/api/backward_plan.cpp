@@ -19,7 +19,8 @@ struct BackwardPlan::RunState {
   BackwardRunCache cache;
   BackwardLt lt;                    // the GEMMs the config runs on cuBLASLt, if any
   std::size_t workspace_bytes = 0;  // for the plan's M, computed once (run checks it every call)
-  bool cache_hit = false;           // cache_hit()
+  // This plan's own: false only where making it compiled or loaded the kernel set.
+  bool cache_hit = false;
 };
 
 BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& options)
@@ -153,8 +154,8 @@ void BackwardPlan::run(CUstream stream, const BackwardTensors& t, std::int64_t r
   if (rows < least || rows > problem_.M)
     throw InvalidArgument(
         "rows", fmt::format("expected {} <= rows <= M = {}; got {}", least, problem_.M, rows));
-  validate_backward_tensors(problem_, t, rows);
   validate_workspace(workspace, bytes, workspace_size());
+  validate_backward_tensors(problem_, t, rows, workspace, workspace_size());
   launch_backward(*core_, rows, accumulate_, stream, t, workspace, &state_->cache, &state_->lt);
 }
 

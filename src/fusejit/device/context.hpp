@@ -6,6 +6,10 @@
 
 namespace fusejit {
 
+// Throws UnsupportedDevice where the driver sees no GPU, InvalidArgument("device") for an ordinal
+// outside 0..count - 1: the caller's argument, not a driver failure.
+void require_device_ordinal(int ordinal);
+
 // Makes the device's primary context current on the calling thread (retaining it once per
 // process) and returns it.
 CUcontext primary_context(int ordinal);

@@ -21,13 +21,17 @@ int attr(CUdevice dev, CUdevice_attribute a) {
 
 }  // namespace
 
-Device Device::get(int ordinal) {
-  const Driver& d = driver();
+void require_device_ordinal(int ordinal) {
   int count = 0;
   FJ_CU(cuDeviceGetCount(&count));
   if (count == 0) throw UnsupportedDevice("no GPU: the driver reports 0 CUDA devices");
   if (ordinal < 0 || ordinal >= count)
     throw InvalidArgument("device", fmt::format("expected 0..{}, got {}", count - 1, ordinal));
+}
+
+Device Device::get(int ordinal) {
+  const Driver& d = driver();
+  require_device_ordinal(ordinal);
   CUdevice dev = 0;
   FJ_CU(cuDeviceGet(&dev, ordinal));
   Device out;
@@ -156,13 +160,7 @@ CUcontext primary_context(int ordinal) {
     throw InvalidArgument("device", fmt::format("device ordinal {} out of range", ordinal));
   std::lock_guard<std::mutex> lock(mu);
   if (!retained[ordinal]) {
-    // An ordinal past the machine's GPUs is the caller's argument, not a driver failure.
-    int count = 0;
-    FJ_CU(cuDeviceGetCount(&count));
-    if (ordinal >= count)
-      throw InvalidArgument("device", fmt::format("device ordinal {} out of range: this machine "
-                                                  "has {} CUDA device{}",
-                                                  ordinal, count, count == 1 ? "" : "s"));
+    require_device_ordinal(ordinal);
     CUdevice dev = 0;
     FJ_CU(cuDeviceGet(&dev, ordinal));
     FJ_CU(cuDevicePrimaryCtxRetain(&retained[ordinal], dev));

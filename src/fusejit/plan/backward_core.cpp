@@ -441,7 +441,8 @@ BackwardWorkspace backward_workspace(const Problem& p, const BackwardConfig& c, 
   return w;
 }
 
-void validate_backward_tensors(const Problem& p, const BackwardTensors& t, std::int64_t rows) {
+void validate_backward_tensors(const Problem& p, const BackwardTensors& t, std::int64_t rows,
+                               const void* workspace, std::size_t workspace_bytes) {
   const auto al = static_cast<std::size_t>(p.effective_alignment());
   const std::size_t pe = storage_bytes(p.param_dtype);
   const char* dt = name(p.dtype).data();
@@ -494,10 +495,12 @@ void validate_backward_tensors(const Problem& p, const BackwardTensors& t, std::
     forbid(t.running_mean, "running_mean", "train backward uses the batch statistics (save_*)");
     forbid(t.running_var, "running_var", "train backward uses the batch statistics (save_*)");
   }
-  // dX's GEMM reads W and dW's reads x while either writes its output (dW beside dX, or after
-  // it on cuBLASLt): an output sharing a byte with an operand a GEMM of the run reads, or with
-  // the other output, would be read or left half written. (dy and saved may be overwritten:
-  // only the BatchNorm passes read them, and both GEMMs start after those end.)
+  // dX's GEMM reads W and dW's reads x while either may write its output (dW beside a tiled dX,
+  // after a cuBLASLt dX, before a tiled dX when dW is on cuBLASLt; the check ignores the order):
+  // an output whose address range meets that of an operand a GEMM of the run reads, or the other
+  // output's, would be read or left half written. Ranges, not bytes: interleaved tensors of one
+  // ld (column halves of one buffer) are refused too. (dy and saved may be overwritten: only the
+  // BatchNorm passes read them, and both GEMMs start after those end.)
   const std::int64_t m = rows > 0 ? rows : p.M;
   const std::size_t es = storage_bytes(p.dtype);
   const std::size_t x_span = tensor_span(m, p.lda_x(), p.K, es),
@@ -512,6 +515,9 @@ void validate_backward_tensors(const Problem& p, const BackwardTensors& t, std::
     if (t.dx) require_disjoint(t.dw, w_span, "dw", t.w, w_span, "w", why);
     if (t.dx) require_disjoint(t.dw, w_span, "dw", t.dx, x_span, "dx", "both are outputs");
   }
+  const char* reads_da = "the gradient GEMMs read da in the workspace while they write";
+  if (t.dx) require_disjoint(t.dx, x_span, "dx", workspace, workspace_bytes, "workspace", reads_da);
+  if (t.dw) require_disjoint(t.dw, w_span, "dw", workspace, workspace_bytes, "workspace", reads_da);
 }
 
 namespace {

@@ -159,9 +159,11 @@ struct BackwardLt {
 BackwardLt make_backward_lt(const Problem& p, const BackwardConfig& c);
 
 // Throws InvalidArgument naming the first tensor that is missing, misaligned or not wanted, or
-// an output (dx, dw) that shares a byte with x, W or the other output over `rows` rows (0: the
-// problem's M). Formats nothing unless it throws.
-void validate_backward_tensors(const Problem&, const BackwardTensors&, std::int64_t rows = 0);
+// an output (dx, dw) whose address range over `rows` rows (0: the problem's M) meets that of an
+// operand a GEMM of the run reads (x, W, the `workspace_bytes` of `workspace` that hold da) or
+// of the other output. Formats nothing unless it throws.
+void validate_backward_tensors(const Problem&, const BackwardTensors&, std::int64_t rows = 0,
+                               const void* workspace = nullptr, std::size_t workspace_bytes = 0);
 
 // What a backward plan's runs remember between calls (RunCache's counterpart, plan/launch.hpp):
 // the stream last found to belong to the core's context, and the warpspec gradient GEMMs'

@@ -2,6 +2,7 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <charconv>
@@ -17,6 +18,9 @@ namespace {
 constexpr std::array<std::string_view, kFaultCount> kNames = {
     "nvrtc_compile",  "module_load",           "kernel_launch",  "disk_full",
     "disk_read_only", "cooperative_too_large", "lt_no_algorithm"};
+static_assert(std::none_of(kNames.begin(), kNames.end(),
+                           [](std::string_view n) { return n.empty(); }),
+              "a name for each of the kFaultCount faults");
 
 // Bit i: fault i is armed. kEnvPending: FUSEJIT_FAULTS has not been read yet. Kept in one word
 // so that fire() on the fast path is one relaxed load and a test.
