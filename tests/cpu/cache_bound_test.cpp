@@ -159,19 +159,16 @@ TEST_CASE("SingleFlight drops the least recently used: a refreshed key survives"
 TEST_CASE("SingleFlight says whether a call computed its value") {
   Flights flights(Flights::Keep::values, 1);
   bool computed = false;
-  CHECK(flights.get(
-            "a", [] { return 1; }, &computed) == 1);
+  auto value = [](int v) { return [v] { return v; }; };
+  CHECK(flights.get("a", value(1), &computed) == 1);
   CHECK(computed);
-  CHECK(flights.get(
-            "a", [] { return 2; }, &computed) == 1);
+  CHECK(flights.get("a", value(2), &computed) == 1);
   CHECK_FALSE(computed);
-  flights.get("b", [] { return 3; });  // drops a
-  CHECK(flights.get(
-            "a", [] { return 4; }, &computed) == 4);
+  flights.get("b", value(3));  // drops a
+  CHECK(flights.get("a", value(4), &computed) == 4);
   CHECK(computed);
   Flights once(Flights::Keep::nothing);
-  CHECK(once.get(
-            "a", [] { return 5; }, &computed) == 5);
+  CHECK(once.get("a", value(5), &computed) == 5);
   CHECK(computed);
 }
 
