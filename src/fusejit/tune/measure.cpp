@@ -12,7 +12,6 @@
 #include <thread>
 
 #include "fusejit/compile/compiler.hpp"
-#include "fusejit/device/driver.hpp"
 #include "fusejit/device/event_timer.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/util/log.hpp"
@@ -157,10 +156,6 @@ void time_candidates(std::vector<TimedCandidate>& cs, int sets, CUstream stream,
   auto timed = [&](const TimedCandidate& c, int warmup, int count, std::vector<double>& times) {
     timer.time([&](int set, CUstream s) { c.run(s, set); }, sets, warmup, count, times);
   };
-  // A candidate that threw may have left kernels queued (a run throws at its first launch the
-  // driver refuses, after the ones before it): they finish before the next candidate's events
-  // are recorded. Its own error, if any, was the one caught.
-  auto drain = [&] { (void)driver().cuStreamSynchronize(stream); };
   double best = std::numeric_limits<double>::infinity();
   for (std::size_t i = 0; i < cs.size(); ++i) {
     CandidateOutcome& out = *cs[i].out;
@@ -186,7 +181,6 @@ void time_candidates(std::vector<TimedCandidate>& cs, int sets, CUstream stream,
       } catch (const std::exception& e) {
         out.status = Status::failed;
         out.message = "run: " + first_line(e.what());
-        drain();
       }
     }
     report(o, TuneProgress::Stage::timing, i + 1, cs.size(), out.key);
@@ -214,7 +208,6 @@ void time_candidates(std::vector<TimedCandidate>& cs, int sets, CUstream stream,
       } catch (const std::exception& e) {
         out.status = Status::failed;
         out.message = "run: " + first_line(e.what());
-        drain();
       }
       if (!times.empty()) rounds[k].push_back(median(times));
     }
