@@ -505,19 +505,20 @@ void validate_backward_tensors(const Problem& p, const BackwardTensors& t, std::
   const std::size_t es = storage_bytes(p.dtype);
   const std::size_t x_span = tensor_span(m, p.lda_x(), p.K, es),
                     w_span = tensor_span(p.N, p.lda_w(), p.K, es);
-  const char* why = "the gradient GEMMs read x (for dw) and W (for dx) while they write";
+  const char* why = "the gradient GEMMs read x (for dw), W (for dx) and da while they write";
   if (t.dx) {
     require_disjoint(t.dx, x_span, "dx", t.w, w_span, "w", why);
+    require_disjoint(t.dx, x_span, "dx", workspace, workspace_bytes, "workspace", why);
     if (t.dw) require_disjoint(t.dx, x_span, "dx", t.x, x_span, "x", why);
   }
   if (t.dw) {
     require_disjoint(t.dw, w_span, "dw", t.x, x_span, "x", why);
-    if (t.dx) require_disjoint(t.dw, w_span, "dw", t.w, w_span, "w", why);
-    if (t.dx) require_disjoint(t.dw, w_span, "dw", t.dx, x_span, "dx", "both are outputs");
+    require_disjoint(t.dw, w_span, "dw", workspace, workspace_bytes, "workspace", why);
+    if (t.dx) {
+      require_disjoint(t.dw, w_span, "dw", t.w, w_span, "w", why);
+      require_disjoint(t.dw, w_span, "dw", t.dx, x_span, "dx", "both are outputs");
+    }
   }
-  const char* reads_da = "the gradient GEMMs read da in the workspace while they write";
-  if (t.dx) require_disjoint(t.dx, x_span, "dx", workspace, workspace_bytes, "workspace", reads_da);
-  if (t.dw) require_disjoint(t.dw, w_span, "dw", workspace, workspace_bytes, "workspace", reads_da);
 }
 
 namespace {
