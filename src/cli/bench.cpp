@@ -343,16 +343,20 @@ nlohmann::json bench_backward(const BenchArgs& a, const Problem& p, const Device
   // The BatchNorm passes the backward runs of the timing (warm-up included) took, as launched.
   const ResidentGridCounts resident_after = resident_grid_counts();
   const std::uint64_t launched = resident_after.launched - resident_before.launched,
-                      refused = resident_after.refused - resident_before.refused;
+                      refused = resident_after.refused - resident_before.refused,
+                      shared = resident_after.shared - resident_before.shared;
   std::string passes = p.mode == Mode::eval ? "fj_bwd_reduce, fj_bwd_params"
                                             : "fj_bwd_reduce, fj_bwd_coef, fj_bwd_da";
+  const char* resident = shared == 0          ? "fj_bwd_resident"
+                         : shared == launched ? "fj_bwd_resident_shared"
+                                              : "fj_bwd_resident or fj_bwd_resident_shared";
   if (refused > 0)
     passes = fmt::format(
-        "fj_bwd_resident in {} runs, the three passes in {} (its cooperative "
+        "{} in {} runs, the three passes in {} (its cooperative "
         "launch refused)",
-        launched, refused);
+        resident, launched, refused);
   else if (launched > 0)
-    passes = "fj_bwd_resident";
+    passes = resident;
   nlohmann::json j;
   j["batchnorm_passes"] = passes;
   j["problem"] = p.key();

@@ -60,6 +60,30 @@ FJ_HOST_DEVICE constexpr bool backward_slab_in_registers(int slab_rows) {
   return slab_rows <= kBackwardResidentRows * kBackwardRowThreads;
 }
 
+// Where fj_bwd_resident's blocks keep their rows between the column sums and da (the host's
+// launch and the kernels decide alike, from the run's slabs, units and grid):
+//   registers: every strip x slab unit has a block, whose rows fit in registers
+//              (backward_rows_in_registers);
+//   shared:    more units than blocks, slabs that would fit: a block keeps its first unit's rows
+//              in kBackwardResidentSharedBytes of dynamic shared memory and reads its other
+//              units again (backward_first_rows_in_shared; its own kernel,
+//              fj_bwd_resident_shared);
+//   reread:    every unit read again.
+enum class ResidentRows { registers, shared, reread };
+
+FJ_HOST_DEVICE constexpr bool backward_rows_in_registers(int slab_rows, int units, int grid) {
+  return backward_slab_in_registers(slab_rows) && units == grid;
+}
+FJ_HOST_DEVICE constexpr bool backward_first_rows_in_shared(int slab_rows, int units, int grid) {
+  return backward_slab_in_registers(slab_rows) && units > grid;
+}
+
+// A block's first unit in shared memory: dy's and saved's kBackwardResidentRows rows per thread,
+// kBackwardVecBytes each (32 KiB; with the kernel's ~10 KiB of static shared memory four blocks
+// of 64 registers still fit an SM of sm_90, three of sm_80, two of sm_86 and sm_89).
+constexpr int kBackwardResidentSharedBytes =
+    2 * kBackwardResidentRows * kBackwardThreads * kBackwardVecBytes;
+
 struct BackwardSlabs {
   int count;
   int rows;

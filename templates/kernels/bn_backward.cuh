@@ -3,7 +3,8 @@
 // gradients. The math and the workspace: common/backward_params.h. Schedules:
 //   train: fj_bwd_reduce (dy partials) -> fj_bwd_coef (dbeta, dgamma, dscale, dbias = 0,
 //          per-column coefficients) -> fj_bwd_da (da) -> the GEMMs; where da is wanted, the
-//          three as one cooperative grid, fj_bwd_resident, the passes its fallback
+//          three as one cooperative grid, fj_bwd_resident (or fj_bwd_resident_shared), the
+//          passes its fallback
 //   eval : fj_bwd_reduce (dy and dz partials, and da: dz = g dy / sqrt(rv + eps) needs no
 //          reduction first) -> fj_bwd_params (all four) -> the GEMMs
 // On sm_90+ every kernel is a programmatic dependent launch and joins the chain
@@ -432,14 +433,14 @@ __device__ void bn_backward_da(const BackwardParams& p) {
   backward_da_unit<Spec>(p, BackwardBlock<Spec>(p, static_cast<int>(blockIdx.x), true));
 }
 
-// fj_bwd_resident's last step: da of the rows a thread holds (kWhole: its columns are a whole
-// vector, decided once per thread rather than per store).
+// fj_bwd_resident's last step: da of the rows a thread holds, row(t, i) dy's (t = 0) or saved's
+// (t = 1) row i (kWhole: its columns are a whole vector, decided once per thread rather than per
+// store).
 template <class Spec, bool kWhole, class Row>
 __device__ __forceinline__ void store_resident_da(const BackwardParams& p,
                                                   const BackwardBlock<Spec>& blk,
                                                   const float4 (&k)[BackwardBlock<Spec>::VEC],
-                                                  const Row (&dy)[kBackwardResidentRows],
-                                                  const Row (&sv)[kBackwardResidentRows]) {
+                                                  Row&& row) {
   constexpr int VEC = BackwardBlock<Spec>::VEC;
 #pragma unroll
   for (int i = 0; i < kBackwardResidentRows; ++i) {
@@ -447,22 +448,95 @@ __device__ __forceinline__ void store_resident_da(const BackwardParams& p,
     if (r >= blk.row_end) break;
     float da[VEC];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) da[j] = backward_da(k[j], dy[i].get(j), sv[i].get(j));
+    for (int j = 0; j < VEC; ++j) da[j] = backward_da(k[j], row(0, i).get(j), row(1, i).get(j));
     store_da<Spec, VEC, kWhole>(p, r, blk.c, blk.n_here, da);
   }
 }
 
-// bn_backward_resident's body. kHold: the block has one unit, held in registers (with units to
-// read again beside it, the held rows stayed live across their loops and merges: ptxas spilled
-// at 64 registers, and 2048x2048x512's backward measured 0.0387 ms, against 0.0366 with the
-// paths apart and 0.0380 for the three passes, H200).
-template <class Spec, bool kHold>
+// The rows of one unit a thread holds (row i: row_begin + ty + i * kBackwardRowThreads, the
+// order fj_bwd_reduce adds them in), read, added into the unit's column partials as
+// fj_bwd_reduce adds them, and stored as its partials (every thread of the block calls it: it
+// synchronizes). keep() runs between the sums and the partials' exchange: rows it moves to
+// shared memory are then not live across the exchange.
+template <class Spec, class Keep>
+__device__ __forceinline__ void load_held_unit(
+    Keep&& keep, const BackwardParams& p, const BackwardBlock<Spec>& blk,
+    Packed<typename Spec::T, BackwardBlock<Spec>::VEC> (&dy)[kBackwardResidentRows],
+    Packed<typename Spec::T, BackwardBlock<Spec>::VEC> (&sv)[kBackwardResidentRows]) {
+  using T = typename Spec::T;
+  constexpr int VEC = BackwardBlock<Spec>::VEC;
+  constexpr int R = kBackwardResidentRows;
+  const int first = blk.row_begin + blk.ty;
+  const T* const dy_col = static_cast<const T*>(p.dy) + blk.c;
+  const T* const sv_col = static_cast<const T*>(p.saved) + blk.c;
+  auto row_offset = [&](int i) {
+    return static_cast<long long>(first + i * kBackwardRowThreads) * Spec::LDY;
+  };
+  auto here = [&](int i) { return first + i * kBackwardRowThreads < blk.row_end; };
+  if (blk.active) {
+    if (blk.n_here == VEC) {
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+        if (here(i)) {
+          dy[i].load(dy_col + row_offset(i));
+          sv[i].load(sv_col + row_offset(i));
+        }
+    } else {
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+        if (here(i)) {
+          dy[i].load_first(dy_col + row_offset(i), blk.n_here);
+          sv[i].load_first(sv_col + row_offset(i), blk.n_here);
+        }
+    }
+  }
+  float sdy[VEC], sdyu[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) sdy[j] = sdyu[j] = 0.f;
+  if (blk.active)
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (here(i)) {
+        float d[VEC], c[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) d[j] = dy[i].get(j), c[j] = sv[i].get(j);
+        add_dy_sums(sdy, sdyu, d, c);
+      }
+  keep();
+  blk.store_partials(reinterpret_cast<float2*>(p.ws_dy_partials), sdy, sdyu);
+}
+
+// da of the rows load_held_unit read, with the unit's coefficients: row(t, i) is dy's (t = 0) or
+// saved's (t = 1) row i of this thread, wherever it is held.
+template <class Spec, class Row>
+__device__ __forceinline__ void store_held_da(const BackwardParams& p,
+                                              const BackwardBlock<Spec>& blk, Row&& row) {
+  constexpr int VEC = BackwardBlock<Spec>::VEC;
+  float4 k[VEC];
+  load_da_coefficients<Spec>(p, blk, k);
+  // Only N's last vector can be partial: where N is whole vectors, no code for one (beside the
+  // da loop of the units read again it made ptxas spill 4 bytes, fp16 N = 256).
+  if (Spec::N % VEC == 0 || blk.n_here == VEC)
+    store_resident_da<Spec, true>(p, blk, k, row);
+  else
+    store_resident_da<Spec, false>(p, blk, k, row);
+}
+
+// bn_backward_resident's body (and bn_backward_resident_shared's), for where a block keeps its
+// rows (ResidentRows, common/backward_shape.h). registers: the block has one unit, held in
+// registers (with units to read again beside it, the held rows stayed live across their loops
+// and merges: ptxas spilled at 64 registers, and 2048x2048x512's backward measured 0.0387 ms,
+// against 0.0366 with the paths apart and 0.0380 for the three passes, H200). shared: its first
+// unit's rows wait in shared memory, dead in registers while it reads its other units; a kernel
+// of its own, since beside the other two in one kernel ptxas spilled 44 bytes (4096x4096 bf16).
+template <class Spec, ResidentRows kRows>
 __device__ __forceinline__ void backward_resident_units(const BackwardParams& p) {
   using B = BackwardBlock<Spec>;
   using S = BackwardShape<Spec>;
-  using T = typename Spec::T;
-  constexpr int VEC = B::VEC;
+  using Row = Packed<typename Spec::T, B::VEC>;
   constexpr int R = kBackwardResidentRows;
+  constexpr bool kHold = kRows == ResidentRows::registers;
+  constexpr bool kShared = kRows == ResidentRows::shared;
   // A strip's columns are whole column blocks of the coefficients' merge (the last strip's may
   // be fewer).
   static_assert(S::kCols % kBackwardMergeColumns == 0);
@@ -474,52 +548,32 @@ __device__ __forceinline__ void backward_resident_units(const BackwardParams& p)
   const int units = S::kStrips * p.slabs;
   const int step = static_cast<int>(gridDim.x);
   const int held = static_cast<int>(blockIdx.x);
-  // The units read again: all of the block's, or none where it holds its one unit.
-  const int reread_first = kHold ? units : held;
+  // Shared memory's rows: [dy, saved][i][thread], each thread's own (no barrier between its
+  // stores and its loads).
+  extern __shared__ __align__(16) unsigned char fj_bwd_held_rows[];
+  auto shared_row = [&](int t, int i) -> Row& {
+    return reinterpret_cast<Row*>(fj_bwd_held_rows)[(t * R + i) * kBackwardThreads + threadIdx.x];
+  };
+  static_assert(sizeof(Row) <= kBackwardVecBytes, "kBackwardResidentSharedBytes holds the rows");
+  // The first unit, read first: the one the other units' reads would push out of L2 soonest.
+  if constexpr (kShared) {
+    const B blk(p, held, false);
+    Row dy[R], sv[R];
+    load_held_unit<Spec>(
+        [&] {
+          if (blk.active)
+#pragma unroll
+            for (int i = 0; i < R; ++i) shared_row(0, i) = dy[i], shared_row(1, i) = sv[i];
+        },
+        p, blk, dy, sv);
+  }
+  // The units read again: all of the block's, those after the first where shared memory holds
+  // that one, or none where the block holds its one unit in registers.
+  const int reread_first = kHold ? units : kShared ? held + step : held;
   for (int u = reread_first; u < units; u += step) backward_reduce_unit<Spec>(p, B(p, u, false));
   const B blk(p, held, false);
-  // Row i of this thread: row_begin + ty + i * kBackwardRowThreads (the order fj_bwd_reduce adds
-  // them in).
-  Packed<T, VEC> dy[kHold ? R : 1], sv[kHold ? R : 1];
-  if constexpr (kHold) {
-    const int first = blk.row_begin + blk.ty;
-    const T* const dy_col = static_cast<const T*>(p.dy) + blk.c;
-    const T* const sv_col = static_cast<const T*>(p.saved) + blk.c;
-    auto row_offset = [&](int i) {
-      return static_cast<long long>(first + i * kBackwardRowThreads) * Spec::LDY;
-    };
-    auto here = [&](int i) { return first + i * kBackwardRowThreads < blk.row_end; };
-    if (blk.active) {
-      if (blk.n_here == VEC) {
-#pragma unroll
-        for (int i = 0; i < R; ++i)
-          if (here(i)) {
-            dy[i].load(dy_col + row_offset(i));
-            sv[i].load(sv_col + row_offset(i));
-          }
-      } else {
-#pragma unroll
-        for (int i = 0; i < R; ++i)
-          if (here(i)) {
-            dy[i].load_first(dy_col + row_offset(i), blk.n_here);
-            sv[i].load_first(sv_col + row_offset(i), blk.n_here);
-          }
-      }
-    }
-    float sdy[VEC], sdyu[VEC];
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) sdy[j] = sdyu[j] = 0.f;
-    if (blk.active)
-#pragma unroll
-      for (int i = 0; i < R; ++i)
-        if (here(i)) {
-          float d[VEC], c[VEC];
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) d[j] = dy[i].get(j), c[j] = sv[i].get(j);
-          add_dy_sums(sdy, sdyu, d, c);
-        }
-    blk.store_partials(reinterpret_cast<float2*>(p.ws_dy_partials), sdy, sdyu);
-  }
+  Row dy[kHold ? R : 1], sv[kHold ? R : 1];
+  if constexpr (kHold) load_held_unit<Spec>([] {}, p, blk, dy, sv);
   // The strips' ready counters (kHold) start at zero, ordered before every add by the grid
   // barrier.
   if constexpr (kHold)
@@ -529,9 +583,9 @@ __device__ __forceinline__ void backward_resident_units(const BackwardParams& p)
   __syncthreads();
   if (threadIdx.x == 0) grid_barrier_arrive_and_wait();
   __syncthreads();
-  // The coefficients, column block by column block; where blocks hold their unit, each column
-  // block is counted on its strip once stored, and a block waits for its own strip's, not for
-  // the whole grid.
+  // The coefficients, column block by column block; where blocks hold their unit in registers,
+  // each column block is counted on its strip once stored, and a block waits for its own
+  // strip's, not for the whole grid.
   for (int cb = held; cb < S::kColumnBlocks; cb += step) {
     backward_coef_columns<Spec>(p, cb);
     if constexpr (kHold) {
@@ -540,7 +594,7 @@ __device__ __forceinline__ void backward_resident_units(const BackwardParams& p)
     }
   }
   if constexpr (!kHold) __syncthreads();  // the coefficients this block stored, before arriving
-  // A block that reads its units again forms da in many strips: it waits for the whole grid
+  // A block that reads units again forms da in many strips: it waits for the whole grid
   // (waiting on every strip's counter measured 0.6 us slower at 4096^3 bf16, ncu, H200).
   if (threadIdx.x == 0) {
     if constexpr (kHold)
@@ -550,19 +604,16 @@ __device__ __forceinline__ void backward_resident_units(const BackwardParams& p)
   }
   __syncthreads();
   if constexpr (kHold)
-    if (blk.active) {
-      float4 k[VEC];
-      load_da_coefficients<Spec>(p, blk, k);
-      if (blk.n_here == VEC)
-        store_resident_da<Spec, true>(p, blk, k, dy, sv);
-      else
-        store_resident_da<Spec, false>(p, blk, k, dy, sv);
-    }
+    if (blk.active)
+      store_held_da<Spec>(p, blk, [&](int t, int i) -> const Row& { return t ? sv[i] : dy[i]; });
   // The units read again, the last read first: the likeliest still in L2.
   if (reread_first < units)
     for (int u = reread_first + (units - 1 - reread_first) / step * step; u >= reread_first;
          u -= step)
       backward_da_unit<Spec>(p, B(p, u, false));
+  // The first unit last, from shared memory.
+  if constexpr (kShared)
+    if (blk.active) store_held_da<Spec>(p, blk, shared_row);
 }
 
 // Train, all three passes in one cooperative grid: a block per SM slot the device holds at once
@@ -585,11 +636,28 @@ __device__ void bn_backward_resident(const BackwardParams& p) {
   static_assert(kBackwardThreads == kBackwardColumnThreads,
                 "the coefficients' merge runs on the elementwise grid's blocks");
   join_launch_chain();
+  // ResidentRows::shared has its own kernel (bn_backward_resident_shared); launched here instead
+  // (a set without it, or no block with its shared memory fitting), a block reads its rows again.
+  // backward_rows_in_registers, spelled out: through the function (or ResidentRows) NVRTC's
+  // ptxas spilled 4 bytes here at 64 registers (4096x4096 bf16, sm_90a), as written not.
   if (backward_slab_in_registers(p.slab_rows) &&
       BackwardShape<Spec>::kStrips * p.slabs == static_cast<int>(gridDim.x))
-    backward_resident_units<Spec, true>(p);
+    backward_resident_units<Spec, ResidentRows::registers>(p);
   else
-    backward_resident_units<Spec, false>(p);
+    backward_resident_units<Spec, ResidentRows::reread>(p);
+}
+
+// fj_bwd_resident where its blocks have more units than one and slabs short enough to hold
+// (ResidentRows::shared): each block keeps its first unit's rows in kBackwardResidentSharedBytes
+// of dynamic shared memory, so da reads them from there rather than from DRAM. At 4096x4096 bf16
+// dy and saved are 64 MB against the 50 MB L2, and fj_bwd_resident's second read of them took
+// ~44 MB from DRAM (~14 us of its 44-46, ncu, H200); a quarter of them is held here. Launched
+// only with fewer blocks than units (launch_resident_passes): every block has a first unit.
+template <class Spec>
+__device__ void bn_backward_resident_shared(const BackwardParams& p) {
+  static_assert(Spec::TRAIN, "eval's one pass forms da already");
+  join_launch_chain();
+  backward_resident_units<Spec, ResidentRows::shared>(p);
 }
 
 // Eval, last pass: the parameter gradients fj_bwd_reduce left as partials: dbeta, dgamma,

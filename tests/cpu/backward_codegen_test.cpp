@@ -28,9 +28,9 @@ TEST_CASE("backward kernel set per mode and split") {
   BackwardConfig c{KernelConfig::parse("tiled.64x64x64.w2x2.s3.g8"),
                    KernelConfig::parse("warpspec.64x64x64.c1.s8.g8.cl1.p1")};
   // Train writes its parameter gradients in fj_bwd_coef (dbias = 0 exactly): no fj_bwd_params.
-  CHECK(backward_kernel_set(p, c) == std::vector<std::string>{"fj_bwd_reduce", "fj_bwd_coef",
-                                                              "fj_bwd_da", "fj_bwd_resident",
-                                                              "fj_bwd_dx", "fj_bwd_dw"});
+  CHECK(backward_kernel_set(p, c) ==
+        std::vector<std::string>{"fj_bwd_reduce", "fj_bwd_coef", "fj_bwd_da", "fj_bwd_resident",
+                                 "fj_bwd_resident_shared", "fj_bwd_dx", "fj_bwd_dw"});
   p.mode = Mode::eval;
   CHECK(backward_kernel_set(p, c) ==
         std::vector<std::string>{"fj_bwd_reduce", "fj_bwd_params", "fj_bwd_dx", "fj_bwd_dw"});
@@ -274,7 +274,8 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
     if (q.effective_alignment() < 16) CHECK((!c.dx.tma_store && !c.dw.tma_store));
     CHECK(backward_kernel_set(q, c) ==
           std::vector<std::string>{"fj_bwd_reduce", "fj_bwd_coef", "fj_bwd_da", "fj_bwd_resident",
-                                   "fj_bwd_transpose", "fj_bwd_dx", "fj_bwd_dw"});
+                                   "fj_bwd_resident_shared", "fj_bwd_transpose", "fj_bwd_dx",
+                                   "fj_bwd_dw"});
     // dX reads both operands K-major (dA in place, W^T); dW reads x^T K-major and dA^T (tf32)
     // or dA MN-major.
     const std::string text = generate_backward(q, c).text;

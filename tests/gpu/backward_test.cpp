@@ -491,13 +491,31 @@ TEST_CASE("backward: bit-identical run to run, and under CUDA graph capture") {
 TEST_CASE("backward: train's passes in one resident grid equal the three passes bit for bit") {
   // 1000x1030x72: N's last vector is half a vector (rows padded to 1032), the last slab 40 rows.
   // 2048x8192x256: 2048 slabs x strips, more than the device holds at once: each block walks
-  // several. 4100x1024x64: 72-row slabs, more than a thread's registers hold: every slab is read
-  // twice, as by the three passes. 64x4096x64 and 8x2048x64: more columns of 32 than blocks,
-  // so each block merges several columns' slabs between the barriers.
-  for (const char* line :
-       {"2048x2048x512 bf16 train", "1000x1030x72 fp16 train ldy=1032", "777x200x64 fp32 train",
-        "8192x512x128 fp16 train", "2048x8192x256 bf16 train", "4100x1024x64 bf16 train",
-        "64x4096x64 bf16 train", "8x2048x64 fp16 train"}) {
+  // several, the first held in shared memory (fj_bwd_resident_shared), as at 2100x4098x64, whose
+  // last vector is half a vector and last slab 52 rows, at fp32 2048x4096x64 (8-byte rows) and
+  // at bf16 2048x4097x64 (2-byte rows: a column a thread). 4100x1024x64: 72-row slabs, more than a
+  // thread's registers hold: every slab is read twice, as by the three passes. 64x4096x64 and
+  // 8x2048x64: more columns of 32 than blocks, so each block merges several columns' slabs
+  // between the barriers.
+  // Whether fj_bwd_resident_shared runs, on Hopper (four blocks of either kernel an SM): for the
+  // layers of over 1,000 units, more than any such GPU holds at once (fp32's 8-byte rows and
+  // bf16's 2-byte rows among them); 512 units fit 132 SMs' 528 blocks but not 114 SMs' 456.
+  enum class Shared { no, yes, either };
+  struct Layer {
+    const char* line;
+    Shared shared;
+  };
+  for (const Layer& layer :
+       {Layer{"2048x2048x512 bf16 train", Shared::either},
+        Layer{"1000x1030x72 fp16 train ldy=1032", Shared::no},
+        Layer{"777x200x64 fp32 train", Shared::no},
+        Layer{"8192x512x128 fp16 train", Shared::either},
+        Layer{"2048x8192x256 bf16 train", Shared::yes},
+        Layer{"2100x4098x64 fp16 train ldy=4104", Shared::yes},
+        Layer{"2048x4096x64 fp32 train", Shared::yes},
+        Layer{"2048x4097x64 bf16 train", Shared::yes}, Layer{"4100x1024x64 bf16 train", Shared::no},
+        Layer{"64x4096x64 bf16 train", Shared::no}, Layer{"8x2048x64 fp16 train", Shared::no}}) {
+    const char* line = layer.line;
     CAPTURE(std::string(line));
     StepCase k(line);
     StepTensors& t = k.t;
@@ -520,6 +538,8 @@ TEST_CASE("backward: train's passes in one resident grid equal the three passes 
     REQUIRE_MESSAGE(after_run.refused == before_run.refused,
                     "the driver refused fj_bwd_resident's cooperative launch on this device");
     CHECK(after_run.launched == before_run.launched + 1);
+    if (Device::get(0).cc() == 90 && layer.shared != Shared::either)
+      CHECK(after_run.shared == before_run.shared + (layer.shared == Shared::yes ? 1 : 0));
     const auto resident = k.snapshot(outs);
     const int before = fault::fired(Fault::cooperative_too_large);
     fault::arm(Fault::cooperative_too_large, 1);

@@ -174,7 +174,7 @@ Problem dw_gemm_problem(const Problem& p) {
 std::vector<std::string> backward_kernel_set(const Problem& p, const BackwardConfig& c) {
   std::vector<std::string> k{"fj_bwd_reduce"};
   if (p.mode == Mode::train)
-    k.insert(k.end(), {"fj_bwd_coef", "fj_bwd_da", "fj_bwd_resident"});
+    k.insert(k.end(), {"fj_bwd_coef", "fj_bwd_da", "fj_bwd_resident", "fj_bwd_resident_shared"});
   else
     k.push_back("fj_bwd_params");
   // A GEMM on cuBLASLt has no kernel here (and reads no copies: it takes any layout).
@@ -268,6 +268,12 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
       t += "extern \"C\" __global__ void\n"
            "__launch_bounds__(fj::kBackwardThreads, fj::kBackwardResidentBlocksPerSm)\n"
            "fj_bwd_resident(const fj::BackwardParams p) { fj::bn_backward_resident<Spec>(p); }\n";
+    else if (k == "fj_bwd_resident_shared")
+      t += "extern \"C\" __global__ void\n"
+           "__launch_bounds__(fj::kBackwardThreads, fj::kBackwardResidentBlocksPerSm)\n"
+           "fj_bwd_resident_shared(const fj::BackwardParams p) {\n"
+           "  fj::bn_backward_resident_shared<Spec>(p);\n"
+           "}\n";
     else if (k == "fj_bwd_params")
       t += "extern \"C\" __global__ void __launch_bounds__(fj::kBackwardColumnThreads)\n"
            "fj_bwd_params(const fj::BackwardParams p) { fj::bn_backward_params<Spec>(p); }\n";

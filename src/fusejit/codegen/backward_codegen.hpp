@@ -81,9 +81,11 @@ Problem dw_gemm_problem(const Problem&);
 
 // Kernels of the set, in launch order: fj_bwd_reduce, then fj_bwd_coef, fj_bwd_da (train) or
 // fj_bwd_params (eval), [fj_bwd_transpose] (grad_gemm_reads_copies), fj_bwd_dx, [fj_bwd_dx_sum] (dx
-// split), fj_bwd_dw, [fj_bwd_dw_sum] (dW split). Train's set also has fj_bwd_resident, which a run
-// that forms da launches instead of the three passes; they run where the driver refuses its
-// cooperative launch (plan/backward_core.cpp).
+// split), fj_bwd_dw, [fj_bwd_dw_sum] (dW split). Train's set also has fj_bwd_resident and
+// fj_bwd_resident_shared, one of which a run that forms da launches instead of the three passes
+// (the second where its blocks have several units and slabs short enough to hold the first in
+// shared memory); the passes run where the driver refuses the cooperative launch
+// (plan/backward_core.cpp).
 std::vector<std::string> backward_kernel_set(const Problem&, const BackwardConfig&);
 
 // The source. It names no M: problems differing only in M give the same text (one cache key).

@@ -57,12 +57,16 @@ std::shared_ptr<const BackwardCore> build_backward_core(const Problem& problem,
   core->da = fn("fj_bwd_da");
   core->params = fn("fj_bwd_params");
   core->resident = fn("fj_bwd_resident");
-  if (core->resident) {
+  core->resident_shared = fn("fj_bwd_resident_shared");
+  auto resident_blocks = [&](CUfunction f, int smem) {
     int per_sm = 0;
-    FJ_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, core->resident, fj::kBackwardThreads,
-                                                      0));
-    core->resident_blocks = per_sm * core->device.sm_count;
-  }
+    if (f)
+      FJ_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, fj::kBackwardThreads, smem));
+    return per_sm * core->device.sm_count;
+  };
+  core->resident_blocks = resident_blocks(core->resident, 0);
+  core->resident_shared_blocks =
+      resident_blocks(core->resident_shared, fj::kBackwardResidentSharedBytes);
   core->dx = fn("fj_bwd_dx");
   core->dw = fn("fj_bwd_dw");
   core->dx_sum = fn("fj_bwd_dx_sum");
@@ -599,21 +603,38 @@ GradGemmMaps grad_gemm_maps(const BackwardCore& c, std::int64_t rows, char* ws,
   return m;
 }
 
-std::atomic<std::uint64_t> resident_launches{0}, resident_refusals{0};
+std::atomic<std::uint64_t> resident_launches{0}, resident_refusals{0}, resident_shared_launches{0};
 
 // fj_bwd_resident as a cooperative launch (its grid barriers need every block resident), and on
 // sm_90+ also a programmatic dependent one, like the passes it replaces: the kernel joins the
 // chain before it touches memory, and its blocks are all resident once the grid before it
 // drains, which never waits for them. False where the driver refuses the grid as too large.
-bool launch_resident_passes(const BackwardCore& c, unsigned grid, CUstream stream, void** args) {
-  const CUresult r =
-      launch_cooperative_grid(c.device, c.resident, grid, fj::kBackwardThreads, stream, args, true);
+bool launch_resident_passes(const BackwardCore& c, int units, int slab_rows, CUstream stream,
+                            void** args) {
+  // At most the blocks the device holds at once. fj_bwd_resident, unless its blocks would read
+  // their units again where fj_bwd_resident_shared's could hold the first of theirs
+  // (fj::backward_first_rows_in_shared; the kernels decide by the same rules).
+  CUfunction f = c.resident;
+  int grid = std::min(units, c.resident_blocks);
+  unsigned smem = 0;
+  // Only where the device holds as many of its blocks as of fj_bwd_resident's (sm_90: four of
+  // either an SM; sm_80 three of it against four, sm_86 and sm_89 two): a smaller grid there is
+  // not measured.
+  const int shared_grid = std::min(units, c.resident_shared_blocks);
+  if (!fj::backward_rows_in_registers(slab_rows, units, grid) &&
+      c.resident_shared_blocks >= c.resident_blocks &&
+      fj::backward_first_rows_in_shared(slab_rows, units, shared_grid))
+    f = c.resident_shared, grid = shared_grid, smem = fj::kBackwardResidentSharedBytes;
+  const CUresult r = launch_cooperative_grid(c.device, f, static_cast<unsigned>(grid),
+                                             fj::kBackwardThreads, smem, stream, args, true);
   if (r == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) {
     resident_refusals.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
-  check(r, "cuLaunchKernelEx(fj_bwd_resident, cooperative)");
+  check(r, f == c.resident ? "cuLaunchKernelEx(fj_bwd_resident, cooperative)"
+                           : "cuLaunchKernelEx(fj_bwd_resident_shared, cooperative)");
   resident_launches.fetch_add(1, std::memory_order_relaxed);
+  if (f != c.resident) resident_shared_launches.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
@@ -621,7 +642,8 @@ bool launch_resident_passes(const BackwardCore& c, unsigned grid, CUstream strea
 
 ResidentGridCounts resident_grid_counts() {
   return {resident_launches.load(std::memory_order_relaxed),
-          resident_refusals.load(std::memory_order_relaxed)};
+          resident_refusals.load(std::memory_order_relaxed),
+          resident_shared_launches.load(std::memory_order_relaxed)};
 }
 
 void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, CUstream stream,
@@ -695,8 +717,7 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   // passes alone read dy and saved once already.
   const bool resident =
       p.mode == Mode::train && need_da && c.resident_blocks > 0 &&
-      launch_resident_passes(
-          c, std::min(elementwise_grid, static_cast<unsigned>(c.resident_blocks)), stream, bargs);
+      launch_resident_passes(c, static_cast<int>(elementwise_grid), slabs.rows, stream, bargs);
   if (!resident) {
     go(c.reduce, elementwise_grid, fj::kBackwardThreads, 0, bargs,
        "cuLaunchKernelEx(fj_bwd_reduce)");

@@ -33,9 +33,11 @@ struct BackwardCore {
   CUfunction transpose = nullptr;                 // grad_gemm_reads_copies configs only
   int strips = 0, column_blocks = 0;              // from the module (kernels/bn_backward.cuh)
   // Train: fj_bwd_resident, and the most blocks of it the device holds at once (its occupancy
-  // times the SMs): launch_backward's grid is at most this, and its blocks walk the units beyond.
-  CUfunction resident = nullptr;
-  int resident_blocks = 0;
+  // times the SMs): launch_backward's grid is at most this, and its blocks walk the units beyond;
+  // the same for fj_bwd_resident_shared with fj::kBackwardResidentSharedBytes of dynamic shared
+  // memory a block (fj::backward_first_rows_in_shared).
+  CUfunction resident = nullptr, resident_shared = nullptr;
+  int resident_blocks = 0, resident_shared_blocks = 0;
   int dx_smem_bytes = 0, dw_smem_bytes = 0;
   std::vector<std::string> kernel_names;
   bool cache_hit = false;
@@ -191,11 +193,12 @@ void launch_backward(const BackwardCore&, std::int64_t rows, bool accumulate, CU
                      const BackwardLt* lt = nullptr);
 
 // The train runs of this process whose BatchNorm passes launch_backward launched as
-// fj_bwd_resident, and those whose cooperative launch was refused
-// (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, or Fault::cooperative_too_large) and ran the three
-// passes instead: what tells a test or a benchmark which of them ran.
+// fj_bwd_resident or fj_bwd_resident_shared (`shared` of them the second), and those whose
+// cooperative launch was refused (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, or
+// Fault::cooperative_too_large) and ran the three passes instead: what tells a test or a
+// benchmark which of them ran.
 struct ResidentGridCounts {
-  std::uint64_t launched = 0, refused = 0;
+  std::uint64_t launched = 0, refused = 0, shared = 0;
 };
 ResidentGridCounts resident_grid_counts();
 

@@ -61,13 +61,15 @@ CUresult launch_cooperative(const CUlaunchConfig& cfg, CUfunction f, void** args
 }
 
 CUresult launch_cooperative_grid(const Device& device, CUfunction f, unsigned grid,
-                                 unsigned threads, CUstream stream, void** args, bool dependent) {
+                                 unsigned threads, unsigned smem, CUstream stream, void** args,
+                                 bool dependent) {
   CUlaunchAttribute attrs[2] = {cooperative_attribute(), programmatic_dependent_attribute()};
   CUlaunchConfig cfg{};
   cfg.gridDimX = grid;
   cfg.gridDimY = cfg.gridDimZ = 1;
   cfg.blockDimX = threads;
   cfg.blockDimY = cfg.blockDimZ = 1;
+  cfg.sharedMemBytes = smem;
   cfg.hStream = stream;
   cfg.attrs = attrs;
   cfg.numAttrs = dependent && device.cc() >= 90 ? 2 : 1;
@@ -76,7 +78,7 @@ CUresult launch_cooperative_grid(const Device& device, CUfunction f, unsigned gr
 
 bool launch_input_stats(const PlanCore& c, const RunShape& shape, CUstream stream, void** args) {
   const CUresult r = launch_cooperative_grid(c.device, c.input_stats, shape.input_stats_grid,
-                                             fj::kInputStatsThreads, stream, args, false);
+                                             fj::kInputStatsThreads, 0, stream, args, false);
   if (r == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) return false;
   check(r, "cuLaunchKernelEx(fj_input_stats, cooperative)");
   return true;

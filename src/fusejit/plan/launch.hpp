@@ -74,10 +74,12 @@ CUlaunchAttribute cooperative_attribute();
 // CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, without asking it. The one place every cooperative
 // launch goes out, so the fault reaches them all.
 CUresult launch_cooperative(const CUlaunchConfig& cfg, CUfunction f, void** args);
-// launch_cooperative of `grid` blocks of `threads`, no dynamic shared memory; `dependent`: on
-// sm_90+ also a programmatic dependent launch (the kernel waits for its predecessor itself).
+// launch_cooperative of `grid` blocks of `threads` with `smem` bytes of dynamic shared memory;
+// `dependent`: on sm_90+ also a programmatic dependent launch (the kernel waits for its
+// predecessor itself).
 CUresult launch_cooperative_grid(const Device& device, CUfunction f, unsigned grid,
-                                 unsigned threads, CUstream stream, void** args, bool dependent);
+                                 unsigned threads, unsigned smem, CUstream stream, void** args,
+                                 bool dependent);
 
 // Enqueues `f` on `stream` as a programmatic dependent launch of the kernel before it in the
 // stream (on sm_90+; an ordinary launch before): grid_x x grid_y blocks of `threads`, `smem`
