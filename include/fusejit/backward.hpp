@@ -118,9 +118,11 @@ class BackwardPlan {
   // describe (other rows give wrong gradients, which no check can see). The plan's own
   // workspace, or the caller's (workspace_size() bytes, 256-byte aligned). A workspace serves
   // one run at a time: one BackwardPlan must not run on two streams at once with its own
-  // workspace; give each stream its own plan or its own workspace. After an exception from a
-  // run that had started (a CudaError from a launch), the gradients it was to write are
-  // undefined, accumulated ones included.
+  // workspace; give each stream its own plan or its own workspace. A gradient GEMM on cuBLASLt
+  // is asked about a row count it was not checked at when the plan was made (once per count,
+  // on the host); a count it refuses throws CudaError before anything is enqueued. After an
+  // exception from a run that had started (a CudaError from a launch), the gradients it was to
+  // write are undefined, accumulated ones included.
   void run(CUstream stream, const BackwardTensors& t) const;
   void run(CUstream stream, const BackwardTensors& t, std::int64_t rows) const;
   void run(CUstream stream, const BackwardTensors& t, std::int64_t rows, void* workspace,

@@ -307,6 +307,59 @@ TEST_CASE("backward: a GEMM cuBLASLt declines runs on the heuristic's tiles") {
   }
 }
 
+// A run of a row count that cuBLASLt was not asked about when the plan was made is checked
+// before anything is enqueued (LtGemm::runs_rows): a refusal (Fault::lt_rows_refused; no count
+// cuBLASLt refuses is known) throws and leaves every output as it was, accumulated dW and
+// parameter gradients included; once cuBLASLt accepts the count it is not asked again.
+TEST_CASE("backward: a row count cuBLASLt refuses throws before anything is enqueued") {
+  struct Disarm {
+    ~Disarm() { fault::disarm_all(); }
+  } disarm;
+  // Strict fp32 runs both gradient GEMMs on cuBLASLt on every GPU. 700 rows is none of the
+  // counts checked at plan time for M = 1000 (2, the powers of two, 501, 999).
+  StepCase k("1000x200x136 fp32 train");
+  const Problem& p = k.c.problem;
+  BackwardOptions o;
+  o.accumulate = true;
+  const BackwardPlan plan(p, o);
+  REQUIRE(plan.config_key() == "dx.cublaslt.dw.cublaslt");
+  const std::int64_t rows = 700;
+  StepTensors& t = k.t;
+  k.forward.run(k.s, t.fwd, rows);
+  std::vector<DeviceBuffer*> outs{&t.dx, &t.dw, &t.dgamma, &t.dbias, &t.dscale, &t.dbeta};
+  for (DeviceBuffer* b : outs) {
+    HostTensor h(storage_type(DType::fp32), b->size() / sizeof(float));
+    fill_normal(h, 0.0, 1.0);
+    b->upload(h.data(), h.bytes());
+  }
+  auto download = [&] {
+    k.s.synchronize();
+    std::vector<std::vector<unsigned char>> v;
+    for (DeviceBuffer* b : outs) v.push_back(b->download_bytes());
+    return v;
+  };
+  const auto before = download();
+  const int fired = fault::fired(Fault::lt_rows_refused);
+  fault::arm(Fault::lt_rows_refused, fault::kAlways);
+  try {
+    plan.run(k.s, t.bwd, rows);
+    FAIL("no error");
+  } catch (const CudaError& e) {
+    CAPTURE(std::string(e.what()));
+    CHECK(std::string(e.what()).find("dX GEMM does not run 700 rows") != std::string::npos);
+    CHECK(std::string(e.what()).find("nothing was enqueued") != std::string::npos);
+  }
+  CHECK(fault::fired(Fault::lt_rows_refused) == fired + 1);
+  CHECK(download() == before);
+  // Accepted once, the count is remembered: the armed fault is not reached again.
+  fault::arm(Fault::lt_rows_refused, 0);
+  plan.run(k.s, t.bwd, rows);
+  CHECK(download() != before);
+  fault::arm(Fault::lt_rows_refused, fault::kAlways);
+  CHECK_NOTHROW(plan.run(k.s, t.bwd, rows));
+  CHECK(fault::fired(Fault::lt_rows_refused) == fired + 1);
+}
+
 // cache_hit() is the plan's own story, as Plan's: the first plan of a layer compiles into an
 // empty cache, a second one finds the kernel set the first loaded.
 TEST_CASE("backward: cache_hit says whether making this plan compiled its kernels") {

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
+#include <optional>
 #include <vector>
 
 #include "fusejit/error.hpp"
@@ -102,12 +104,25 @@ Layouts layouts(const LtGemmSpec& s, std::int64_t n, std::int64_t k) {
           layout(s.d_type, st.d_rows, st.d_cols, s.ldd)};
 }
 
+// A run's layouts at n x k, initialized in place (no heap).
+struct StackLayouts {
+  cublasLtMatrixLayoutOpaque_t a{}, b{}, d{};
+  StackLayouts(const LtGemmSpec& s, std::int64_t n, std::int64_t k) {
+    const Stored st = stored(s, n, k);
+    FJ_LT(cublasLtMatrixLayoutInit(&a, s.ab_type, st.a_rows, st.a_cols, s.lda));
+    FJ_LT(cublasLtMatrixLayoutInit(&b, s.ab_type, st.b_rows, st.b_cols, s.ldb));
+    FJ_LT(cublasLtMatrixLayoutInit(&d, s.d_type, st.d_rows, st.d_cols, s.ldd));
+  }
+};
+
 }  // namespace
 
 struct LtGemm::Impl {
   DescPtr desc;
   Layouts full;
   cublasLtMatmulAlgo_t algo{};
+  // make_for_rows' GEMMs: bit r is set once a run of r rows is known to keep the algorithm.
+  std::vector<std::atomic<std::uint64_t>> accepted;
 };
 
 LtGemm::~LtGemm() = default;
@@ -231,6 +246,10 @@ std::unique_ptr<LtGemm> LtGemm::make_for_rows(cublasLtHandle_t h, const LtGemmSp
     if (!all) continue;
     g->impl_->algo = r.algo;
     g->workspace_ = ws;
+    g->impl_->accepted =
+        std::vector<std::atomic<std::uint64_t>>(static_cast<std::size_t>(full) / 64 + 1);
+    for (const std::int64_t c : fewer) g->mark_accepted(c);
+    g->mark_accepted(full);
     return g;
   }
   return nullptr;
@@ -244,6 +263,28 @@ std::unique_ptr<LtGemm> LtGemm::require_for_rows(cublasLtHandle_t h, const LtGem
   throw CudaError(fmt::format("cuBLASLt has no algorithm for {} that also runs {} = {}..{}",
                               describe(s), rows_are_n ? "n" : "k", std::min(least, full), full),
                   CUBLAS_STATUS_NOT_SUPPORTED);
+}
+
+void LtGemm::mark_accepted(std::int64_t rows) const {
+  const auto r = static_cast<std::size_t>(rows);
+  if (r / 64 < impl_->accepted.size())
+    impl_->accepted[r / 64].fetch_or(std::uint64_t{1} << (r % 64), std::memory_order_relaxed);
+}
+
+bool LtGemm::runs_rows(cublasLtHandle_t h, std::int64_t rows, std::size_t ws_bytes) const {
+  const auto r = static_cast<std::size_t>(rows);
+  if (r / 64 < impl_->accepted.size() &&
+      (impl_->accepted[r / 64].load(std::memory_order_relaxed) >> (r % 64) & 1) != 0)
+    return true;
+  if (fault::fire(Fault::lt_rows_refused)) return false;
+  StackLayouts l(spec_, rows_are_n_ ? rows : spec_.n, rows_are_n_ ? spec_.k : rows);
+  cublasLtMatmulHeuristicResult_t check{};
+  if (cublasLtMatmulAlgoCheck(h, impl_->desc.get(), &l.a, &l.b, &l.d, &l.d, &impl_->algo, &check) !=
+          CUBLAS_STATUS_SUCCESS ||
+      check.workspaceSize > ws_bytes)
+    return false;
+  if (check.workspaceSize <= workspace_) mark_accepted(rows);
+  return true;
 }
 
 std::string LtGemm::algo_summary() const {
@@ -279,14 +320,11 @@ void LtGemm::run(cublasLtHandle_t h, CUstream stream, const void* a, const void*
   cublasLtMatrixLayout_t la = impl_->full.a.get(), lb = impl_->full.b.get(),
                          ld = impl_->full.d.get();
   // A run of fewer rows: the same matrices' layouts at its size, initialized in place (no heap).
-  cublasLtMatrixLayoutOpaque_t fa{}, fb{}, fd{};
   const std::int64_t full = rows_are_n_ ? spec_.n : spec_.k;
+  std::optional<StackLayouts> few;
   if (rows >= 0 && rows != full) {
-    const Stored st = rows_are_n_ ? stored(spec_, rows, spec_.k) : stored(spec_, spec_.n, rows);
-    FJ_LT(cublasLtMatrixLayoutInit(&fa, spec_.ab_type, st.a_rows, st.a_cols, spec_.lda));
-    FJ_LT(cublasLtMatrixLayoutInit(&fb, spec_.ab_type, st.b_rows, st.b_cols, spec_.ldb));
-    FJ_LT(cublasLtMatrixLayoutInit(&fd, spec_.d_type, st.d_rows, st.d_cols, spec_.ldd));
-    la = &fa, lb = &fb, ld = &fd;
+    few.emplace(spec_, rows_are_n_ ? rows : spec_.n, rows_are_n_ ? spec_.k : rows);
+    la = &few->a, lb = &few->b, ld = &few->d;
   }
   FJ_LT(cublasLtMatmul(h, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &impl_->algo, ws,
                        ws_bytes, stream));

@@ -69,6 +69,11 @@ class LtGemm {
   // make_for_rows(), or CudaError naming the shape and the row range.
   static std::unique_ptr<LtGemm> require_for_rows(cublasLtHandle_t, const LtGemmSpec& s,
                                                   bool rows_are_n, std::int64_t least);
+  // Whether run() of `rows` rows keeps the algorithm within `ws_bytes` of workspace: the counts
+  // make_for_rows checked, or cublasLtMatmulAlgoCheck at this one, remembered once accepted
+  // within workspace(). Host only (no GPU work, no allocation); thread-safe. For a GEMM from
+  // make_for_rows; `rows` from 1 to the spec's count.
+  bool runs_rows(cublasLtHandle_t, std::int64_t rows, std::size_t ws_bytes) const;
   ~LtGemm();
 
   std::size_t workspace() const { return workspace_; }
@@ -87,6 +92,7 @@ class LtGemm {
 
  private:
   LtGemm() = default;
+  void mark_accepted(std::int64_t rows) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
   LtGemmSpec spec_;

@@ -709,6 +709,21 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   // The GEMMs' tensor maps before any launch: a map the driver refuses throws with nothing
   // enqueued (not after the passes have added to accumulated parameter gradients).
   const GradGemmMaps maps = grad_gemm_maps(c, rows, ws, w, t, cache);
+  // cuBLASLt's algorithms were checked at a few row counts when the plan was made
+  // (make_backward_lt); any other count is checked here, once per count, also before anything is
+  // enqueued: a count cuBLASLt refuses throws with the gradients untouched (accumulated ones
+  // included), not after the passes.
+  auto require_rows = [&](const LtGemm& g, const char* gemm, const char* tiles) {
+    if (!g.runs_rows(lt->handle.get(), rows, lt->workspace))
+      throw CudaError(fmt::format("cuBLASLt's algorithm for this plan's {} GEMM does not run {} "
+                                  "rows (a run of fewer rows than the plan's M = {}); nothing "
+                                  "was enqueued. A BackwardPlan made for M = {}, or {} on tiles, "
+                                  "runs it",
+                                  gemm, rows, p.M, rows, tiles),
+                      CUBLAS_STATUS_NOT_SUPPORTED);
+  };
+  if (dx_lt) require_rows(*lt->dx, "dX", "dx_config");
+  if (dw_lt) require_rows(*lt->dw, "dW", "dw_config");
   // Train's three passes as one cooperative grid of at most what the device holds at once
   // (kernels/bn_backward.cuh, bn_backward_resident): one launch, and where every slab of a strip
   // has a block and its rows fit in registers, dy and saved read once. Bit for bit the

@@ -16,8 +16,8 @@ namespace fusejit::fault {
 namespace {
 
 constexpr std::array<std::string_view, kFaultCount> kNames = {
-    "nvrtc_compile",  "module_load",           "kernel_launch",  "disk_full",
-    "disk_read_only", "cooperative_too_large", "lt_no_algorithm"};
+    "nvrtc_compile",  "module_load",           "kernel_launch",   "disk_full",
+    "disk_read_only", "cooperative_too_large", "lt_no_algorithm", "lt_rows_refused"};
 static_assert(std::none_of(kNames.begin(), kNames.end(),
                            [](std::string_view n) { return n.empty(); }),
               "a name for each of the kFaultCount faults");

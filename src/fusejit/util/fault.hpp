@@ -32,8 +32,12 @@ enum class Fault {
   // or row counts its kernels do not run. A BackwardPlan then runs the heuristic's tiles for a
   // GEMM that its dispatch, not its caller, put on cuBLASLt (lt_declined_fallback).
   lt_no_algorithm,
+  // LtGemm::runs_rows: cuBLASLt's algorithm, checked at a few row counts when the plan was made,
+  // is refused at a run's other count. BackwardPlan::run then throws CudaError before it enqueues
+  // anything.
+  lt_rows_refused,
 };
-inline constexpr int kFaultCount = 7;
+inline constexpr int kFaultCount = 8;
 
 namespace fault {
 
