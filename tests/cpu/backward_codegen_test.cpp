@@ -371,15 +371,23 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
   // tiles and 8 splits was 8% faster than in 128x256 tiles and 16 (twice the fp32 slices), which
   // the forward's rules picked, and 4096x512x512's unsplit 64x64 tiles 12% faster than 128x128
   // tiles in 8 splits.
-  CHECK(default_backward_config(parse_sweep_line("16384x1024x256 bf16 train").problem, hopper)
+  CHECK(default_backward_tiles(parse_sweep_line("16384x1024x256 bf16 train").problem, hopper)
             .dw.key() == "warpspec.128x128x64.c2.s6.g8.cl1.p1.k8");
-  CHECK(default_backward_config(parse_sweep_line("4096x512x512 bf16 train").problem, hopper)
+  CHECK(default_backward_tiles(parse_sweep_line("4096x512x512 bf16 train").problem, hopper)
             .dw.key() == "warpspec.64x64x64.c1.s8.g8.cl1.p1");
-  // cuBLASLt takes a 16-bit GEMM of aligned rows that the tiles would run as one wave of single
-  // consumers over a reduction of 4096 or more (dW of 4096x1024x1024 and 8192x2048x512, dX of
-  // 1024x4096x1024): not over 2048 (2048x2048x512), not with two consumers (2048x4096x1024's
-  // dX), not tf32, not rows TMA cannot load (4097x4095x129), not a split (16384x1024x256's dW),
-  // not the GPU's second wave (4096^3), not on sm_80.
+  // cuBLASLt takes a 16-bit GEMM of aligned rows (lt_beats_tiles) that the tiles would run
+  // - as one wave of single consumers over a reduction of 4096 or more (dW of 4096x1024x1024 and
+  //   8192x2048x512, dX of 1024x4096x1024): not over 2048 (2048x2048x512), not with two consumers
+  //   (2048x4096x1024's dX), not tf32, not rows TMA cannot load (4097x4095x129), not the GPU's
+  //   second wave (4096^3), not on sm_80;
+  // - as a split dW of 128 columns or more (16384x1024x256, 8192x512x128), not of fewer
+  //   (65536x256x64's 64);
+  // - as two consumers whose last wave fills at most 62% of the SMs over a reduction of 768 or
+  //   more, counted at the M class's representative: dW of 1536^3 and 300x1536x1536 (72 tiles of
+  //   128x256 over 2048 and 1024 rows); not 200x1536x1536's (over 256), not 1536x1536x1024's
+  //   (96 tiles of 128x128), not 512x2048x2048's (128 tiles), nor the dX of 512x2048x2048 (64
+  //   tiles at 512 rows, 128 at its class's 1024).
+  // Both GEMMs where both qualify (4096x4096x256).
   struct LtCase {
     const char* line;
     bool dx, dw;
@@ -391,19 +399,23 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
                           LtCase{"2048x4096x1024 bf16 train", false, false},
                           LtCase{"4096x1024x1024 tf32 train", false, false},
                           LtCase{"4097x4095x129 bf16 train", false, false},
-                          LtCase{"16384x1024x256 bf16 train", false, false},
                           LtCase{"4096x4096x4096 bf16 train", false, false},
-                          // Both GEMMs would qualify: measured only where one did.
-                          LtCase{"4096x4096x256 bf16 train", false, false}}) {
+                          LtCase{"16384x1024x256 bf16 train", false, true},
+                          LtCase{"8192x512x128 bf16 train", false, true},
+                          LtCase{"65536x256x64 bf16 train", false, false},
+                          LtCase{"1536x1536x1536 bf16 train", false, true},
+                          LtCase{"300x1536x1536 fp16 train", false, true},
+                          LtCase{"200x1536x1536 bf16 train", false, false},
+                          LtCase{"1536x1536x1024 bf16 train", false, false},
+                          LtCase{"512x2048x2048 bf16 train", false, false},
+                          LtCase{"4096x4096x256 bf16 train", true, true}}) {
     CAPTURE(std::string(k.line));
     const Problem q = parse_sweep_line(k.line).problem;
     const BackwardConfig c = default_backward_config(q, hopper);
     CHECK(c.dx_cublaslt == k.dx);
     CHECK(c.dw_cublaslt == k.dw);
-    // The tiles it replaces: one wave of one consumer; the other GEMM keeps the heuristic's.
+    // The other GEMM keeps the heuristic's tiles.
     const BackwardConfig tiles = default_backward_tiles(q, hopper);
-    if (k.dx) CHECK(tiles.dx.warps_m == 1);
-    if (k.dw) CHECK(tiles.dw.warps_m == 1);
     if (!k.dx) CHECK(c.dx.key() == tiles.dx.key());
     if (!k.dw) CHECK(c.dw.key() == tiles.dw.key());
     // Where cuBLASLt declines the GEMM the heuristic gave it, the plan runs the tiles instead,

@@ -289,26 +289,46 @@ BackwardConfig default_backward_tiles(const Problem& p, const Device& d) {
 namespace {
 
 // The reductions from which a 16-bit gradient GEMM that the heuristic runs as one wave of
-// single-consumer tiles runs on cuBLASLt instead (lt_beats_one_wave).
+// single-consumer tiles runs on cuBLASLt instead (lt_beats_tiles).
 constexpr std::int64_t kLtOneWaveReduction = 4096;
+// Two-consumer grids whose last wave fills at most this share of the SMs, over reductions of at
+// least kLtPartialWaveReduction (lt_beats_tiles).
+constexpr std::int64_t kLtPartialWavePercent = 62;
+constexpr std::int64_t kLtPartialWaveReduction = 768;
+// Split dWs of at least this many output columns (lt_beats_tiles).
+constexpr std::int64_t kLtSplitDwColumns = 128;
 
 // Whether gradient GEMM `g` (output g.M x g.N, reduction g.K, at the M class's representative M:
-// backward_gemms), which the heuristic would run as `c`, is better left to cuBLASLt: a 16-bit GEMM
-// of 16-byte aligned rows in one wave (90-100% of the SMs) of single-consumer warpspec tiles (the
-// ranking's 64x128 pick for an output of ~1M elements) over a reduction of at least
-// kLtOneWaveReduction. One consumer warpgroup per SM there multiplies at a lower rate than
-// cuBLASLt's kernels: on H200 (`fusejit bench --backward`, bf16 and fp16 train, two interleaved
-// rounds per call, docs/performance.md "Gradient GEMMs on cuBLASLt where one wave of
-// single-consumer tiles runs a long reduction") the backward took 3-6% less time with that GEMM
-// on cuBLASLt at every such layer measured but one, where it tied. Where the same one wave
-// reduces over 2048 or fewer it tied or lost, and with two consumers (2048x4096x1024's dX)
-// cuBLASLt lost 1%, so neither takes it.
-bool lt_beats_one_wave(const Problem& p, const Problem& g, const KernelConfig& c, const Device& d) {
+// backward_gemms), which the heuristic would run as warpspec tiles `c`, is better left to
+// cuBLASLt. Only 16-bit GEMMs of 16-byte aligned rows, in three cases measured on H200 (`fusejit
+// bench --backward`, bf16 train, two interleaved rounds per call, docs/performance.md "Gradient
+// GEMMs on cuBLASLt where one wave of single-consumer tiles runs a long reduction" and "Gradient
+// GEMMs on cuBLASLt: partial waves and split dWs"):
+// - one wave (90-100% of the SMs) of single-consumer tiles (the ranking's 64x128 pick for an
+//   output of ~1M elements) over a reduction of at least kLtOneWaveReduction: one consumer
+//   warpgroup per SM multiplies at a lower rate than cuBLASLt's kernels; the backward took 3-6%
+//   less time at every such layer but one (a tie). Over 2048 or fewer it tied or lost.
+// - a split dW (split-K slices and their sum kernel) of at least kLtSplitDwColumns columns:
+//   cuBLASLt's took 4.8-10% less at six layers (16384x1024x256, 16384x512x256, 32768x1024x256,
+//   8192x1024x256, 16384x768x256, 32768x512x128) and tied at 8192x512x128.
+// - two-consumer tiles whose last wave fills at most kLtPartialWavePercent of the SMs over a
+//   reduction of at least kLtPartialWaveReduction: 1.5-12.5% less at every such GEMM measured
+//   (twelve: the dX of 384x2048x2048, 512x2048x2048, 8192x2048x256, 8192x1024x256 and
+//   2560x2048x2048, the dW of 1024x1536x1536, both of 768x1536x1536, 1280x1536x1536 and 1536^3).
+//   Grids filling 73% tied (-3% to +1%), 97% lost up to 4.6% (one won 4%), and the half-wave dX
+//   of 8192x512x128 (a reduction of 512) lost 4%.
+// Where both GEMMs qualify, both: at 1536^3 the pair took 14% less than the tiles and either alone
+// 7%; at 4096x4096x256 2.3% less (dW alone 3.3%, dX alone tied).
+bool lt_beats_tiles(const Problem& p, const Problem& g, const KernelConfig& c, bool is_dw,
+                    const Device& d) {
   if (p.dtype != DType::bf16 && p.dtype != DType::fp16) return false;
-  if (p.effective_alignment() < 16) return false;
-  if (c.variant != Variant::warpspec || c.warps_m != 1 || c.split_k != 1) return false;
-  const std::int64_t tiles = output_tiles(g, c);
-  return g.K >= kLtOneWaveReduction && tiles <= d.sm_count && 10 * tiles >= 9 * d.sm_count;
+  if (p.effective_alignment() < 16 || c.variant != Variant::warpspec) return false;
+  const std::int64_t tiles = output_tiles(g, c), sms = d.sm_count;
+  if (c.split_k > 1) return is_dw && g.N >= kLtSplitDwColumns;
+  if (c.warps_m == 1) return g.K >= kLtOneWaveReduction && tiles <= sms && 10 * tiles >= 9 * sms;
+  if (c.warps_m != 2) return false;
+  const std::int64_t waves = (tiles + sms - 1) / sms;
+  return g.K >= kLtPartialWaveReduction && 100 * tiles <= kLtPartialWavePercent * waves * sms;
 }
 
 }  // namespace
@@ -325,15 +345,8 @@ BackwardConfig default_backward_config(const Problem& p, const Device& d) {
   }
   BackwardConfig c = default_backward_tiles(p, d);
   const BackwardGemms g = backward_gemms(p);
-  const bool lt_dx = lt_beats_one_wave(p, g.dx, c.dx, d),
-             lt_dw = lt_beats_one_wave(p, g.dw, c.dw, d);
-  // Measured only where one of the two qualified (each layer of the survey); where both do (e.g.
-  // 4096x4096x256), the pair would lose dW's overlap with dX as well, so the tiles stay until a
-  // measurement says otherwise (the tuner times each GEMM on cuBLASLt).
-  if (lt_dx != lt_dw) {
-    if (lt_dx) c.dx = {}, c.dx_cublaslt = true;
-    if (lt_dw) c.dw = {}, c.dw_cublaslt = true;
-  }
+  if (lt_beats_tiles(p, g.dx, c.dx, false, d)) c.dx = {}, c.dx_cublaslt = true;
+  if (lt_beats_tiles(p, g.dw, c.dw, true, d)) c.dw = {}, c.dw_cublaslt = true;
   return c;
 }
 
