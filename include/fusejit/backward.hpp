@@ -70,9 +70,9 @@ struct BackwardOptions {
   // dx = da W is an M x K GEMM reducing over N; dW = da^T x an N x K GEMM reducing over the
   // run's M. Unset: the tuning database's backward entry for the layer's M class (`fusejit
   // autotune --backward`), else the heuristic (warpspec where it can run; cuBLASLt for strict
-  // fp32 and tf32x3, and for a 16-bit GEMM of 16-byte aligned rows that its tiles would run as
-  // one wave of single consumers over a reduction of 4096 or more, where the layer's other GEMM
-  // does not qualify too: docs/design.md, "Gradient GEMMs on cuBLASLt").
+  // fp32 and tf32x3, and for 16-bit GEMMs of 16-byte aligned rows whose tiles would be one wave
+  // of single consumers over a long reduction, a split dW, or a grid leaving many SMs idle in a
+  // partial wave: docs/design.md, "Gradient GEMMs on cuBLASLt").
   std::optional<KernelConfig> dx_config, dw_config;
   // Force that GEMM onto cuBLASLt instead (reading da from the workspace and the layer's x and W
   // in place, any layout): what strict fp32 and tf32x3 layers (and some 16-bit GEMMs, above)

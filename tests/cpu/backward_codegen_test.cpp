@@ -382,7 +382,7 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
   //   second wave (4096^3), not on sm_80;
   // - as a split dW of 128 columns or more (16384x1024x256, 8192x512x128), not of fewer
   //   (65536x256x64's 64);
-  // - as two consumers whose last wave fills at most 62% of the SMs over a reduction of 768 or
+  // - as two consumers that use at most 62% of their waves' SM slots over a reduction of 768 or
   //   more, counted at the M class's representative: dW of 1536^3 and 300x1536x1536 (72 tiles of
   //   128x256 over 2048 and 1024 rows); not 200x1536x1536's (over 256), not 1536x1536x1024's
   //   (96 tiles of 128x128), not 512x2048x2048's (128 tiles), nor the dX of 512x2048x2048 (64
@@ -569,8 +569,8 @@ TEST_CASE("gradient GEMMs on cuBLASLt: strict fp32's default, keys, kernel sets,
     CHECK(w.total >= backward_workspace(p, c, 300, 0).total + 5000);
     CHECK(backward_config_why_invalid(p, c, hopper).empty());
   }
-  // Tensor-core dtypes keep their tiles by default at these shapes (cuBLASLt takes only the
-  // one-wave long reductions above); the tuner times each GEMM on cuBLASLt too, beside the
+  // Tensor-core dtypes keep their tiles by default at these shapes (none of lt_beats_tiles' cases,
+  // below); the tuner times each GEMM on cuBLASLt too, beside the
   // heuristic's other GEMM.
   for (const char* line : {"300x72x40 bf16 train", "300x72x40 tf32 eval", "300x72x40 fp32 train"}) {
     CAPTURE(std::string(line));

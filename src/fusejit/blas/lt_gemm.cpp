@@ -246,8 +246,8 @@ std::unique_ptr<LtGemm> LtGemm::make_for_rows(cublasLtHandle_t h, const LtGemmSp
     if (!all) continue;
     g->impl_->algo = r.algo;
     g->workspace_ = ws;
-    g->impl_->accepted =
-        std::vector<std::atomic<std::uint64_t>>(static_cast<std::size_t>(full) / 64 + 1);
+    g->impl_->accepted = std::vector<std::atomic<std::uint64_t>>(
+        static_cast<std::size_t>(std::min(full, kRememberedRows)) / 64 + 1);
     for (const std::int64_t c : fewer) g->mark_accepted(c);
     g->mark_accepted(full);
     return g;
@@ -272,6 +272,7 @@ void LtGemm::mark_accepted(std::int64_t rows) const {
 }
 
 bool LtGemm::runs_rows(cublasLtHandle_t h, std::int64_t rows, std::size_t ws_bytes) const {
+  if (impl_->accepted.empty()) return rows == (rows_are_n_ ? spec_.n : spec_.k);
   const auto r = static_cast<std::size_t>(rows);
   if (r / 64 < impl_->accepted.size() &&
       (impl_->accepted[r / 64].load(std::memory_order_relaxed) >> (r % 64) & 1) != 0)
@@ -283,7 +284,7 @@ bool LtGemm::runs_rows(cublasLtHandle_t h, std::int64_t rows, std::size_t ws_byt
           CUBLAS_STATUS_SUCCESS ||
       check.workspaceSize > ws_bytes)
     return false;
-  if (check.workspaceSize <= workspace_) mark_accepted(rows);
+  mark_accepted(rows);
   return true;
 }
 

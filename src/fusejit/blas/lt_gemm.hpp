@@ -69,11 +69,14 @@ class LtGemm {
   // make_for_rows(), or CudaError naming the shape and the row range.
   static std::unique_ptr<LtGemm> require_for_rows(cublasLtHandle_t, const LtGemmSpec& s,
                                                   bool rows_are_n, std::int64_t least);
-  // Whether run() of `rows` rows keeps the algorithm within `ws_bytes` of workspace: the counts
-  // make_for_rows checked, or cublasLtMatmulAlgoCheck at this one, remembered once accepted
-  // within workspace(). Host only (no GPU work, no allocation); thread-safe. For a GEMM from
-  // make_for_rows; `rows` from 1 to the spec's count.
+  // Whether run() of `rows` rows keeps the algorithm within `ws_bytes` of workspace (the same
+  // `ws_bytes` on every call: what the caller's runs pass to run()): the counts make_for_rows
+  // checked, or cublasLtMatmulAlgoCheck at this one, remembered once accepted (counts up to
+  // kRememberedRows; larger ones are asked every call). Host only (no GPU work, no allocation);
+  // thread-safe. A GEMM from make() runs only its own count.
   bool runs_rows(cublasLtHandle_t, std::int64_t rows, std::size_t ws_bytes) const;
+  // The largest row count runs_rows remembers: a bit each, 512 KiB at most per GEMM.
+  static constexpr std::int64_t kRememberedRows = std::int64_t{1} << 22;
   ~LtGemm();
 
   std::size_t workspace() const { return workspace_; }

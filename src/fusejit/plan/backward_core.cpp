@@ -291,8 +291,8 @@ namespace {
 // The reductions from which a 16-bit gradient GEMM that the heuristic runs as one wave of
 // single-consumer tiles runs on cuBLASLt instead (lt_beats_tiles).
 constexpr std::int64_t kLtOneWaveReduction = 4096;
-// Two-consumer grids whose last wave fills at most this share of the SMs, over reductions of at
-// least kLtPartialWaveReduction (lt_beats_tiles).
+// Two-consumer grids that use at most this share of their waves' SM slots (tiles <= share x
+// waves x SMs), over reductions of at least kLtPartialWaveReduction (lt_beats_tiles).
 constexpr std::int64_t kLtPartialWavePercent = 62;
 constexpr std::int64_t kLtPartialWaveReduction = 768;
 // Split dWs of at least this many output columns (lt_beats_tiles).
@@ -311,14 +311,16 @@ constexpr std::int64_t kLtSplitDwColumns = 128;
 // - a split dW (split-K slices and their sum kernel) of at least kLtSplitDwColumns columns:
 //   cuBLASLt's took 4.8-10% less at six layers (16384x1024x256, 16384x512x256, 32768x1024x256,
 //   8192x1024x256, 16384x768x256, 32768x512x128) and tied at 8192x512x128.
-// - two-consumer tiles whose last wave fills at most kLtPartialWavePercent of the SMs over a
-//   reduction of at least kLtPartialWaveReduction: 1.5-12.5% less at every such GEMM measured
-//   (twelve: the dX of 384x2048x2048, 512x2048x2048, 8192x2048x256, 8192x1024x256 and
-//   2560x2048x2048, the dW of 1024x1536x1536, both of 768x1536x1536, 1280x1536x1536 and 1536^3).
-//   Grids filling 73% tied (-3% to +1%), 97% lost up to 4.6% (one won 4%), and the half-wave dX
-//   of 8192x512x128 (a reduction of 512) lost 4%.
-// Where both GEMMs qualify, both: at 1536^3 the pair took 14% less than the tiles and either alone
-// 7%; at 4096x4096x256 2.3% less (dW alone 3.3%, dX alone tied).
+// - two-consumer tiles that use at most kLtPartialWavePercent of their waves' SM slots (tiles /
+//   (waves x SMs): idle SMs in a partial wave) over a reduction of at least
+//   kLtPartialWaveReduction: 1.4-12.5% less at every such GEMM measured (twelve, at the run's M:
+//   the dX of 384x2048x2048, 512x2048x2048, 8192x2048x256, 8192x1024x256 and 2560x2048x2048, the
+//   dW of 1024x1536x1536, both of 768x1536x1536, 1280x1536x1536 and 1536^3). Grids using 73%
+//   tied (-3% to +1%), 97% lost up to 6.7% (one won 4%), and the half-wave dX of 8192x512x128
+//   (a reduction of 512) lost 4%.
+// Where both GEMMs qualify, both (4096x4096x256: 2.3% less than the tiles, though dW alone took
+// 3.3% less; at 1536^3, where the run's M qualifies both but its class's does not, the pair took
+// 14% less and either alone 7%).
 bool lt_beats_tiles(const Problem& p, const Problem& g, const KernelConfig& c, bool is_dw,
                     const Device& d) {
   if (p.dtype != DType::bf16 && p.dtype != DType::fp16) return false;

@@ -105,8 +105,8 @@ BackwardGemms backward_gemms(const Problem&);
 // dW's reduction taken at the M class's representative M) the heuristic's first candidate that
 // grad_gemm_why_invalid accepts, warpspec before tiled where it can run, except that a 16-bit
 // GEMM of aligned rows whose pick is one wave of single-consumer warpspec tiles over a reduction
-// of 4096 or more, a split dW of 128 columns or more, or two-consumer tiles whose last wave
-// fills at most 62% of the SMs over a reduction of 768 or more (all counted at that M) runs on
+// of 4096 or more, a split dW of 128 columns or more, or two-consumer tiles that use at most 62%
+// of their waves' SM slots over a reduction of 768 or more (all counted at that M) runs on
 // cuBLASLt (measured faster there). The same for every M of an M class.
 BackwardConfig default_backward_config(const Problem&, const Device&);
 // The heuristic's tiles for both GEMMs (never cuBLASLt): what default_backward_config replaces
