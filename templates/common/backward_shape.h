@@ -63,7 +63,7 @@ FJ_HOST_DEVICE constexpr bool backward_slab_in_registers(int slab_rows) {
 // Where fj_bwd_resident's blocks keep their rows between the column sums and da (the host's
 // launch and the kernels decide alike, from the run's slabs, units and grid):
 //   registers: every strip x slab unit has a block, whose rows fit in registers
-//              (backward_rows_in_registers);
+//              (backward_slab_in_registers and units == grid, bn_backward_resident);
 //   shared:    more units than blocks, slabs that would fit: a block keeps its first unit's rows
 //              in kBackwardResidentSharedBytes of dynamic shared memory and reads its other
 //              units again (backward_first_rows_in_shared; its own kernel,
@@ -71,9 +71,6 @@ FJ_HOST_DEVICE constexpr bool backward_slab_in_registers(int slab_rows) {
 //   reread:    every unit read again.
 enum class ResidentRows { registers, shared, reread };
 
-FJ_HOST_DEVICE constexpr bool backward_rows_in_registers(int slab_rows, int units, int grid) {
-  return backward_slab_in_registers(slab_rows) && units == grid;
-}
 FJ_HOST_DEVICE constexpr bool backward_first_rows_in_shared(int slab_rows, int units, int grid) {
   return backward_slab_in_registers(slab_rows) && units > grid;
 }

@@ -634,10 +634,10 @@ bool launch_resident_passes(const BackwardCore& c, int units, int slab_rows, CUs
   unsigned smem = 0;
   // Only where the device holds as many of its blocks as of fj_bwd_resident's (sm_90: four of
   // either an SM; sm_80 three of it against four, sm_86 and sm_89 two): a smaller grid there is
-  // not measured.
+  // not measured. Then units > shared_grid >= grid: fj_bwd_resident's blocks would not have held
+  // their rows in registers.
   const int shared_grid = std::min(units, c.resident_shared_blocks);
-  if (!fj::backward_rows_in_registers(slab_rows, units, grid) &&
-      c.resident_shared_blocks >= c.resident_blocks &&
+  if (c.resident_shared_blocks >= c.resident_blocks &&
       fj::backward_first_rows_in_shared(slab_rows, units, shared_grid))
     f = c.resident_shared, grid = shared_grid, smem = fj::kBackwardResidentSharedBytes;
   const CUresult r = launch_cooperative_grid(c.device, f, static_cast<unsigned>(grid),
