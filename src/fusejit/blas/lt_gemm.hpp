@@ -72,8 +72,9 @@ class LtGemm {
   // Whether run() of `rows` rows keeps the algorithm within `ws_bytes` of workspace (the same
   // `ws_bytes` on every call: what the caller's runs pass to run()): the counts make_for_rows
   // checked, or cublasLtMatmulAlgoCheck at this one, remembered once accepted (counts up to
-  // kRememberedRows; larger ones are asked every call). Host only (no GPU work, no allocation);
-  // thread-safe. A GEMM from make() runs only its own count.
+  // kRememberedRows; larger ones are asked every call). Host only: no GPU work, and no
+  // allocation of fusejit's (what cublasLtMatmulAlgoCheck does inside is cuBLASLt's); thread-safe.
+  // A GEMM from make() runs only its own count.
   bool runs_rows(cublasLtHandle_t, std::int64_t rows, std::size_t ws_bytes) const;
   // The largest row count runs_rows remembers: a bit each, 512 KiB at most per GEMM.
   static constexpr std::int64_t kRememberedRows = std::int64_t{1} << 22;
