@@ -15,6 +15,7 @@
 #include "fusejit/codegen/backward_codegen.hpp"
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
+#include "fusejit/config/candidates.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/plan/backward_core.hpp"
 #include "fusejit/tune/backward_tuner.hpp"
@@ -433,6 +434,39 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
     const BackwardConfig ampere = default_backward_config(q, Device::for_arch("sm_80"));
     CHECK(!ampere.dx_cublaslt);
     CHECK(!ampere.dw_cublaslt);
+  }
+  // A plan of the heuristic's choice counts dX's grid again at its own M
+  // (plan_moves_dx_to_cublaslt): the survey's half-wave dXs move to cuBLASLt (384 and 512 rows of
+  // 2048x2048: 48 and 64 tiles of 128x128; 1280x1536x1536: 60 tiles of 128x256; 2560x2048x2048:
+  // 160; 8192x2048x256: 64), the grids it measured 73% or more full do not (768 and 1024 rows of
+  // 2048x2048, 1536x2048x2048), nor 8192x512x128's over a reduction of 512, nor any seed layer, a
+  // dX the class already put on cuBLASLt, tf32, or sm_80. The class's own M never moves: its count
+  // is the class's.
+  struct MoveCase {
+    const char* line;
+    bool moves;
+  };
+  for (const MoveCase& k :
+       {MoveCase{"384x2048x2048 bf16 train", true}, MoveCase{"512x2048x2048 bf16 train", true},
+        MoveCase{"512x2048x2048 fp16 eval", true}, MoveCase{"1280x1536x1536 bf16 train", true},
+        MoveCase{"2560x2048x2048 bf16 train", true}, MoveCase{"8192x2048x256 bf16 train", true},
+        MoveCase{"768x2048x2048 bf16 train", false}, MoveCase{"1024x2048x2048 bf16 train", false},
+        MoveCase{"1536x2048x2048 bf16 train", false}, MoveCase{"8192x512x128 bf16 train", false},
+        MoveCase{"4096x4096x4096 bf16 train", false}, MoveCase{"1024x8192x8192 bf16 train", false},
+        MoveCase{"16384x4096x4096 bf16 train", false}, MoveCase{"2048x2048x512 bf16 train", false},
+        MoveCase{"65536x256x64 bf16 train", false}, MoveCase{"128x512x1024 bf16 train", false},
+        MoveCase{"1024x4096x1024 bf16 train", false}, MoveCase{"512x2048x2048 tf32 train", false},
+        MoveCase{"4097x4095x129 bf16 train", false}}) {
+    CAPTURE(std::string(k.line));
+    const Problem q = parse_sweep_line(k.line).problem;
+    const BackwardConfig c = default_backward_config(q, hopper);
+    CHECK(plan_moves_dx_to_cublaslt(q, c, hopper) == k.moves);
+    Problem at_class = q;
+    at_class.M = m_class(q.M).representative();
+    CHECK_FALSE(
+        plan_moves_dx_to_cublaslt(at_class, default_backward_config(at_class, hopper), hopper));
+    CHECK_FALSE(plan_moves_dx_to_cublaslt(q, default_backward_config(q, Device::for_arch("sm_80")),
+                                          Device::for_arch("sm_80")));
   }
   auto why = [&](const Problem& q, const char* key) {
     return grad_gemm_why_invalid(q, KernelConfig::parse(key), dw_gemm_problem(q), hopper);

@@ -287,19 +287,24 @@ TEST_CASE("backward: a GEMM cuBLASLt declines runs on the heuristic's tiles") {
     CAPTURE(std::string(line));
     const Problem p = parse_sweep_line(line).problem;
     const BackwardConfig heuristic = default_backward_config(p, device);
-    if (!heuristic.dx_cublaslt && !heuristic.dw_cublaslt) {
+    // A dX the plan's own M moved to cuBLASLt is asked about first; declined, the class's
+    // choice stands, and its own cuBLASLt GEMM, if any, is asked next.
+    const bool moved = plan_moves_dx_to_cublaslt(p, heuristic, device);
+    const bool class_lt = heuristic.dx_cublaslt || heuristic.dw_cublaslt;
+    if (!class_lt && !moved) {
       MESSAGE("skipped: the heuristic runs both GEMMs on tiles on this GPU");
       continue;
     }
     const int before = fault::fired(Fault::lt_no_algorithm);
-    fault::arm(Fault::lt_no_algorithm, 1);
+    const int declines = (moved ? 1 : 0) + (class_lt ? 1 : 0);
+    fault::arm(Fault::lt_no_algorithm, declines);
     const BackwardCheckResult r = check(line, o);
     fault::arm(Fault::lt_no_algorithm, 0);
-    CHECK(fault::fired(Fault::lt_no_algorithm) == before + 1);
-    CHECK(r.config.find("cublaslt") == std::string::npos);
+    CHECK(fault::fired(Fault::lt_no_algorithm) == before + declines);
+    CHECK(r.config == default_backward_tiles(p, device).key());
     BackwardOptions forced;
     forced.cache_dir = cache.str();
-    forced.dx_cublaslt = heuristic.dx_cublaslt;
+    forced.dx_cublaslt = heuristic.dx_cublaslt || moved;
     forced.dw_cublaslt = heuristic.dw_cublaslt;
     fault::arm(Fault::lt_no_algorithm, fault::kAlways);
     CHECK_THROWS_AS(BackwardPlan(p, forced), CudaError);
@@ -366,11 +371,54 @@ TEST_CASE("backward: cache_hit says whether making this plan compiled its kernel
   const test::TempDir cache;
   BackwardOptions o;
   o.cache_dir = cache.str();
-  const Problem p = parse_sweep_line("300x72x40 bf16 train").problem;
+  // A layer no other case of this program runs: "first" must be the first in the process too
+  // (a kernel set another case loaded is an in-process hit whatever the cache directory).
+  const Problem p = parse_sweep_line("300x88x56 bf16 train").problem;
   const BackwardPlan first(p, o);
   CHECK_FALSE(first.cache_hit());
   const BackwardPlan second(p, o);
   CHECK(second.cache_hit());
+}
+
+// The heuristic chooses dX's tiles for an M class; a plan whose own M leaves over a third of the
+// SMs idle in those tiles' last wave runs dX on cuBLASLt instead (plan_moves_dx_to_cublaslt) on the
+// class's kernel set: after a plan of the class's M compiled the set, it compiles nothing, names
+// no dX kernel, and its gradients (of all its rows and of fewer) pass. A forced dX keeps its tiles.
+TEST_CASE("backward: a plan's own M moves dX to cuBLASLt on its M class's kernel set") {
+  const test::TempDir cache;  // no tuning entry: the heuristic's choice
+  const Device device = Device::get(0);
+  const char* line = "512x2048x2048 bf16 train";
+  const Problem small = parse_sweep_line(line).problem;
+  const Problem whole = parse_sweep_line("1024x2048x2048 bf16 train").problem;  // its class's M
+  const BackwardConfig c = default_backward_config(small, device);
+  if (!plan_moves_dx_to_cublaslt(small, c, device)) {
+    // Measured and ruled on Hopper's 132 SMs only (H100, H200).
+    REQUIRE((device.cc_major != 9 || device.sm_count != 132));
+    MESSAGE("skipped: the rule keeps 512x2048x2048's dX on tiles on this GPU");
+    return;
+  }
+  BackwardOptions o;
+  o.cache_dir = cache.str();
+  const BackwardPlan first(whole, o);
+  CHECK(first.config_key() == c.key());
+  CHECK_FALSE(first.cache_hit());
+  const BackwardPlan moved(small, o);
+  CHECK(moved.dispatch() == "heuristic");
+  CHECK(moved.config_key() == "dx.cublaslt.dw." + c.dw.key());
+  CHECK(moved.cache_hit());
+  const std::vector<std::string> names = moved.kernel_names();
+  CHECK(std::ranges::find(names, "fj_bwd_dx") == names.end());
+  CHECK(std::ranges::find(names, "fj_bwd_dw") != names.end());
+  CHECK(std::ranges::find(names, "cublasLtMatmul (dx)") != names.end());
+  BackwardCheckOptions co;
+  co.cache_dir = cache.str();
+  CHECK(check(line, co).config == moved.config_key());
+  co.rows = 300;
+  CHECK(check(line, co).config == moved.config_key());
+  BackwardCheckOptions forced;
+  forced.cache_dir = cache.str();
+  forced.dx_config = c.dx;
+  CHECK(check(line, forced).config == c.key());
 }
 
 TEST_CASE("backward: a training step whose forward is the cuBLASLt reference op") {

@@ -40,12 +40,14 @@ BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& option
   const bool forced_dx = options.dx_config || options.dx_cublaslt,
              forced_dw = options.dw_config || options.dw_cublaslt;
   BackwardConfig config;
+  bool dx_from_heuristic = false;
   if (forced_dx && forced_dw) {
     dispatch_ = "config";
   } else {
     const BackwardChoice choice = choose_backward(problem, device, options.cache_dir);
     config = choice.config;
     dispatch_ = forced_dx || forced_dw ? "config" : std::string(name(choice.source));
+    dx_from_heuristic = !forced_dx && choice.source == KernelChoice::Source::heuristic;
   }
   // Judged as the heuristic and the tuning entries are: at the M class's representative M.
   if (options.dx_config) {
@@ -60,22 +62,41 @@ BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& option
   }
   if (options.dx_cublaslt) config.dx = {}, config.dx_cublaslt = true;
   if (options.dw_cublaslt) config.dw = {}, config.dw_cublaslt = true;
-  try {
-    state_->lt = make_backward_lt(problem, config);
-  } catch (const CudaError& e) {
-    // cuBLASLt declined a GEMM the dispatch chose for it (no algorithm for these strides):
-    // fusejit's own tiles run every layer. A GEMM forced onto cuBLASLt fails as asked.
-    const std::optional<BackwardConfig> fallback =
-        lt_declined_fallback(config, default_backward_tiles(problem, device), forced_dx, forced_dw);
-    if (!fallback) throw;
-    log()->warn("backward plan {}: {} ({}); running {}", problem.key(), config.key(), e.what(),
-                fallback->key());
-    config = *fallback;
-    state_->lt = make_backward_lt(problem, config);  // a forced cuBLASLt GEMM may still decline
-    if (!forced_dx && !forced_dw) dispatch_ = "heuristic";
+  // The heuristic chose dX's tiles for the M class; at this plan's own M their grid may leave
+  // enough SMs idle that cuBLASLt's dX is faster. The plan then runs it there, on the class's
+  // kernel set. If cuBLASLt declines it, the class's choice stands.
+  bool dx_moved = false;
+  if (dx_from_heuristic && plan_moves_dx_to_cublaslt(problem, config, device)) {
+    BackwardConfig moved = config;
+    moved.dx = {};
+    moved.dx_cublaslt = true;
+    try {
+      state_->lt = make_backward_lt(problem, moved);
+      dx_moved = true;
+    } catch (const CudaError& e) {
+      log()->warn("backward plan {}: {} ({}); running {}", problem.key(), moved.key(), e.what(),
+                  config.key());
+    }
+  }
+  if (!dx_moved) {
+    try {
+      state_->lt = make_backward_lt(problem, config);
+    } catch (const CudaError& e) {
+      // cuBLASLt declined a GEMM the dispatch chose for it (no algorithm for these strides):
+      // fusejit's own tiles run every layer. A GEMM forced onto cuBLASLt fails as asked.
+      const std::optional<BackwardConfig> fallback = lt_declined_fallback(
+          config, default_backward_tiles(problem, device), forced_dx, forced_dw);
+      if (!fallback) throw;
+      log()->warn("backward plan {}: {} ({}); running {}", problem.key(), config.key(), e.what(),
+                  fallback->key());
+      config = *fallback;
+      state_->lt = make_backward_lt(problem, config);  // a forced cuBLASLt GEMM may still decline
+      if (!forced_dx && !forced_dw) dispatch_ = "heuristic";
+    }
   }
   bool built = false;
   core_ = backward_core(problem, config, ctx, options.cache_dir, &built);
+  if (dx_moved) core_ = with_dx_on_cublaslt(*core_);
   // This plan's own story, as Plan's: kernels another plan loaded cost it nothing.
   state_->cache_hit = !built || core_->cache_hit;
   state_->workspace_bytes =

@@ -335,6 +335,22 @@ bool lt_beats_tiles(const Problem& p, const Problem& g, const KernelConfig& c, b
 
 }  // namespace
 
+bool plan_moves_dx_to_cublaslt(const Problem& p, const BackwardConfig& c, const Device& d) {
+  return !c.dx_cublaslt && lt_beats_tiles(p, dx_gemm_problem(p), c.dx, false, d);
+}
+
+std::shared_ptr<const BackwardCore> with_dx_on_cublaslt(const BackwardCore& core) {
+  auto moved = std::make_shared<BackwardCore>(core);
+  moved->config.dx = {};
+  moved->config.dx_cublaslt = true;
+  moved->kernel_names = backward_kernel_set(core.problem, moved->config);
+  moved->dx = moved->dx_sum = nullptr;
+  moved->dx_smem_bytes = 0;
+  if (std::ranges::find(moved->kernel_names, "fj_bwd_transpose") == moved->kernel_names.end())
+    moved->transpose = nullptr;
+  return moved;
+}
+
 BackwardConfig default_backward_config(const Problem& p, const Device& d) {
   // Strict fp32 GEMMs (fp32, and tf32x3's: grad_gemm_dtype) have no tensor cores to fuse into,
   // and the backward on cuBLASLt's SGEMM took 0.28-0.87x its time on the FFMA tiles on every
