@@ -89,7 +89,9 @@ class BackwardPlan {
   // Validates `problem` (InvalidArgument), picks the kernels' tiles, compiles or loads them.
   // Plans differing only in M share one compiled kernel set where their tiles agree (the
   // dispatch picks them per M class); a GEMM on cuBLASLt is set up per plan (its algorithm
-  // chosen for the plan's M).
+  // chosen for the plan's M). Without a tuning entry or a forced dx, a plan whose own M leaves
+  // many SMs idle in the class's dX tiles' last wave runs dX on cuBLASLt instead, on the same
+  // kernel set (config_key() then says dx.cublaslt).
   explicit BackwardPlan(const Problem& problem, const BackwardOptions& options = {});
   ~BackwardPlan();
   BackwardPlan(BackwardPlan&&) noexcept;
