@@ -89,9 +89,10 @@ class BackwardPlan {
   // Validates `problem` (InvalidArgument), picks the kernels' tiles, compiles or loads them.
   // Plans differing only in M share one compiled kernel set where their tiles agree (the
   // dispatch picks them per M class); a GEMM on cuBLASLt is set up per plan (its algorithm
-  // chosen for the plan's M). Without a tuning entry or a forced dx, a plan whose own M leaves
-  // many SMs idle in the class's dX tiles' last wave runs dX on cuBLASLt instead, on the same
-  // kernel set (config_key() then says dx.cublaslt).
+  // chosen for the plan's M). Without a tuning entry for its own M or a forced dx, a plan whose
+  // own M leaves many of the class's dX tiles' SM slots idle runs dX on cuBLASLt instead, on the
+  // same kernel set (config_key() then says dx.cublaslt; run() may then throw CudaError for a
+  // row count cuBLASLt refuses, as below).
   explicit BackwardPlan(const Problem& problem, const BackwardOptions& options = {});
   ~BackwardPlan();
   BackwardPlan(BackwardPlan&&) noexcept;

@@ -217,7 +217,8 @@ int run_autotune(const AutotuneArgs& a) {
     o.on_progress = [&bar](const TuneProgress& p) { bar.update(p); };
     try {
       if (a.backward) {
-        out.heuristic = default_backward_config(problems[i], dev).key();
+        out.heuristic =
+            plan_backward_config(problems[i], default_backward_config(problems[i], dev), dev).key();
         out.result = tune_backward(problems[i], o);
       } else {
         out.result = tune(problems[i], o);

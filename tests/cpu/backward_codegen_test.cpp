@@ -15,7 +15,6 @@
 #include "fusejit/codegen/backward_codegen.hpp"
 #include "fusejit/codegen/codegen.hpp"
 #include "fusejit/compile/compiler.hpp"
-#include "fusejit/config/candidates.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/plan/backward_core.hpp"
 #include "fusejit/tune/backward_tuner.hpp"
@@ -435,13 +434,12 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
     CHECK(!ampere.dx_cublaslt);
     CHECK(!ampere.dw_cublaslt);
   }
-  // A plan of the heuristic's choice counts dX's grid again at its own M
-  // (plan_moves_dx_to_cublaslt): the survey's half-wave dXs move to cuBLASLt (384 and 512 rows of
-  // 2048x2048: 48 and 64 tiles of 128x128; 1280x1536x1536: 60 tiles of 128x256; 2560x2048x2048:
-  // 160; 8192x2048x256: 64), the grids it measured 73% or more full do not (768 and 1024 rows of
-  // 2048x2048, 1536x2048x2048), nor 8192x512x128's over a reduction of 512, nor any seed layer, a
-  // dX the class already put on cuBLASLt, tf32, or sm_80. The class's own M never moves: its count
-  // is the class's.
+  // A plan counts its class's dX grid again at its own M (plan_backward_config): the survey's
+  // half-wave dXs move to cuBLASLt (384 and 512 rows of 2048x2048: 48 and 64 tiles of 128x128;
+  // 1280x1536x1536: 60 tiles of 128x256; 2560x2048x2048: 160; 8192x2048x256: 64), the grids it
+  // measured 73% or more full do not (768 and 1024 rows of 2048x2048, 1536x2048x2048), nor
+  // 8192x512x128's over a reduction of 512, nor any seed layer, a dX the class already put on
+  // cuBLASLt, tf32, or sm_80.
   struct MoveCase {
     const char* line;
     bool moves;
@@ -460,13 +458,13 @@ TEST_CASE("warpspec gradient GEMMs: which configs they take, and every one compi
     CAPTURE(std::string(k.line));
     const Problem q = parse_sweep_line(k.line).problem;
     const BackwardConfig c = default_backward_config(q, hopper);
-    CHECK(plan_moves_dx_to_cublaslt(q, c, hopper) == k.moves);
-    Problem at_class = q;
-    at_class.M = m_class(q.M).representative();
-    CHECK_FALSE(
-        plan_moves_dx_to_cublaslt(at_class, default_backward_config(at_class, hopper), hopper));
-    CHECK_FALSE(plan_moves_dx_to_cublaslt(q, default_backward_config(q, Device::for_arch("sm_80")),
-                                          Device::for_arch("sm_80")));
+    const BackwardConfig run = plan_backward_config(q, c, hopper);
+    CHECK(run.dx_cublaslt == (c.dx_cublaslt || k.moves));
+    if (!k.moves) CHECK(run.key() == c.key());
+    CHECK(run.dw_key() == c.dw_key());  // only dX moves
+    const Device ampere = Device::for_arch("sm_80");
+    const BackwardConfig a = default_backward_config(q, ampere);
+    CHECK(plan_backward_config(q, a, ampere).key() == a.key());
   }
   auto why = [&](const Problem& q, const char* key) {
     return grad_gemm_why_invalid(q, KernelConfig::parse(key), dw_gemm_problem(q), hopper);
@@ -724,11 +722,14 @@ TEST_CASE("backward config keys parse back; bad text names the argument") {
 TEST_CASE(
     "autotune --backward's candidates: the heuristic's pair first, one GEMM varied at a time") {
   const Device hopper = Device::for_arch("sm_90a");
-  for (const char* line : {"1024x512x768 bf16 train", "300x72x40 fp32 eval"}) {
+  // 512x2048x2048: an untuned plan moves the class's dX to cuBLASLt (plan_backward_config); that
+  // pair is the one timed first, the class's dX tiles among dX's others.
+  for (const char* line :
+       {"1024x512x768 bf16 train", "300x72x40 fp32 eval", "512x2048x2048 bf16 train"}) {
     CAPTURE(std::string(line));
     const Problem p = parse_sweep_line(line).problem;
     const std::vector<BackwardConfig> cs = backward_tuning_configs(p, hopper);
-    const BackwardConfig h = default_backward_config(p, hopper);
+    const BackwardConfig h = plan_backward_config(p, default_backward_config(p, hopper), hopper);
     REQUIRE(cs.size() > 2);
     CHECK(cs.front().key() == h.key());
     std::set<std::string> keys, dx, dw;

@@ -287,24 +287,34 @@ TEST_CASE("backward: a GEMM cuBLASLt declines runs on the heuristic's tiles") {
     CAPTURE(std::string(line));
     const Problem p = parse_sweep_line(line).problem;
     const BackwardConfig heuristic = default_backward_config(p, device);
-    // A dX the plan's own M moved to cuBLASLt is asked about first; declined, the class's
-    // choice stands, and its own cuBLASLt GEMM, if any, is asked next.
-    const bool moved = plan_moves_dx_to_cublaslt(p, heuristic, device);
+    const BackwardConfig tiles = default_backward_tiles(p, device);
+    // The class's choice is settled first (its cuBLASLt GEMMs asked about; declined, the
+    // heuristic's tiles), then the plan's own M may move dX to cuBLASLt (plan_backward_config),
+    // asked about in turn.
     const bool class_lt = heuristic.dx_cublaslt || heuristic.dw_cublaslt;
-    if (!class_lt && !moved) {
+    const BackwardConfig settled = class_lt ? tiles : heuristic;
+    const BackwardConfig moved = plan_backward_config(p, settled, device);
+    const bool moves = moved.dx_cublaslt != settled.dx_cublaslt;
+    if (!class_lt && !moves) {
       MESSAGE("skipped: the heuristic runs both GEMMs on tiles on this GPU");
       continue;
     }
     const int before = fault::fired(Fault::lt_no_algorithm);
-    const int declines = (moved ? 1 : 0) + (class_lt ? 1 : 0);
+    const int declines = (class_lt ? 1 : 0) + (moves ? 1 : 0);
     fault::arm(Fault::lt_no_algorithm, declines);
     const BackwardCheckResult r = check(line, o);
     fault::arm(Fault::lt_no_algorithm, 0);
     CHECK(fault::fired(Fault::lt_no_algorithm) == before + declines);
-    CHECK(r.config == default_backward_tiles(p, device).key());
+    CHECK(r.config == tiles.key());
+    if (class_lt && moves) {
+      // Only the class's GEMM declined: the moved dX still runs on cuBLASLt.
+      fault::arm(Fault::lt_no_algorithm, 1);
+      CHECK(check(line, o).config == moved.key());
+      fault::arm(Fault::lt_no_algorithm, 0);
+    }
     BackwardOptions forced;
     forced.cache_dir = cache.str();
-    forced.dx_cublaslt = heuristic.dx_cublaslt || moved;
+    forced.dx_cublaslt = heuristic.dx_cublaslt || moves;
     forced.dw_cublaslt = heuristic.dw_cublaslt;
     fault::arm(Fault::lt_no_algorithm, fault::kAlways);
     CHECK_THROWS_AS(BackwardPlan(p, forced), CudaError);
@@ -380,18 +390,21 @@ TEST_CASE("backward: cache_hit says whether making this plan compiled its kernel
   CHECK(second.cache_hit());
 }
 
-// The heuristic chooses dX's tiles for an M class; a plan whose own M leaves over a third of the
-// SMs idle in those tiles' last wave runs dX on cuBLASLt instead (plan_moves_dx_to_cublaslt) on the
-// class's kernel set: after a plan of the class's M compiled the set, it compiles nothing, names
-// no dX kernel, and its gradients (of all its rows and of fewer) pass. A forced dX keeps its tiles.
+// The heuristic chooses dX's tiles for an M class; a plan whose own M leaves those tiles' grid
+// using 62% or less of its waves' SM slots runs dX on cuBLASLt instead (plan_backward_config) on
+// the class's kernel set: after a plan of the class's M compiled the set, it compiles nothing,
+// names no dX kernel, and its gradients (of all its rows and of fewer) pass. A forced dX keeps its
+// tiles.
 TEST_CASE("backward: a plan's own M moves dX to cuBLASLt on its M class's kernel set") {
   const test::TempDir cache;  // no tuning entry: the heuristic's choice
   const Device device = Device::get(0);
   const char* line = "512x2048x2048 bf16 train";
   const Problem small = parse_sweep_line(line).problem;
-  const Problem whole = parse_sweep_line("1024x2048x2048 bf16 train").problem;  // its class's M
+  // Its class's M. No other case of this program loads this kernel set, so the first plan of it
+  // compiles (a set another case loaded would be an in-process hit whatever the directory).
+  const Problem whole = parse_sweep_line("1024x2048x2048 bf16 train").problem;
   const BackwardConfig c = default_backward_config(small, device);
-  if (!plan_moves_dx_to_cublaslt(small, c, device)) {
+  if (c.dx_cublaslt || !plan_backward_config(small, c, device).dx_cublaslt) {
     // Measured and ruled on Hopper's 132 SMs only (H100, H200).
     REQUIRE((device.cc_major != 9 || device.sm_count != 132));
     MESSAGE("skipped: the rule keeps 512x2048x2048's dX on tiles on this GPU");

@@ -81,7 +81,7 @@ TEST_CASE("autotune --backward: the winner is recorded, verified and run by the 
     // Every listed pair was considered, plus at most the pair of the two fastest GEMMs.
     CHECK(r.candidates.size() >= listed.size());
     CHECK(r.candidates.size() <= listed.size() + 1);
-    CHECK(outcome(r, default_backward_config(p, dev).key()));
+    CHECK(outcome(r, plan_backward_config(p, default_backward_config(p, dev), dev).key()));
     CHECK(!r.entry.reference_ms);
     const CandidateOutcome* w = outcome(r, r.entry.winner);
     REQUIRE(w);

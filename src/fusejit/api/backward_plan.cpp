@@ -40,14 +40,17 @@ BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& option
   const bool forced_dx = options.dx_config || options.dx_cublaslt,
              forced_dw = options.dw_config || options.dw_cublaslt;
   BackwardConfig config;
-  bool dx_from_heuristic = false;
+  // Whether dX is a choice made for the M class (the heuristic's, or a tuning entry's for another
+  // M of the class), which plan_backward_config may move to cuBLASLt at this plan's own M. An
+  // entry tuned at this M timed its dX here.
+  bool dx_of_class = false;
   if (forced_dx && forced_dw) {
     dispatch_ = "config";
   } else {
     const BackwardChoice choice = choose_backward(problem, device, options.cache_dir);
     config = choice.config;
     dispatch_ = forced_dx || forced_dw ? "config" : std::string(name(choice.source));
-    dx_from_heuristic = !forced_dx && choice.source == KernelChoice::Source::heuristic;
+    dx_of_class = !forced_dx && choice.source != KernelChoice::Source::exact;
   }
   // Judged as the heuristic and the tuning entries are: at the M class's representative M.
   if (options.dx_config) {
@@ -62,41 +65,37 @@ BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& option
   }
   if (options.dx_cublaslt) config.dx = {}, config.dx_cublaslt = true;
   if (options.dw_cublaslt) config.dw = {}, config.dw_cublaslt = true;
-  // The heuristic chose dX's tiles for the M class; at this plan's own M their grid may leave
-  // enough SMs idle that cuBLASLt's dX is faster. The plan then runs it there, on the class's
-  // kernel set. If cuBLASLt declines it, the class's choice stands.
+  try {
+    state_->lt = make_backward_lt(problem, config);
+  } catch (const CudaError& e) {
+    // cuBLASLt declined a GEMM the dispatch chose for it (no algorithm for these strides):
+    // fusejit's own tiles run every layer. A GEMM forced onto cuBLASLt fails as asked.
+    const std::optional<BackwardConfig> fallback =
+        lt_declined_fallback(config, default_backward_tiles(problem, device), forced_dx, forced_dw);
+    if (!fallback) throw;
+    log()->warn("backward plan {}: {} ({}); running {}", problem.key(), config.key(), e.what(),
+                fallback->key());
+    if (!forced_dx && config.dx_cublaslt) dx_of_class = true;  // now the heuristic's tiles
+    config = *fallback;
+    state_->lt = make_backward_lt(problem, config);  // a forced cuBLASLt GEMM may still decline
+    if (!forced_dx && !forced_dw) dispatch_ = "heuristic";
+  }
+  // The class's dX at this plan's own M, on the class's kernel set; where cuBLASLt declines it,
+  // the class's choice stands.
+  const BackwardConfig run = dx_of_class ? plan_backward_config(problem, config, device) : config;
   bool dx_moved = false;
-  if (dx_from_heuristic && plan_moves_dx_to_cublaslt(problem, config, device)) {
-    BackwardConfig moved = config;
-    moved.dx = {};
-    moved.dx_cublaslt = true;
+  if (run.dx_cublaslt != config.dx_cublaslt) {
     try {
-      state_->lt = make_backward_lt(problem, moved);
+      state_->lt = make_backward_lt(problem, run);
       dx_moved = true;
     } catch (const CudaError& e) {
-      log()->warn("backward plan {}: {} ({}); running {}", problem.key(), moved.key(), e.what(),
+      log()->warn("backward plan {}: {} ({}); running {}", problem.key(), run.key(), e.what(),
                   config.key());
-    }
-  }
-  if (!dx_moved) {
-    try {
-      state_->lt = make_backward_lt(problem, config);
-    } catch (const CudaError& e) {
-      // cuBLASLt declined a GEMM the dispatch chose for it (no algorithm for these strides):
-      // fusejit's own tiles run every layer. A GEMM forced onto cuBLASLt fails as asked.
-      const std::optional<BackwardConfig> fallback = lt_declined_fallback(
-          config, default_backward_tiles(problem, device), forced_dx, forced_dw);
-      if (!fallback) throw;
-      log()->warn("backward plan {}: {} ({}); running {}", problem.key(), config.key(), e.what(),
-                  fallback->key());
-      config = *fallback;
-      state_->lt = make_backward_lt(problem, config);  // a forced cuBLASLt GEMM may still decline
-      if (!forced_dx && !forced_dw) dispatch_ = "heuristic";
     }
   }
   bool built = false;
   core_ = backward_core(problem, config, ctx, options.cache_dir, &built);
-  if (dx_moved) core_ = with_dx_on_cublaslt(*core_);
+  if (dx_moved) core_ = with_dx_on_cublaslt(*core_, run);
   // This plan's own story, as Plan's: kernels another plan loaded cost it nothing.
   state_->cache_hit = !built || core_->cache_hit;
   state_->workspace_bytes =

@@ -335,20 +335,23 @@ bool lt_beats_tiles(const Problem& p, const Problem& g, const KernelConfig& c, b
 
 }  // namespace
 
-bool plan_moves_dx_to_cublaslt(const Problem& p, const BackwardConfig& c, const Device& d) {
-  return !c.dx_cublaslt && lt_beats_tiles(p, dx_gemm_problem(p), c.dx, false, d);
+BackwardConfig plan_backward_config(const Problem& p, const BackwardConfig& c, const Device& d) {
+  BackwardConfig out = c;
+  if (!c.dx_cublaslt && lt_beats_tiles(p, dx_gemm_problem(p), c.dx, false, d))
+    out.dx = {}, out.dx_cublaslt = true;
+  return out;
 }
 
-std::shared_ptr<const BackwardCore> with_dx_on_cublaslt(const BackwardCore& core) {
-  auto moved = std::make_shared<BackwardCore>(core);
-  moved->config.dx = {};
-  moved->config.dx_cublaslt = true;
-  moved->kernel_names = backward_kernel_set(core.problem, moved->config);
-  moved->dx = moved->dx_sum = nullptr;
-  moved->dx_smem_bytes = 0;
-  if (std::ranges::find(moved->kernel_names, "fj_bwd_transpose") == moved->kernel_names.end())
-    moved->transpose = nullptr;
-  return moved;
+std::shared_ptr<const BackwardCore> with_dx_on_cublaslt(const BackwardCore& core,
+                                                        const BackwardConfig& moved) {
+  auto out = std::make_shared<BackwardCore>(core);
+  out->config = moved;
+  out->kernel_names = backward_kernel_set(core.problem, moved);
+  // The rule moves only unsplit dXs of 16-byte aligned 16-bit rows, which read no copies: the
+  // set's transpose kernel, if any, is dW's.
+  out->dx = out->dx_sum = nullptr;
+  out->dx_smem_bytes = 0;
+  return out;
 }
 
 BackwardConfig default_backward_config(const Problem& p, const Device& d) {
@@ -744,17 +747,20 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
   // (make_backward_lt); any other count is checked here, once per count, also before anything is
   // enqueued: a count cuBLASLt refuses throws with the gradients untouched (accumulated ones
   // included), not after the passes.
-  auto require_rows = [&](const LtGemm& g, const char* gemm, const char* tiles) {
+  // plan_m: the GEMM's own (the plan's M; the core's problem is the first plan's of its set).
+  auto require_rows = [&](const LtGemm& g, std::int64_t plan_m, const char* gemm,
+                          const char* tiles) {
     if (!g.runs_rows(lt->handle.get(), rows, lt->workspace))
       throw CudaError(fmt::format("cuBLASLt's algorithm for this plan's {} GEMM does not run {} "
                                   "rows (a run of fewer rows than the plan's M = {}); nothing "
                                   "was enqueued. A BackwardPlan made for M = {}, or {} on tiles, "
                                   "runs it",
-                                  gemm, rows, p.M, rows, tiles),
+                                  gemm, rows, plan_m, rows, tiles),
                       CUBLAS_STATUS_NOT_SUPPORTED);
   };
-  if (dx_lt) require_rows(*lt->dx, "dX", "dx_config");
-  if (dw_lt) require_rows(*lt->dw, "dW", "dw_config");
+  // make_backward_lt: dX's rows are its n, dW's its reduction k.
+  if (dx_lt) require_rows(*lt->dx, lt->dx->spec().n, "dX", "dx_config");
+  if (dw_lt) require_rows(*lt->dw, lt->dw->spec().k, "dW", "dw_config");
   // Train's three passes as one cooperative grid of at most what the device holds at once
   // (kernels/bn_backward.cuh, bn_backward_resident): one launch, and where every slab of a strip
   // has a block and its rows fit in registers, dy and saved read once. Bit for bit the

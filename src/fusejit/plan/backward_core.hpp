@@ -109,15 +109,17 @@ BackwardGemms backward_gemms(const Problem&);
 // of their waves' SM slots over a reduction of 768 or more (all counted at that M) runs on
 // cuBLASLt (measured faster there). The same for every M of an M class.
 BackwardConfig default_backward_config(const Problem&, const Device&);
-// Whether a plan of `p` whose dX tiles `c.dx` the heuristic chose (for p's M class, as
-// default_backward_config) runs dX on cuBLASLt instead: lt_beats_tiles' rule judged on the grid
-// those tiles run at p's own M. The survey behind the rule timed grids at the run's M; a class's
-// representative can fill 73-97% of a wave with the same tiles whose grid at a smaller M of the
-// class leaves over a third of the SMs idle (512x2048x2048: 64 tiles of 128x128 at 512 rows, 128
-// at the class's 1024), where cuBLASLt's dX took 6-12% less. Only towards cuBLASLt: such a plan
-// keeps the class's kernel set (with_dx_on_cublaslt), so every M of the class still shares one
-// compiled set.
-bool plan_moves_dx_to_cublaslt(const Problem& p, const BackwardConfig& c, const Device& d);
+// The config a plan of `p` runs from `c`, its M class's choice (default_backward_config, or a
+// tuning entry for another M of the class): `c`, with dX on cuBLASLt where lt_beats_tiles' rule
+// holds for dX's grid at p's own M. The survey behind the rule timed grids at the run's M; the
+// tiles a class's representative M fills 73-97% of a wave with can use 61% or less of their
+// waves' SM slots at a smaller M of the class (512x2048x2048: 64 tiles of 128x128 at 512 rows,
+// 128 at the class's 1024), where cuBLASLt's dX took 6-20% less (docs/performance.md, "dX on
+// cuBLASLt decided at the plan's own M"). Only dX, and only towards cuBLASLt: the plan keeps the
+// class's kernel set (with_dx_on_cublaslt), so every M of the class still shares one compiled
+// set. dW's grid (its N x K output) is the same at every M, and its rule at a smaller M (a
+// shorter reduction) was not measured.
+BackwardConfig plan_backward_config(const Problem& p, const BackwardConfig& c, const Device& d);
 // The heuristic's tiles for both GEMMs (never cuBLASLt): what default_backward_config replaces
 // with cuBLASLt, and what a GEMM runs when cuBLASLt declines it (lt_declined_fallback).
 BackwardConfig default_backward_tiles(const Problem&, const Device&);
@@ -134,10 +136,11 @@ std::shared_ptr<const BackwardCore> backward_core(const Problem&, const Backward
                                                   CUcontext context, const std::string& cache_dir,
                                                   bool* built = nullptr);
 
-// `core` (a kernel set built with dX on tiles) running dX on cuBLASLt: the same loaded module,
-// its dX kernels unused, the config and kernel names those of the set with dX on cuBLASLt
-// (plan_moves_dx_to_cublaslt). A plan's own copy; the module stays shared.
-std::shared_ptr<const BackwardCore> with_dx_on_cublaslt(const BackwardCore& core);
+// `core` (a kernel set built with dX on tiles) running `moved` (its config with dX on cuBLASLt:
+// plan_backward_config): the same loaded module, its dX kernel unused, the config and kernel
+// names those of `moved`. A plan's own copy; the module stays shared.
+std::shared_ptr<const BackwardCore> with_dx_on_cublaslt(const BackwardCore& core,
+                                                        const BackwardConfig& moved);
 
 // The strips of columns the BatchNorm kernels split N into, as they count them (codegen's
 // Spec: VEC_BYTES = the rows' alignment, at most 16): what sizes the workspace's partials and

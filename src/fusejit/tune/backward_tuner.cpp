@@ -104,7 +104,8 @@ BackwardGradients read_gradients(const InputSet& s, const Problem& p,
 
 std::vector<BackwardConfig> backward_tuning_configs(const Problem& p, const Device& d) {
   validate_backward_problem(p);
-  const BackwardConfig heuristic = default_backward_config(p, d);
+  // What an untuned plan of p runs (its class's choice, dX moved at p's own M) first.
+  const BackwardConfig heuristic = plan_backward_config(p, default_backward_config(p, d), d);
   std::vector<BackwardConfig> out{heuristic};
   auto add = [&](const BackwardConfig& c) {
     if (c.key() != heuristic.key()) out.push_back(c);

@@ -27,7 +27,8 @@
 
 namespace fusejit {
 
-// Step 1's configs, in the order they are timed; the first is default_backward_config's.
+// Step 1's configs, in the order they are timed; the first is what an untuned plan of p runs
+// (plan_backward_config of default_backward_config).
 std::vector<BackwardConfig> backward_tuning_configs(const Problem& p, const Device& d);
 // Their kernel sets: what `fusejit compile --backward --variant all` warms, so a tune on the
 // GPU only times (step 3's pair may still compile).
