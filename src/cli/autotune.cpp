@@ -77,8 +77,8 @@ struct Outcome {
   Problem problem;
   std::optional<TuneResult> result;
   std::string failure;
-  // --backward: the heuristic's pair (default_backward_config), which the winner is compared
-  // with; there is no cuBLASLt contender.
+  // --backward: the heuristic's pair as an untuned plan runs it (plan_backward_config of
+  // default_backward_config), which the winner is compared with (the forward's with cuBLASLt).
   std::string heuristic;
   std::optional<double> heuristic_ms() const {
     if (result)
