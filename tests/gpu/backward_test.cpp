@@ -20,6 +20,7 @@
 #include "fusejit/error.hpp"
 #include "fusejit/plan.hpp"
 #include "fusejit/plan/backward_core.hpp"
+#include "fusejit/tune/tuning_db.hpp"
 #include "fusejit/util/fault.hpp"
 #include "gpu_required.hpp"
 #include "test_tempdir.hpp"
@@ -394,7 +395,8 @@ TEST_CASE("backward: cache_hit says whether making this plan compiled its kernel
 // using 62% or less of its waves' SM slots runs dX on cuBLASLt instead (plan_backward_config) on
 // the class's kernel set: after a plan of the class's M compiled the set, it compiles nothing,
 // names no dX kernel, and its gradients (of all its rows and of fewer) pass. A forced dX keeps its
-// tiles.
+// tiles; an entry tuned at another M of the class moves like the heuristic's choice, one tuned at
+// this M does not.
 TEST_CASE("backward: a plan's own M moves dX to cuBLASLt on its M class's kernel set") {
   const test::TempDir cache;  // no tuning entry: the heuristic's choice
   const Device device = Device::get(0);
@@ -432,6 +434,27 @@ TEST_CASE("backward: a plan's own M moves dX to cuBLASLt on its M class's kernel
   forced.cache_dir = cache.str();
   forced.dx_config = c.dx;
   CHECK(check(line, forced).config == c.key());
+  // An entry tuned at the class's M (recorded here as `fusejit autotune --backward` records one)
+  // reaches this M as "m-class", and its dX moves alike; an entry tuned at this M timed its dX
+  // here and does not move.
+  const test::TempDir tuned;
+  const TuningDb db = TuningDb::for_device(device, tuned.str());
+  TuningEntry e;
+  e.problem = backward_entry_problem(whole);
+  e.winner = c.key();
+  e.winner_ms = 1;
+  e.timestamp = 1;
+  REQUIRE(db.record(e, TunedPass::backward));
+  BackwardOptions t;
+  t.cache_dir = tuned.str();
+  const BackwardPlan other_m(small, t);
+  CHECK(other_m.dispatch() == "m-class");
+  CHECK(other_m.config_key() == moved.config_key());
+  e.problem = backward_entry_problem(small);
+  REQUIRE(db.record(e, TunedPass::backward));
+  const BackwardPlan own_m(small, t);
+  CHECK(own_m.dispatch() == "tuned");
+  CHECK(own_m.config_key() == c.key());
 }
 
 TEST_CASE("backward: a training step whose forward is the cuBLASLt reference op") {
