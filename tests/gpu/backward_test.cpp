@@ -291,11 +291,11 @@ TEST_CASE("backward: a GEMM cuBLASLt declines runs on the heuristic's tiles") {
     const BackwardConfig tiles = default_backward_tiles(p, device);
     // The class's choice is settled first (its cuBLASLt GEMMs asked about; declined, the
     // heuristic's tiles), then the plan's own M may move dX to cuBLASLt (plan_backward_config),
-    // asked about in turn.
+    // asked about in turn, unless the class had put dX there already.
     const bool class_lt = heuristic.dx_cublaslt || heuristic.dw_cublaslt;
     const BackwardConfig settled = class_lt ? tiles : heuristic;
     const BackwardConfig moved = plan_backward_config(p, settled, device);
-    const bool moves = moved.dx_cublaslt != settled.dx_cublaslt;
+    const bool moves = !heuristic.dx_cublaslt && moved.dx_cublaslt != settled.dx_cublaslt;
     if (!class_lt && !moves) {
       MESSAGE("skipped: the heuristic runs both GEMMs on tiles on this GPU");
       continue;

@@ -75,7 +75,9 @@ BackwardPlan::BackwardPlan(const Problem& problem, const BackwardOptions& option
     if (!fallback) throw;
     log()->warn("backward plan {}: {} ({}); running {}", problem.key(), config.key(), e.what(),
                 fallback->key());
-    if (!forced_dx && config.dx_cublaslt) dx_of_class = true;  // now the heuristic's tiles
+    // A dX this took off cuBLASLt (declined, or beside a declined dW: the refusal does not say
+    // which) is not asked about again by the move below.
+    if (config.dx_cublaslt) dx_of_class = false;
     config = *fallback;
     state_->lt = make_backward_lt(problem, config);  // a forced cuBLASLt GEMM may still decline
     if (!forced_dx && !forced_dw) dispatch_ = "heuristic";
