@@ -8,7 +8,9 @@
 // 16-byte bank groups, and so do the 8 consecutive chunks that one cp.async phase writes (the
 // permutation stays inside one 128-byte line). The XOR pattern repeats every 16 rows, so callers
 // may add multiples of 16 rows (kRowBytes * 16) to an offset without recomputing the swizzle.
+// Plain C++ beside the qualifiers: the host tests check the offsets (element_passes_test).
 #pragma once
+#include "common/host_device.h"
 
 namespace fj {
 
@@ -25,7 +27,7 @@ struct SwizzledTile {
   // The XOR key of a row. Rows of >= 128 bytes own whole lines: key = row % 8 permutes the
   // chunk's low 3 bits. Shorter rows share a line (8 / CPR rows per line): the key is the line
   // index, taken modulo just enough to separate the lines that 8 consecutive rows touch.
-  __device__ __forceinline__ static int key(int row) {
+  FJ_HOST_DEVICE_INLINE static constexpr int key(int row) {
     if constexpr (CPR >= 8)
       return row & 7;
     else if constexpr (CPR == 4)
@@ -36,8 +38,22 @@ struct SwizzledTile {
       return 0;
   }
   // Byte offset of logical (row, chunk) inside the tile.
-  __device__ __forceinline__ static int offset(int row, int chunk) {
+  FJ_HOST_DEVICE_INLINE static constexpr int offset(int row, int chunk) {
     return ((row * CPR + chunk) ^ key(row)) * 16;
+  }
+};
+
+// An element-granular view of a SwizzledTile of 4-byte elements: element (row, k) of a [row][k]
+// tile, for ElementLoader (mainloop/operand_loader.cuh), which fills tf32's MN-major operands
+// turned around. Moving kLinearPeriod rows (the swizzle's period) moves every offset by the same
+// kLinearPeriod * kLinearStride bytes: ElementPasses relies on it.
+template <class Layout>
+struct SwizzledWords {
+  static constexpr int kLinearPeriod = Layout::kPeriod;
+  static constexpr int kLinearStride = Layout::kRowBytes;
+  static constexpr int kBytes = Layout::kBytes;
+  FJ_HOST_DEVICE_INLINE static constexpr int offset(int row, int k) {
+    return Layout::offset(row, k >> 2) + (k & 3) * 4;
   }
 };
 
@@ -50,7 +66,7 @@ struct PaddedTile {
   static constexpr int kRowBytes = ROW_BYTES;
   static constexpr int kBytes = ROWS * kRowBytes;
   static constexpr int kPeriod = 1;
-  __device__ __forceinline__ static int offset(int row, int chunk) {
+  FJ_HOST_DEVICE_INLINE static constexpr int offset(int row, int chunk) {
     return row * kRowBytes + chunk * 16;
   }
 };

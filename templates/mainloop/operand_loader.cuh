@@ -11,6 +11,7 @@
 #pragma once
 #include "common/cp_async.cuh"
 #include "common/types.cuh"
+#include "mainloop/element_passes.h"
 
 namespace fj {
 
@@ -103,11 +104,9 @@ struct ChunkLoader {
   }
 };
 
-// Copies TR x TC tiles of 4-byte elements transposed: source element (r, c) of the tile goes to
-// byte Dst::offset(c, r) of the stage. W consecutive threads take W consecutive columns of one
-// row (one 4W-byte segment of global memory), the next W threads the next row: thread t starts
-// at (t / W, t % W), and pass i of the CTA moves it by (dr(i), dc(i)) with S = THREADS / W rows
-// per pass, wrapping to the next W columns at TR rows.
+// Copies TR x TC tiles of 4-byte elements transposed, one 4-byte cp.async per element: source
+// element (r, c) of the tile goes to byte Dst::offset(c, r) of the stage, in the passes
+// ElementPasses lays out (mainloop/element_passes.h).
 //   strict fp32, K-major operand: W = TC = BK, (r, c) = (row, k) -> [k][row]: a warp reads
 //     32 / BK row segments of BK floats (see mainloop/simt_fp32.cuh for its bank behaviour);
 //   tf32, MN-major operand: W = 8, (r, c) = (k, row) -> the K-major SwizzledTile [row][k]: a
@@ -115,18 +114,9 @@ struct ChunkLoader {
 //     per k, 8 rows whose swizzle keys differ, so its 32 words land in 32 distinct banks.
 template <class Dst, int TR, int TC, int NR, int NC, int LD, int THREADS, int W, bool K_ROWS>
 struct ElementLoader {
-  static constexpr int kElems = TR * TC;
-  static constexpr int kIters = (kElems + THREADS - 1) / THREADS;
-  static constexpr int S = THREADS / W;
+  using P = ElementPasses<Dst, TR, TC, THREADS, W>;
   static constexpr bool kRowTail = NR == 0 || NR % TR != 0;
   static constexpr bool kColTail = NC == 0 || NC % TC != 0;
-  static_assert(THREADS % W == 0 && TC % W == 0,
-                "ElementLoader: W must divide THREADS and the tile's columns");
-  static_assert(TR % S == 0 || S % TR == 0,
-                "ElementLoader: THREADS / W and the tile's rows must divide one another");
-  // Pass i's offset from the thread's first element (compile-time).
-  __device__ __forceinline__ static constexpr int dr(int i) { return (i * S) % TR; }
-  __device__ __forceinline__ static constexpr int dc(int i) { return W * ((i * S) / TR); }
 
   const float* base;  // a valid address for copies that read nothing
   const float* g;     // this thread's first element, k-tile 0
@@ -134,17 +124,18 @@ struct ElementLoader {
   int r, c;           // this thread's first element inside the tile
   int rows_left;      // rows of the matrix at or after row r (k-tile 0)
   int cols_left;      // columns of the matrix at or after column c (k-tile 0)
+  typename P::Bases soff;
 
   __device__ __forceinline__ void init(const void* ptr, int row0, int col0, int tid, int nrows,
                                        int ncols) {
     base = static_cast<const float*>(ptr);
     lin = tid / W;
-    // tid < THREADS, so with TR % S == 0 the first pass never wraps.
-    r = TR % S == 0 ? lin : lin % TR;
-    c = tid % W + (TR % S == 0 ? 0 : W * (lin / TR));
+    r = P::first_row(tid);
+    c = P::first_col(tid);
     rows_left = (NR > 0 ? NR : nrows) - row0 - r;
     cols_left = (NC > 0 ? NC : ncols) - col0 - c;
     g = base + static_cast<long long>(row0 + r) * LD + col0 + c;
+    soff = P::bases(r, c);
   }
 
   __device__ __forceinline__ void issue(unsigned stage, int kt) const {
@@ -152,11 +143,11 @@ struct ElementLoader {
     const int cleft = K_ROWS ? cols_left : cols_left - kt * TC;
     const float* gk = K_ROWS ? g + static_cast<long long>(kt) * TR * LD : g + kt * TC;
 #pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      if (kElems % THREADS != 0 && lin + i * S >= TR * (TC / W)) break;
-      const bool ok = (!kRowTail || dr(i) < rleft) && (!kColTail || dc(i) < cleft);
-      const float* src = gk + static_cast<long long>(dr(i)) * LD + dc(i);
-      cp_async<4>(stage + Dst::offset(c + dc(i), r + dr(i)), ok ? src : base, ok ? 4 : 0);
+    for (int i = 0; i < P::kIters; ++i) {
+      if (!P::in_tile(lin, i)) break;
+      const bool ok = (!kRowTail || P::dr(i) < rleft) && (!kColTail || P::dc(i) < cleft);
+      const float* src = gk + static_cast<long long>(P::dr(i)) * LD + P::dc(i);
+      cp_async<4>(stage + P::offset(soff, r, c, i), ok ? src : base, ok ? 4 : 0);
     }
   }
 };

@@ -62,9 +62,12 @@ struct SimtFp32Mainloop {
       return (gemm_red<G>(op) + BK - 1) / BK;
   }
 
-  // Element (k, row) of a [BK][LDS] stage.
+  // Element (k, row) of a [BK][LDS] stage. Offsets are computed per pass (kLinearPeriod = 0:
+  // ElementPasses' shortcut is not taken), as they were before it existed: this path spills
+  // nowhere, and its speed was measured this way.
   template <int LDS>
   struct KRowSlot {
+    static constexpr int kLinearPeriod = 0, kLinearStride = 0;
     __device__ __forceinline__ static int offset(int k, int row) { return (k * LDS + row) * 4; }
   };
   // One operand: TILE output indices x BK of a matrix with NOUT output indices and the reduction

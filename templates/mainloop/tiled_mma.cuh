@@ -51,15 +51,6 @@ struct IsSame<A, A> {
 // G::TF32_ROUND if the description declares it, else true (round like cuBLAS does).
 FJ_SPEC_FLAG(Tf32Round, TF32_ROUND, true);
 
-// An element-granular view of a SwizzledTile of 4-byte elements, for ElementLoader: element
-// (row, k) of a [row][k] tile.
-template <class Layout>
-struct SwizzledWords {
-  __device__ __forceinline__ static int offset(int row, int k) {
-    return Layout::offset(row, k >> 2) + (k & 3) * 4;
-  }
-};
-
 // One operand of the mma mainloop: TILE output indices (BM for A, BN for B) x BK, of a matrix with
 // NOUT output indices (0: the run's) and RED reductions (0: the run's), stride LD, K-major or
 // MN-major. Picks the stage layout and the loader; kTrans says the fragments need ldmatrix.trans.

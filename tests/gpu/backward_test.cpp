@@ -573,6 +573,26 @@ TEST_CASE("backward: split-K gradient GEMMs, tiled and warpspec") {
   }
 }
 
+// tf32's tiled gradient GEMMs, the ones every GPU but sm_90a trains tf32 layers with (the
+// heuristic's tiles there: 128x256 and 128x128 with 64x64 warp tiles, and the smaller ones),
+// forced here on any GPU. Their MN-major operands (W for dX, da and x for dW) are copied an
+// element at a time into the K-major stage from a few base offsets a thread
+// (mainloop/element_passes.h): tails in every dimension, 4-byte aligned rows, split and unsplit.
+TEST_CASE("backward: tiled tf32 gradient GEMMs (MN-major copies turned around)") {
+  struct Tiles {
+    const char *dx, *dw;
+  };
+  for (const Tiles& t : {Tiles{"tiled.128x256x32.w2x4.s3.g8", "tiled.128x256x32.w2x4.s3.g8"},
+                         Tiles{"tiled.128x128x32.w2x2.s3.g8", "tiled.128x128x32.w2x2.s3.g8"},
+                         Tiles{"tiled.64x64x32.w2x2.s3.g8", "tiled.128x64x32.w4x1.s3.g8.k4"},
+                         Tiles{"tiled.128x32x32.w4x1.s3.g8", "tiled.64x128x32.w2x2.s3.g8.k3"}})
+    check_forced(t.dx, t.dw,
+                 {"1000x200x136 tf32 train", "300x72x40 tf32 eval", "2x24x16 tf32 train",
+                  "777x330x521 tf32 train", "301x71x41 tf32 eval ldx=44 ldw=45",
+                  "4097x127x129 tf32 train non_centred"},
+                 "300x136x97 tf32 train", "1000x66x96 tf32 eval");
+}
+
 // Run twice directly and once from a captured CUDA graph: every gradient bit-identical (the
 // reductions merge in a fixed order; nothing in run() may sync or allocate, or capture fails).
 TEST_CASE("backward: bit-identical run to run, and under CUDA graph capture") {
