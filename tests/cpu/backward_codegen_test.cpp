@@ -17,6 +17,7 @@
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/plan/backward_core.hpp"
+#include "fusejit/plan/launch.hpp"
 #include "fusejit/tune/backward_tuner.hpp"
 #include "test_nvrtc_jobs.hpp"
 #include "tools/sweep.hpp"
@@ -758,4 +759,58 @@ TEST_CASE(
   Problem one = parse_sweep_line("2x64x64 bf16 train").problem;
   one.M = 1;  // train backward needs two rows
   CHECK_THROWS_AS(backward_tuning_configs(one, hopper), InvalidArgument);
+}
+
+// The per-column parameters, as run() checks them in both directions (require_param): one the
+// problem has must be given and aligned to its dtype, one it lacks must be null, and the error
+// names the argument. Addresses only, nothing is dereferenced.
+TEST_CASE(
+    "forward and backward tensors: per-column parameters present exactly when the problem "
+    "has them") {
+  auto at = [](std::uintptr_t a) { return reinterpret_cast<void*>(a); };
+  for (const char* line : {"100x56x32 bf16 train", "100x56x32 bf16 train noscale noaffine"}) {
+    CAPTURE(line);
+    const Problem p = parse_sweep_line(line).problem;
+    Tensors f;
+    f.x = at(0x10000000), f.w = at(0x11000000), f.y = at(0x12000000);
+    f.bias = at(0x13000000);
+    if (p.has_scale) f.scale = at(0x13001000);
+    if (p.has_affine) f.gamma = at(0x13002000), f.beta = at(0x13003000);
+    f.save_mean = static_cast<float*>(at(0x13004000));
+    f.save_invstd = static_cast<float*>(at(0x13005000));
+    BackwardTensors b;
+    b.dy = at(0x14000000), b.saved = at(0x15000000);
+    b.scale = f.scale, b.gamma = f.gamma;
+    b.save_mean = f.save_mean, b.save_invstd = f.save_invstd;
+    auto forward = [&](const Tensors& t) -> std::string {
+      try {
+        validate_tensors(p, t);
+      } catch (const InvalidArgument& e) {
+        return e.argument();
+      }
+      return "(accepted)";
+    };
+    auto backward = [&](const BackwardTensors& t) -> std::string {
+      try {
+        validate_backward_tensors(p, t, 0);
+      } catch (const InvalidArgument& e) {
+        return e.argument();
+      }
+      return "(accepted)";
+    };
+    REQUIRE(forward(f) == "(accepted)");
+    REQUIRE(backward(b) == "(accepted)");
+    Tensors g = f;
+    g.scale = p.has_scale ? nullptr : at(0x13001000);
+    CHECK(forward(g) == "scale");
+    g = f;
+    g.gamma = p.has_affine ? at(0x13002002) /* misaligned */ : at(0x13002000);
+    CHECK(forward(g) == "gamma");
+    BackwardTensors c = b;
+    c.scale = p.has_scale ? nullptr : at(0x13001000);
+    CHECK(backward(c) == "scale");
+    c = b;
+    c.gamma = p.has_affine ? at(0x13002002) : at(0x13002000);
+    CHECK(backward(c) == "gamma");
+  }
 }

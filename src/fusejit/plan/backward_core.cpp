@@ -502,15 +502,8 @@ void validate_backward_tensors(const Problem& p, const BackwardTensors& t, std::
     require_pointer(t.x, "x", al,
                     [&] { return fmt::format("dw needs x, [{}][{}] {}", p.M, p.lda_x(), dt); });
   }
-  auto param = [&](const void* ptr, bool present, const char* arg, const char* flag) {
-    if (present)
-      require_pointer(ptr, arg, pe,
-                      [&] { return fmt::format("[{}] {}", p.N, name(p.param_dtype)); });
-    else if (ptr)
-      forbid(ptr, arg, fmt::format("the problem has {} = false", flag).c_str());
-  };
-  param(t.scale, p.has_scale, "scale", "has_scale");
-  param(t.gamma, p.has_affine, "gamma", "has_affine");
+  require_param(p, t.scale, p.has_scale, "scale", "has_scale");
+  require_param(p, t.gamma, p.has_affine, "gamma", "has_affine");
   auto grad = [&](const void* ptr, bool present, const char* arg, const char* flag) {
     if (!ptr) return;
     if (!present) forbid(ptr, arg, fmt::format("the problem has {} = false", flag).c_str());

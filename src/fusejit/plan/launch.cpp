@@ -165,6 +165,15 @@ std::size_t tensor_span(std::int64_t rows, std::int64_t ld, std::int64_t cols,
   return static_cast<std::size_t>((rows - 1) * ld + cols) * elem_bytes;
 }
 
+void require_param(const Problem& p, const void* ptr, bool present, const char* arg,
+                   const char* flag) {
+  if (present)
+    require_pointer(ptr, arg, storage_bytes(p.param_dtype),
+                    [&] { return fmt::format("[{}] {}", p.N, name(p.param_dtype)); });
+  else if (ptr)
+    forbid(ptr, arg, fmt::format("the problem has {} = false", flag).c_str());
+}
+
 void validate_tensors(const Problem& p, const Tensors& t, std::int64_t rows) {
   const auto al = static_cast<std::size_t>(p.effective_alignment());
   const std::size_t pe = storage_bytes(p.param_dtype);
@@ -183,17 +192,10 @@ void validate_tensors(const Problem& p, const Tensors& t, std::int64_t rows) {
     require_disjoint(t.saved, span, "saved", t.y, span, "y",
                      "the two-pass apply reads y back while it writes saved");
   }
-  auto param = [&](const void* ptr, bool present, const char* arg, const char* flag) {
-    if (present)
-      require_pointer(ptr, arg, pe,
-                      [&] { return fmt::format("[{}] {}", p.N, name(p.param_dtype)); });
-    else if (ptr)
-      forbid(ptr, arg, fmt::format("the problem has {} = false", flag).c_str());
-  };
-  param(t.bias, p.has_bias, "bias", "has_bias");
-  param(t.scale, p.has_scale, "scale", "has_scale");
-  param(t.gamma, p.has_affine, "gamma", "has_affine");
-  param(t.beta, p.has_affine, "beta", "has_affine");
+  require_param(p, t.bias, p.has_bias, "bias", "has_bias");
+  require_param(p, t.scale, p.has_scale, "scale", "has_scale");
+  require_param(p, t.gamma, p.has_affine, "gamma", "has_affine");
+  require_param(p, t.beta, p.has_affine, "beta", "has_affine");
   if (p.mode == Mode::eval) {
     require_pointer(t.running_mean, "running_mean", pe, "eval normalizes with the running stats");
     require_pointer(t.running_var, "running_var", pe, "eval normalizes with the running stats");

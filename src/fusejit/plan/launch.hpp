@@ -136,6 +136,12 @@ void require_disjoint(const void* p, std::size_t bytes, const char* arg, const v
 std::size_t tensor_span(std::int64_t rows, std::int64_t ld, std::int64_t cols,
                         std::size_t elem_bytes);
 
+// A per-column parameter of p ([N] in p.param_dtype) that the problem has (`present`, the Problem
+// flag named `flag`) must be given and aligned; one it lacks must be null. Formats nothing unless
+// it throws.
+void require_param(const Problem& p, const void* ptr, bool present, const char* arg,
+                   const char* flag);
+
 // Throws InvalidArgument naming the first tensor that is missing, misaligned or not wanted.
 // Formats nothing unless it throws. `rows`: the run's (0: the problem's M), which bounds the
 // extent of y and saved.
