@@ -46,9 +46,11 @@ struct ElementPasses {
   // offsets of the first pass's columns, taken once, give every pass's by adding a constant.
   static constexpr int kBases = TR % S == 0 ? TR / S : 1;
   static constexpr int kColUnit = TR % S == 0 ? W : W * (S / TR);
-  static constexpr bool kLinear = Dst::kLinearPeriod > 0 && kColUnit % Dst::kLinearPeriod == 0;
+  // (The period, or 1: nvcc warns of a % 0 even where && never evaluates it.)
+  static constexpr int kPeriod = Dst::kLinearPeriod > 0 ? Dst::kLinearPeriod : 1;
+  static constexpr bool kLinear = Dst::kLinearPeriod > 0 && kColUnit % kPeriod == 0;
   struct Bases {
-    int off[kBases];
+    int off[kLinear ? kBases : 1];  // unused on the per-pass path
   };
   // For the thread whose first element is (r, c) (first_row, first_col).
   FJ_HOST_DEVICE_INLINE static constexpr Bases bases(int r, int c) {

@@ -68,7 +68,9 @@ struct SimtFp32Mainloop {
   template <int LDS>
   struct KRowSlot {
     static constexpr int kLinearPeriod = 0, kLinearStride = 0;
-    __device__ __forceinline__ static int offset(int k, int row) { return (k * LDS + row) * 4; }
+    FJ_HOST_DEVICE_INLINE static constexpr int offset(int k, int row) {
+      return (k * LDS + row) * 4;
+    }
   };
   // One operand: TILE output indices x BK of a matrix with NOUT output indices and the reduction
   // (either 0: the run's), stride LD, copied VEC bytes at a time, into a [BK][LDS] stage.

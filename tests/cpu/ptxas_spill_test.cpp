@@ -36,11 +36,13 @@ using namespace fusejit;
 
 namespace {
 
-// Spills the heuristic's choices are known to have with NVRTC 13.0: on `archs` (space-separated),
-// in kernel sets whose name contains `set_part`, function `function`, at most `max_bytes` stored.
-// Each must still occur on each of its archs (test_stride() == 1), so that the list stays true.
+// Spills the heuristic's choices are known to have with NVRTC 13.0: on `archs`, in kernel sets of
+// `dtypes` (both space-separated; "*": any dtype) whose name contains `set_part`, function
+// `function`, at most `max_bytes` stored. Entries do not overlap. Each must still occur on each
+// of its archs (test_stride() == 1), so that the list stays true.
 struct KnownSpill {
   const char* archs;
+  const char* dtypes;
   const char* set_part;
   const char* function;
   int max_bytes;
@@ -48,60 +50,76 @@ struct KnownSpill {
 };
 constexpr KnownSpill kKnown[] = {
     // Hopper: the heuristic's warpspec kernels.
-    {"sm_90a", "fj.tf32x3.eval.", "fj_gemm", 8,
+    {"sm_90a", "tf32x3", ".eval.", "fj_gemm", 8,
      "3xTF32's 128x128 mainloop holds the kernel at its 168-register bound: 8 bytes, in the "
      "eval epilogue"},
-    {"sm_90a", "fj.tf32x3.train.", "fj_gemm_affine", 8, "the same, in recompute's affine pass"},
+    {"sm_90a", "tf32x3", ".train.", "fj_gemm_affine", 8, "the same, in recompute's affine pass"},
     // Elsewhere the tiled kernels (not measured: no such GPU here; docs/performance.md, "Known
     // gaps").
-    {"sm_80", "fj.tf32x3.", "fj_gemm", 184,
+    {"sm_80", "tf32x3", "fj.", "fj_gemm", 184,
      "3xTF32's tiled mainloop: 64x64 warp tiles hold 128 accumulators beside the big and small "
      "parts of both operands' fragments, past 255 registers"},
-    {"sm_86 sm_89", "fj.tf32x3.", "fj_gemm", 256, "the same"},
-    {"sm_100", "fj.tf32x3.", "fj_gemm", 144, "the same"},
-    {"sm_120", "fj.tf32x3.", "fj_gemm", 260, "the same"},
-    {"sm_80 sm_86 sm_89", "fj.", "fj_apply_fold", 4,
+    {"sm_86 sm_89", "tf32x3", "fj.", "fj_gemm", 256, "the same"},
+    {"sm_100", "tf32x3", "fj.", "fj_gemm", 144, "the same"},
+    {"sm_120", "tf32x3", "fj.", "fj_gemm", 260, "the same"},
+    {"sm_80 sm_86 sm_89", "*", "fj.", "fj_apply_fold", 4,
      "ptxas's choice for the apply that merges the statistics itself: 80 registers (three blocks "
      "an SM) and 4 bytes spilled; sm_90a and later allocate it without"},
-    {"sm_80", "fj.", "fj_bwd_resident", 48,
+    {"sm_80", "bf16 fp16", "fj.", "fj_bwd_resident", 48,
      "held to 64 registers for four blocks an SM (the resident grid Hopper measured); the "
      "older archs' code needs a few more"},
-    {"sm_86 sm_89", "fj.", "fj_bwd_resident", 16, "the same"},
+    {"sm_86 sm_89", "bf16 fp16", "fj.", "fj_bwd_resident", 16, "the same"},
     // Rows that are not 16-byte aligned: the tiled loaders copy 4 or 2 bytes at a time (2-byte
-    // rows through registers) beside 64x64 warp tiles. 1000x1001x1003 and 4097x4095x129: odd K;
-    // 777x1536x2050: 16-bit rows of 4100 bytes.
-    {"sm_80 sm_86 sm_89", ".Mx1001x1003.", "fj_gemm", 44, "16-bit rows 2-byte aligned"},
-    {"sm_80 sm_86 sm_89", ".Mx1001x1003.", "fj_bwd_dx", 44, "the same (tf32: 16 bytes)"},
-    {"sm_120", ".Mx1001x1003.", "fj_bwd_dw", 88, "tf32's dW of rows 4-byte aligned"},
-    {"sm_80 sm_86 sm_89 sm_100 sm_120", ".Mx4095x129.", "fj_gemm", 184,
-     "16-bit rows 2-byte aligned (sm_80-89: 44 bytes), tf32's 4-byte aligned (sm_100, 120)"},
-    {"sm_80 sm_100 sm_120", ".Mx4095x129.", "fj_gemm_affine", 180, "the same, recompute's GEMM"},
-    {"sm_80", ".Mx4095x129.", "fj_bwd_dx", 32, "16-bit rows 2-byte aligned"},
-    {"sm_100", ".Mx4095x129.", "fj_bwd_dx", 108, "the same"},
-    {"sm_120", ".Mx4095x129.", "fj_bwd_dx", 4, "the same"},
-    {"sm_80", ".Mx1536x2050.", "fj_gemm", 40, "16-bit rows 4-byte aligned"},
-    {"sm_86 sm_89 sm_120", ".Mx1536x2050.", "fj_gemm", 8, "the same"},
-    {"sm_100", ".Mx1536x2050.", "fj_gemm", 64, "the same"},
-    {"sm_86 sm_89", ".Mx1536x2050.", "fj_bwd_dx", 12, "tf32's dX of rows 8-byte aligned"},
-    {"sm_100", ".Mx1536x2050.", "fj_bwd_dx", 32, "the same"},
-    {"sm_100", ".Mx256x64.", "fj_bwd_dx", 36, "tf32's dX at 65536x256x64 (128x256 tiles)"},
+    // rows through registers) beside 64x64 warp tiles. 1000x1001x1003 and 4097x4095x129: odd K
+    // (16-bit rows 2-byte aligned, tf32's 4-byte); 777x1536x2050: 16-bit rows 4-byte aligned,
+    // tf32's 8-byte.
+    {"sm_80", "bf16 fp16", ".Mx1001x1003.", "fj_gemm", 44, "odd K"},
+    {"sm_86 sm_89", "bf16 fp16", ".Mx1001x1003.", "fj_gemm", 36, "odd K"},
+    {"sm_80 sm_86 sm_89", "bf16 fp16", ".Mx1001x1003.", "fj_bwd_dx", 44, "odd K"},
+    {"sm_86 sm_89", "tf32", ".Mx1001x1003.", "fj_bwd_dx", 16, "odd K"},
+    {"sm_120", "tf32", ".Mx1001x1003.", "fj_bwd_dw", 88, "odd K"},
+    {"sm_80", "bf16 fp16", ".Mx4095x129.", "fj_gemm", 44, "odd K"},
+    {"sm_86 sm_89", "bf16 fp16", ".Mx4095x129.", "fj_gemm", 36, "odd K"},
+    {"sm_100", "tf32", ".Mx4095x129.", "fj_gemm", 136, "odd K"},
+    {"sm_120", "tf32", ".Mx4095x129.", "fj_gemm", 184, "odd K"},
+    {"sm_80", "bf16 fp16", ".Mx4095x129.", "fj_gemm_affine", 44, "odd K, recompute's GEMM"},
+    {"sm_100", "tf32", ".Mx4095x129.", "fj_gemm_affine", 136, "odd K, recompute's GEMM"},
+    {"sm_120", "tf32", ".Mx4095x129.", "fj_gemm_affine", 180, "odd K, recompute's GEMM"},
+    {"sm_80", "bf16 fp16", ".Mx4095x129.", "fj_bwd_dx", 32, "odd K"},
+    {"sm_100", "bf16 fp16", ".Mx4095x129.", "fj_bwd_dx", 108, "odd K"},
+    {"sm_120", "bf16 fp16", ".Mx4095x129.", "fj_bwd_dx", 4, "odd K"},
+    {"sm_80", "bf16 fp16", ".Mx1536x2050.", "fj_gemm", 40, "4-byte aligned rows"},
+    {"sm_86 sm_89 sm_120", "bf16 fp16", ".Mx1536x2050.", "fj_gemm", 8, "4-byte aligned rows"},
+    {"sm_100", "bf16 fp16", ".Mx1536x2050.", "fj_gemm", 64, "4-byte aligned rows"},
+    {"sm_86 sm_89", "tf32", ".Mx1536x2050.", "fj_bwd_dx", 12, "8-byte aligned rows"},
+    {"sm_100", "tf32", ".Mx1536x2050.", "fj_bwd_dx", 32, "8-byte aligned rows"},
+    {"sm_100", "tf32", ".Mx256x64.", "fj_bwd_dx", 36, "tf32's dX at 65536x256x64 (128x256 tiles)"},
 };
 
-bool lists_arch(const KnownSpill& k, std::string_view arch) {
-  std::string_view rest = k.archs;
-  while (!rest.empty()) {
-    const std::size_t space = rest.find(' ');
-    if (rest.substr(0, space) == arch) return true;
-    rest = space == std::string_view::npos ? std::string_view{} : rest.substr(space + 1);
+// Whether the space-separated `list` names `word` ("*" names every word).
+bool lists(std::string_view list, std::string_view word) {
+  if (list == "*") return true;
+  while (!list.empty()) {
+    const std::size_t space = list.find(' ');
+    if (list.substr(0, space) == word) return true;
+    list = space == std::string_view::npos ? std::string_view{} : list.substr(space + 1);
   }
   return false;
+}
+
+// A kernel set's dtype: "fj.<dtype>.<mode>...".
+std::string_view set_dtype(std::string_view set) {
+  const std::size_t a = set.find('.'), b = set.find('.', a + 1);
+  return a == std::string_view::npos || b == std::string_view::npos ? std::string_view{}
+                                                                    : set.substr(a + 1, b - a - 1);
 }
 
 const KnownSpill* known_spill(std::string_view arch, std::string_view set,
                               const FunctionResources& f) {
   for (const KnownSpill& k : kKnown)
-    if (lists_arch(k, arch) && set.find(k.set_part) != std::string_view::npos &&
-        f.name == k.function && f.spill_store_bytes <= k.max_bytes)
+    if (lists(k.archs, arch) && lists(k.dtypes, set_dtype(set)) &&
+        set.find(k.set_part) != std::string_view::npos && f.name == k.function &&
+        f.spill_store_bytes <= k.max_bytes)
       return &k;
   return nullptr;
 }
@@ -167,8 +185,9 @@ extern "C" __global__ void fj_spill_probe(float* p) {
   CHECK(ptx.functions.empty());
 }
 
-// Hopper, where the heuristic picks warpspec kernels, and one architecture of each other family
-// the tiled kernels run on (sm_89's spills were sm_86's, entry for entry, with NVRTC 13.0).
+// Hopper, where the heuristic picks warpspec kernels, and the architectures users run the tiled
+// kernels on: Ampere's sm_80 and sm_86, Ada's sm_89 (whose spills were sm_86's, entry for entry,
+// with NVRTC 13.0, but need not stay so), Blackwell's sm_100 and sm_120.
 TEST_CASE("ptxas spills nothing in the heuristic's kernels for the seed layers, on each family") {
   const char* archs[] = {"sm_80", "sm_86", "sm_89", "sm_90a", "sm_100", "sm_120"};
   std::vector<test::CompileJob> jobs;
@@ -221,7 +240,7 @@ TEST_CASE("ptxas spills nothing in the heuristic's kernels for the seed layers, 
   if (test::test_stride() == 1)
     for (const KnownSpill& k : kKnown)
       for (const char* arch : archs)
-        if (lists_arch(k, arch))
+        if (lists(k.archs, arch))
           CHECK_MESSAGE(seen.count({&k, arch}) == 1,
                         fmt::format("listed as spilling on {} but did not: {} {}", arch, k.set_part,
                                     k.function));

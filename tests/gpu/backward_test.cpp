@@ -574,10 +574,11 @@ TEST_CASE("backward: split-K gradient GEMMs, tiled and warpspec") {
 }
 
 // tf32's tiled gradient GEMMs, the ones every GPU but sm_90a trains tf32 layers with (the
-// heuristic's tiles there: 128x256 and 128x128 with 64x64 warp tiles, and the smaller ones),
-// forced here on any GPU. Their MN-major operands (W for dX, da and x for dW) are copied an
-// element at a time into the K-major stage from a few base offsets a thread
-// (mainloop/element_passes.h): tails in every dimension, 4-byte aligned rows, split and unsplit.
+// heuristic's tiles there: 128x256 with eight warps where its stages fit shared memory, else
+// 128x128 with four; smaller and split ones are tuning candidates), forced here on any GPU. Their
+// MN-major operands (W for dX, da and x for dW) are copied an element at a time into the K-major
+// stage from a few base offsets a thread (mainloop/element_passes.h): tails in every dimension,
+// 4-byte aligned rows, split and unsplit.
 TEST_CASE("backward: tiled tf32 gradient GEMMs (MN-major copies turned around)") {
   struct Tiles {
     const char *dx, *dw;

@@ -114,8 +114,11 @@ Problem as_wgmma_reads(const Problem& g) {
 
 // Warpspec before tiled: on Hopper the tiled kernels reach about half of the tensor cores' rate
 // (the forward's measurements). The tiled kernel reads tf32's MN-major operands with one 4-byte
-// copy per element, which needs the registers of eight warps: four-warp tiles spill (measured on
-// the compiled kernels), so tf32 takes 256 threads (every warpspec config has them).
+// copy per element; while each copy's offset was computed on its own, four-warp tiles spilled
+// (ptxas's report), so tf32 takes 256 threads (every warpspec config has them). Since the copies
+// share one or two base offsets a thread (mainloop/element_passes.h), 128x128 with four warps
+// spills nothing on sm_80-sm_120 but sm_90a (dW 28 bytes there); the rule stays until a GPU
+// measures four-warp tiles against eight.
 //
 // Split-K: each unsplit candidate whose own grid fills at most half the SMs and whose reduction
 // is long (at least 64 k tiles) also comes split in the most of 2, 4, ..., 32 that keeps the grid
