@@ -1,9 +1,8 @@
 // ptxas spills nothing in the kernels a Plan and a BackwardPlan load without a tuning entry
 // (the heuristic's choices) for the seed layers, on Hopper and on the Ampere, Ada and Blackwell
 // architectures the tiled kernels run on, except where listed below with the reason and the most
-// bytes; and the compiler's
-// report of spills (compile/ptxas_report.hpp) is real: a kernel held to too few registers is
-// seen spilling. No GPU needed.
+// bytes; and the compiler's report of spills (compile/ptxas_report.hpp) is real: a kernel held to
+// too few registers is seen spilling. No GPU needed.
 //
 // Why: a spill changes no result, so no correctness test sees one, and it costs the kernel
 // local-memory traffic in its hottest code. Two were found this way: the resident train GEMM's
