@@ -443,6 +443,8 @@ TEST_CASE("backward: a plan's own M moves dX to cuBLASLt on its M class's kernel
   e.problem = backward_entry_problem(whole);
   e.winner = c.key();
   e.winner_ms = 1;
+  e.best_fused = e.winner;  // the database's rule for a fused winner
+  e.best_fused_ms = e.winner_ms;
   e.timestamp = 1;
   REQUIRE(db.record(e, TunedPass::backward));
   BackwardOptions t;

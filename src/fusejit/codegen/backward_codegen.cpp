@@ -292,7 +292,7 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
           "{1}(const fj::GemmParams p) {{ fj::GradSplitSum<{0}>::run(p); }}\n",
           k == "fj_bwd_dx_sum" ? "DxSpec" : "DwSpec", k);
   }
-  src.options = {"--std=c++17", "-DNDEBUG", "--extra-device-vectorization"};
+  src.options = kernel_compile_options();
   src.headers = template_headers();
   return src;
 }

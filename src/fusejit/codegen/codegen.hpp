@@ -90,4 +90,7 @@ const char* template_math_name(DType);
 // The embedded templates as NVRTC headers (include name, contents).
 const std::vector<std::pair<std::string, std::string>>& template_headers();
 
+// NVRTC options of every generated kernel set, besides the target (part of the cache key).
+std::vector<std::string> kernel_compile_options();
+
 }  // namespace fusejit
