@@ -125,7 +125,9 @@ class BackwardPlan {
   // is asked about a row count it was not checked at when the plan was made (once per count,
   // on the host); a count it refuses throws CudaError before anything is enqueued. After an
   // exception from a run that had started (a CudaError from a launch), the gradients it was to
-  // write are undefined, accumulated ones included.
+  // write are undefined, accumulated ones included. Streams and the current context as
+  // Plan::run. dx and dW must not meet x, W, each other or the workspace, nor dy, saved, x or W
+  // the workspace (dx may overwrite dy or saved).
   void run(CUstream stream, const BackwardTensors& t) const;
   void run(CUstream stream, const BackwardTensors& t, std::int64_t rows) const;
   void run(CUstream stream, const BackwardTensors& t, std::int64_t rows, void* workspace,

@@ -84,6 +84,15 @@ void add_cache(CLI::App& app, Action& action) {
   clear->callback([&action, open] {
     action = [open] {
       const DiskCache c = open();
+      if (c.access() == CacheAccess::untrusted) {
+        fmt::print("cache directory {} is not trusted, nothing removed: {}\n", c.dir().string(),
+                   c.why_untrusted());
+        return 1;
+      }
+      if (c.access() == CacheAccess::read_only) {
+        fmt::print("cache directory {} is read-only, nothing removed\n", c.dir().string());
+        return 1;
+      }
       fmt::print("removed {} files from {}\n", c.clear(), c.dir().string());
       return 0;
     };

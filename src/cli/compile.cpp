@@ -70,6 +70,19 @@ struct Job {
   std::string arch;
 };
 
+// Jobs are one per binary: the cache's own key, which names everything that changes it (a set's
+// name leaves out bias, eps, strides and more, so two entries of one name may differ).
+class JobSet {
+ public:
+  void add(KernelSource src, const std::string& arch, std::vector<Job>& jobs) {
+    if (keys_.insert(cache_key(src, arch, nvrtc_)).second) jobs.push_back({std::move(src), arch});
+  }
+
+ private:
+  std::string nvrtc_ = nvrtc_version();
+  std::set<std::string> keys_;
+};
+
 // What the tuning databases' Plans will load: each entry's winner and best fused config (a
 // Plan whose winner is the reference still builds that one), for --arch or the database's CC.
 // Configs that cannot run on that arch are skipped with a note.
@@ -94,7 +107,7 @@ std::vector<Job> database_jobs(const CompileArgs& a, std::string* target,
                       dir.string()));
   }
   std::vector<Job> jobs;
-  std::set<std::string> seen;
+  JobSet seen;
   std::set<std::string> archs;
   for (const auto& file : files) {
     TuningTable t;
@@ -119,8 +132,7 @@ std::vector<Job> database_jobs(const CompileArgs& a, std::string* target,
                    format_shape(e.problem.shape()), e.winner, dev.arch(), choice.detail,
                    choice.config.key());
       for (KernelSource& src : plan_sources(e.problem, choice))
-        if (seen.insert(dev.arch() + "|" + src.name).second)
-          jobs.push_back({std::move(src), dev.arch()});
+        seen.add(std::move(src), dev.arch(), jobs);
     }
     // The backward entries' kernel sets, as a BackwardPlan on that arch chooses them.
     for (const auto& entry : t.backward) {
@@ -130,9 +142,7 @@ std::vector<Job> database_jobs(const CompileArgs& a, std::string* target,
         fmt::print("  skip backward {} {} on {}: {}; the plan falls back to {}\n",
                    format_shape(e.problem.shape()), e.winner, dev.arch(), choice.detail,
                    choice.config.key());
-      KernelSource src = generate_backward(e.problem, choice.config);
-      if (seen.insert(dev.arch() + "|" + src.name).second)
-        jobs.push_back({std::move(src), dev.arch()});
+      seen.add(generate_backward(e.problem, choice.config), dev.arch(), jobs);
     }
   }
   std::string list;
@@ -197,10 +207,8 @@ int run_compile(const CompileArgs& a) {
                               "variant)");
       forced = KernelConfig::parse(a.config);
     }
-    std::set<std::string> seen;  // the reference op's kernels are shared by many problems
-    auto add = [&](KernelSource src) {
-      if (seen.insert(src.name).second) jobs.push_back({std::move(src), arch});
-    };
+    JobSet seen;  // the reference op's kernels are shared by many problems
+    auto add = [&](KernelSource src) { seen.add(std::move(src), arch, jobs); };
     std::vector<Problem> problems;
     for (const Problem& p : a.problem.problems()) {
       if (!a.every_m) {

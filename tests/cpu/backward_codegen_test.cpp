@@ -63,6 +63,23 @@ TEST_CASE("a backward source names no M: one kernel set for every batch size") {
   CHECK(sa.text.find("ROWS = 72, COLS = 40, RED = 0") != std::string::npos);
 }
 
+TEST_CASE("a backward source names no momentum: one binary for every momentum") {
+  // No backward kernel reads it, and backward tuning entries are filed without it; a source
+  // that named it (its comment did) gave each momentum its own cache key, so `fusejit compile
+  // --from-db` warmed only the default momentum's.
+  const Device dev = Device::for_arch("sm_90a");
+  for (const char* line : {"300x72x40 bf16 train", "300x72x40 fp16 eval"}) {
+    CAPTURE(std::string(line));
+    const Problem a = parse_sweep_line(line).problem;
+    const BackwardConfig c = default_backward_config(a, dev);
+    for (const char* m : {"momentum=0.01", "momentum=none"}) {
+      const Problem b = parse_sweep_line(std::string(line) + " " + m).problem;
+      REQUIRE(b.key() != a.key());
+      CHECK(generate_backward(b, c).text == generate_backward(a, c).text);
+    }
+  }
+}
+
 TEST_CASE("backward slabs cover the rows exactly, bounded in count") {
   for (const int strips : {1, 2, 8, 64, 1000}) {
     CAPTURE(strips);
@@ -701,6 +718,96 @@ TEST_CASE("backward tensors: dx and dw must not overlap x, W or each other") {
   CHECK(rejected_with_workspace(t, 0x17000000) == "(accepted)");
   CHECK(rejected_with_workspace(t, 0x15000000 + 256) == "dx");
   CHECK(rejected_with_workspace(t, 0x16000000 - 0x100000 + 16) == "dw");
+  // The passes write the workspace (partials, da) while they read dy and saved, and the copies
+  // of x and W go there: an input inside it would be read overwritten.
+  CHECK(rejected_with_workspace(t, 0x10000000 + 256) == "dy");
+  CHECK(rejected_with_workspace(t, 0x11000000 - 0x100000 + 16) == "saved");
+  CHECK(rejected_with_workspace(t, 0x12000000 + 512) == "x");
+  CHECK(rejected_with_workspace(t, 0x13000000 + 512) == "w");
+  b = t;
+  b.dw = nullptr;  // x is not read: its place may be the workspace's
+  CHECK(rejected_with_workspace(b, 0x12000000) == "(accepted)");
+}
+
+// The forward's run checks: y and saved are written while the GEMM reads x and W, and the
+// workspace is written throughout. Addresses only, nothing is dereferenced.
+TEST_CASE("forward tensors: y and saved must not overlap x, W, each other or the workspace") {
+  const Problem p = parse_sweep_line("100x56x32 bf16 train").problem;  // ldx 32, ldy 56
+  auto at = [](std::uintptr_t a) { return reinterpret_cast<void*>(a); };
+  Tensors t;
+  t.x = at(0x10000000), t.w = at(0x11000000), t.y = at(0x12000000), t.saved = at(0x13000000);
+  t.bias = at(0x14000000), t.scale = at(0x14001000);
+  t.gamma = at(0x14002000), t.beta = at(0x14003000);
+  auto rejected = [&](const Tensors& f, std::int64_t rows = 0, std::uintptr_t ws = 0,
+                      std::size_t ws_bytes = 0) -> std::string {
+    try {
+      validate_tensors(p, f, rows, ws ? at(ws) : nullptr, ws_bytes);
+    } catch (const InvalidArgument& e) {
+      return e.argument();
+    }
+    return "(accepted)";
+  };
+  const std::uintptr_t y_span = ((p.M - 1) * p.lda_y() + p.N) * 2;
+  REQUIRE(rejected(t) == "(accepted)");
+  REQUIRE(rejected(t, 0, 0x15000000, 0x10000) == "(accepted)");
+  Tensors f = t;
+  f.y = at(0x10000000);  // in place over x
+  CHECK(rejected(f) == "y");
+  f.y = at(0x11000000 + 64);  // inside W
+  CHECK(rejected(f) == "y");
+  f = t;
+  f.saved = at(0x10000000 + 128);
+  CHECK(rejected(f) == "saved");
+  f.saved = at(0x12000000 + y_span - 2);  // y's last element
+  CHECK(rejected(f) == "saved");
+  f.saved = at(0x12000000 + y_span);  // right after y
+  CHECK(rejected(f) == "(accepted)");
+  // Only the run's rows count.
+  f = t;
+  f.y = at(0x10000000 + 10 * p.lda_x() * 2);
+  CHECK(rejected(f, 10) == "(accepted)");
+  CHECK(rejected(f, 100) == "y");
+  // The workspace meets each of the four.
+  for (const auto& [base, arg] : {std::pair{0x10000000u, "x"}, std::pair{0x11000000u, "w"},
+                                  std::pair{0x12000000u, "y"}, std::pair{0x13000000u, "saved"}}) {
+    CAPTURE(arg);
+    CHECK(rejected(t, 0, base + 256, 0x1000) == arg);
+    CHECK(rejected(t, 0, base - 0x1000 + 2, 0x1000) == arg);
+    CHECK(rejected(t, 0, base - 0x1000, 0x1000) == "(accepted)");
+  }
+  // Column slices of one buffer with one row stride share no byte: [x | y] rows of 88 elements,
+  // and y and saved interleaved in rows of 112. Ranges would meet; the bytes do not.
+  Problem q = p;
+  q.ldx = q.ldy = 88;
+  Tensors c = t;
+  c.saved = nullptr;
+  c.x = at(0x10000000);
+  c.y = at(0x10000000 + 32 * 2);
+  auto q_rejected = [&](const Tensors& u) -> std::string {
+    try {
+      validate_tensors(q, u);
+    } catch (const InvalidArgument& e) {
+      return e.argument();
+    }
+    return "(accepted)";
+  };
+  CHECK(q_rejected(c) == "(accepted)");
+  c.y = at(0x10000000 + 24 * 2);  // eight columns into x's rows (16-byte aligned)
+  CHECK(q_rejected(c) == "y");
+  c.y = at(0x10000000 + 88 * 2);  // y one row down: its row starts where x's second row does
+  CHECK(q_rejected(c) == "y");
+  Problem r = p;
+  r.ldy = 112;
+  Tensors d = t;
+  d.saved = at(0x12000000 + 56 * 2);
+  try {
+    validate_tensors(r, d);
+    CHECK(true);
+  } catch (const InvalidArgument& e) {
+    FAIL(e.what());
+  }
+  d.saved = at(0x12000000 + 48 * 2);  // over y's last eight columns
+  CHECK_THROWS_AS(validate_tensors(r, d), InvalidArgument);
 }
 
 TEST_CASE("backward config keys parse back; bad text names the argument") {

@@ -207,6 +207,7 @@ TEST_CASE("a cache directory others may write is not used: nothing loaded, store
       if (cache.store(key_for("new"), payload(10, 8), "")) return 4;
       if (DiskCache(dir).load(key).has_value()) return 5;
       if (fusejit::log_warning_count() != before + 1) return 6;  // once per directory
+      if (cache.clear() != 0) return 7;  // `fusejit cache clear` there: the planted entry stays
       return 0;
     });
     CHECK(code == 0);

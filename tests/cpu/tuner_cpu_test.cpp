@@ -19,7 +19,9 @@
 
 #include <fmt/format.h>
 
+#include "fusejit/cache/disk_cache.hpp"
 #include "fusejit/codegen/codegen.hpp"
+#include "fusejit/compile/compiler.hpp"
 #include "fusejit/config/candidates.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/plan.hpp"
@@ -530,5 +532,41 @@ TEST_CASE("fusejit compile --from-db warms the backward entries' kernel sets too
   CHECK(refused.out.find("no backward kernel set") != std::string::npos);
   CHECK(refused.out.find("stat_ranks") != std::string::npos);
   CHECK(refused.out.find("1 kernel set(s)") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("fusejit compile --from-db warms every binary, also those a set's name does not tell") {
+  // A set's name gives dtype, mode, N, K and the config, not the bias or eps, which change the
+  // source and so the binary's cache key: two layers that differ only there need two sets. (The
+  // command once kept one job per name and left the second cold.)
+  const fs::path dir = temp_dir("fromdb-names");
+  const std::string cache = (dir / "cache").string();
+  const TuningDb db(TuningDb::default_dir(cache), a100_identity());
+  const std::string tile = "tiled.64x64x64.w2x2.s3.g8";
+  auto add = [&](const Problem& p) {
+    TuningEntry e;
+    e.problem = p;
+    e.winner = e.best_fused = tile;
+    e.winner_ms = 0.01;
+    e.best_fused_ms = 0.01;
+    e.timestamp = 1700000000;
+    REQUIRE(db.record(e));
+  };
+  Problem biased = problem(64, 64, 64, DType::bf16, Mode::eval), plain = biased, loose = biased;
+  plain.has_bias = false;
+  loose.eps = 1e-3;
+  for (const Problem& p : {biased, plain, loose}) add(p);
+  const Result r = run_cli("compile --from-db --cache-dir " + cache, "CUDA_VISIBLE_DEVICES=");
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  CHECK_MESSAGE(r.out.find("3 kernel set(s): 0 hit, 3 compiled") != std::string::npos, r.out);
+  // Each Plan of the three finds its set warm: the cache holds what each one's source keys.
+  const DiskCache disk(cache);
+  for (const Problem& p : {biased, plain, loose}) {
+    CAPTURE(p.key());
+    const std::vector<KernelSource> srcs =
+        plan_sources(p, choose_from_table(*db.table(), p, Device::for_arch("sm_80")));
+    REQUIRE(srcs.size() == 1);
+    CHECK(disk.load(cache_key(srcs[0], "sm_80", nvrtc_version())).has_value());
+  }
   fs::remove_all(dir);
 }

@@ -289,7 +289,7 @@ void Plan::run(CUstream stream, const Tensors& t, void* workspace, std::size_t b
     reference_->run(stream, t, workspace, bytes);  // validates t and workspace as below
     return;
   }
-  validate_tensors(state_->problem, t);
+  validate_tensors(state_->problem, t, 0, workspace, state_->workspace.total);
   validate_workspace(workspace, bytes, state_->workspace.total);
   launch(*core_, state_->shape, stream, t, workspace, &state_->cache,
          state_->exchange ? &*state_->exchange : nullptr);
@@ -323,7 +323,7 @@ void Plan::run(CUstream stream, const Tensors& t, std::int64_t rows, void* works
     throw InvalidArgument("rows", fmt::format("this plan's kernels were compiled for M = {} "
                                               "exactly (config {}); got {}",
                                               p.M, core_->config.key(), rows));
-  validate_tensors(p, t, rows);
+  validate_tensors(p, t, rows, workspace, state_->workspace.total);
   validate_workspace(workspace, bytes, state_->workspace.total);
   launch(*core_, run_shape(*core_, rows, state_->workspace), stream, t, workspace, &state_->cache,
          state_->exchange ? &*state_->exchange : nullptr);

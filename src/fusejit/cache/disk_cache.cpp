@@ -450,6 +450,9 @@ std::vector<CacheEntryInfo> DiskCache::list() const {
 }
 
 std::size_t DiskCache::clear() const {
+  // As prune: nothing in a directory we do not trust (another user's files may be there) or
+  // cannot write.
+  if (access_ != CacheAccess::read_write) return 0;
   std::vector<fs::path> doomed;
   const auto now = fs::file_time_type::clock::now();
   std::error_code ec;

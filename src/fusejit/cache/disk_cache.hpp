@@ -87,7 +87,8 @@ class DiskCache {
   std::vector<CacheEntryInfo> list() const;
   // Removes everything named like an entry (links and FIFOs as names, never what they point
   // to; directories only when empty) and our temp files older than 10 minutes (younger ones
-  // may be another process's write in flight); returns how many names were removed.
+  // may be another process's write in flight); returns how many names were removed. Never in a
+  // read-only or untrusted cache.
   std::size_t clear() const;
 
   // Removes entries (valid or damaged, links and FIFOs as names) least recently used first

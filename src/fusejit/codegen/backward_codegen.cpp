@@ -200,6 +200,9 @@ KernelSource generate_backward(const Problem& p, const BackwardConfig& c) {
   std::string& t = src.text;
   Problem keyed = p;
   keyed.M = 1;  // the source names no M
+  // Nor momentum, which no backward kernel reads: one binary (one cache key) for every momentum,
+  // as the tuning database files backward entries (backward_entry_problem).
+  keyed.momentum = Problem{}.momentum;
   t += fmt::format("// fusejit generated kernel: {}\n// problem: M{}\n", src.name,
                    keyed.key().substr(keyed.key().find('x')));
   t += "#include \"common/types.cuh\"\n#include \"common/math_kind.cuh\"\n";

@@ -22,6 +22,12 @@ ScopedContext::ScopedContext(CUcontext ctx) noexcept {
   if (saved_ && ctx != nullptr && ctx != previous_) d.cuCtxSetCurrent(ctx);
 }
 
+ScopedContext::ScopedContext(CUcontext ctx, Checked) {
+  FJ_CU(cuCtxGetCurrent(&previous_));
+  if (ctx != previous_) FJ_CU(cuCtxSetCurrent(ctx));
+  saved_ = true;
+}
+
 ScopedContext::~ScopedContext() {
   if (!saved_) return;
   CUcontext now = nullptr;

@@ -30,6 +30,10 @@ CUcontext context_for(int ordinal);
 class ScopedContext {
  public:
   explicit ScopedContext(CUcontext ctx = nullptr) noexcept;
+  // The same for a run's launches, which must not go to another context: throws CudaError when
+  // the current context cannot be read or `ctx` made current (nothing to restore then).
+  struct Checked {};
+  ScopedContext(CUcontext ctx, Checked);
   ~ScopedContext();
   ScopedContext(const ScopedContext&) = delete;
   ScopedContext& operator=(const ScopedContext&) = delete;

@@ -12,6 +12,7 @@
 #include "common/split_k.h"
 #include "fusejit/compile/compiler.hpp"
 #include "fusejit/config/candidates.hpp"
+#include "fusejit/device/context.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/plan/launch.hpp"
@@ -553,6 +554,14 @@ void validate_backward_tensors(const Problem& p, const BackwardTensors& t, std::
       require_disjoint(t.dw, w_span, "dw", t.dx, x_span, "dx", "both are outputs");
     }
   }
+  // The workspace is written during the run (column partials, da, copies of x and W) while the
+  // passes read dy and saved and the GEMMs x and W.
+  const std::size_t y_span = tensor_span(m, p.lda_y(), p.N, es);
+  const char* ws = "the run writes its workspace while it reads dy, saved, x and W";
+  require_disjoint(t.dy, y_span, "dy", workspace, workspace_bytes, "workspace", ws);
+  require_disjoint(t.saved, y_span, "saved", workspace, workspace_bytes, "workspace", ws);
+  if (t.dw) require_disjoint(t.x, x_span, "x", workspace, workspace_bytes, "workspace", ws);
+  if (t.dx) require_disjoint(t.w, w_span, "w", workspace, workspace_bytes, "workspace", ws);
 }
 
 namespace {
@@ -685,10 +694,8 @@ void launch_backward(const BackwardCore& c, std::int64_t rows, bool accumulate, 
                                                 "run was given no cuBLASLt GEMMs "
                                                 "(make_backward_lt) for it",
                                                 c.config.key()));
-  const Driver& d = driver();
-  CUcontext current = nullptr;
-  check(d.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
-  if (current != c.context) check(d.cuCtxSetCurrent(c.context), "cuCtxSetCurrent");
+  // The launches go to the plan's context; the caller's current one is back when run returns.
+  const ScopedContext in_plan(c.context, ScopedContext::Checked{});
   if (!cache || cache->checked_stream.load(std::memory_order_relaxed) != stream) {
     validate_stream(c.context, stream);
     if (cache) cache->checked_stream.store(stream, std::memory_order_relaxed);

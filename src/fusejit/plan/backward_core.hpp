@@ -181,7 +181,8 @@ BackwardLt make_backward_lt(const Problem& p, const BackwardConfig& c);
 // Throws InvalidArgument naming the first tensor that is missing, misaligned or not wanted, or
 // an output (dx, dw) whose address range over `rows` rows (0: the problem's M) meets that of an
 // operand a GEMM of the run reads (x, W, the `workspace_bytes` of `workspace` that hold da) or
-// of the other output. Formats nothing unless it throws.
+// of the other output, or an input (dy, saved, and x or W where a GEMM reads them) whose range
+// meets the workspace's. Formats nothing unless it throws.
 void validate_backward_tensors(const Problem&, const BackwardTensors&, std::int64_t rows = 0,
                                const void* workspace = nullptr, std::size_t workspace_bytes = 0);
 

@@ -8,6 +8,7 @@
 #include "common/input_stats.h"
 #include "common/limits.h"
 #include "common/params.h"
+#include "fusejit/device/context.hpp"
 #include "fusejit/device/driver.hpp"
 #include "fusejit/error.hpp"
 #include "fusejit/util/fault.hpp"
@@ -154,7 +155,7 @@ void validate_workspace(const void* workspace, std::size_t bytes, std::size_t ne
 void require_disjoint(const void* p, std::size_t bytes, const char* arg, const void* other,
                       std::size_t other_bytes, const char* other_arg, const char* why) {
   const auto a = reinterpret_cast<std::uintptr_t>(p), b = reinterpret_cast<std::uintptr_t>(other);
-  if (a < b + other_bytes && b < a + bytes)
+  if (a && b && a < b + other_bytes && b < a + bytes)
     throw InvalidArgument(
         arg, fmt::format("overlaps {}: {} bytes from {} and {} bytes from {} ({})", other_arg,
                          bytes, p, other_bytes, other, why));
@@ -163,6 +164,32 @@ void require_disjoint(const void* p, std::size_t bytes, const char* arg, const v
 std::size_t tensor_span(std::int64_t rows, std::int64_t ld, std::int64_t cols,
                         std::size_t elem_bytes) {
   return static_cast<std::size_t>((rows - 1) * ld + cols) * elem_bytes;
+}
+
+bool StridedBytes::meets(const StridedBytes& o) const {
+  const auto a = reinterpret_cast<std::uintptr_t>(base),
+             b = reinterpret_cast<std::uintptr_t>(o.base);
+  if (!a || !b || a >= b + o.span() || b >= a + span()) return false;
+  // One row stride L, rows no wider than it: every byte of this tensor lies at a + c (mod L),
+  // c < its row's bytes, and likewise the other's, so they meet only where those arcs of the
+  // circle of length L do.
+  const auto bytes = [](std::int64_t n, std::size_t e) {
+    return static_cast<std::uintptr_t>(n) * e;
+  };
+  const std::uintptr_t L = bytes(ld, elem_bytes), wa = bytes(cols, elem_bytes),
+                       wb = bytes(o.cols, o.elem_bytes);
+  if (L != bytes(o.ld, o.elem_bytes) || wa > L || wb > L) return true;
+  const std::uintptr_t ab = b >= a ? (b - a) % L : (L - (a - b) % L) % L;  // (b - a) mod L
+  return ab < wa || (L - ab) % L < wb;
+}
+
+void require_disjoint(const StridedBytes& t, const char* arg, const StridedBytes& other,
+                      const char* other_arg, const char* why) {
+  if (t.meets(other))
+    throw InvalidArgument(arg, fmt::format("overlaps {}: [{}][{}] elements of {} bytes from {} "
+                                           "and [{}][{}] from {} ({})",
+                                           other_arg, t.rows, t.ld, t.elem_bytes, t.base,
+                                           other.rows, other.ld, other.base, why));
 }
 
 void require_param(const Problem& p, const void* ptr, bool present, const char* arg,
@@ -174,7 +201,8 @@ void require_param(const Problem& p, const void* ptr, bool present, const char* 
     forbid(ptr, arg, fmt::format("the problem has {} = false", flag).c_str());
 }
 
-void validate_tensors(const Problem& p, const Tensors& t, std::int64_t rows) {
+void validate_tensors(const Problem& p, const Tensors& t, std::int64_t rows, const void* workspace,
+                      std::size_t workspace_bytes) {
   const auto al = static_cast<std::size_t>(p.effective_alignment());
   const std::size_t pe = storage_bytes(p.param_dtype);
   require_pointer(t.x, "x", al,
@@ -183,15 +211,29 @@ void validate_tensors(const Problem& p, const Tensors& t, std::int64_t rows) {
                   [&] { return fmt::format("W is [{}][{}] {}", p.N, p.lda_w(), name(p.dtype)); });
   require_pointer(t.y, "y", al,
                   [&] { return fmt::format("y is [{}][{}] {}", p.M, p.lda_y(), name(p.dtype)); });
-  if (t.saved) {
+  if (t.saved)
     require_pointer(t.saved, "saved", al, [&] {
       return fmt::format("saved is laid out like y: [{}][{}] {}", p.M, p.lda_y(), name(p.dtype));
     });
-    const std::size_t span =
-        tensor_span(rows > 0 ? rows : p.M, p.lda_y(), p.N, storage_bytes(p.dtype));
-    require_disjoint(t.saved, span, "saved", t.y, span, "y",
-                     "the two-pass apply reads y back while it writes saved");
+  // The GEMM's CTAs of one row tile read its rows of x (and all of W) at different times while
+  // others already store y: an output over an operand (y = x in place, say) would be read half
+  // overwritten. The workspace holds partials, coefficients and split-K sums written during the
+  // run. Ranges, not bytes, as in the backward's check.
+  // Column slices of one buffer with one row stride ([x | y] rows) share no byte and pass.
+  const std::int64_t m = rows > 0 ? rows : p.M;
+  const std::size_t es = storage_bytes(p.dtype);
+  const StridedBytes x{t.x, m, p.lda_x(), p.K, es}, w{t.w, p.N, p.lda_w(), p.K, es},
+      y{t.y, m, p.lda_y(), p.N, es}, saved{t.saved, m, p.lda_y(), p.N, es};
+  const char* reads = "the GEMM reads x and W while the run writes y and saved";
+  const char* ws = "the run writes its workspace while it reads and writes the tensors";
+  for (const auto& [out, arg] : {std::pair{y, "y"}, std::pair{saved, "saved"}}) {
+    require_disjoint(out, arg, x, "x", reads);
+    require_disjoint(out, arg, w, "w", reads);
+    require_disjoint(out.base, out.span(), arg, workspace, workspace_bytes, "workspace", ws);
   }
+  require_disjoint(saved, "saved", y, "y", "the two-pass apply reads y back while it writes saved");
+  require_disjoint(t.x, x.span(), "x", workspace, workspace_bytes, "workspace", ws);
+  require_disjoint(t.w, w.span(), "w", workspace, workspace_bytes, "workspace", ws);
   require_param(p, t.bias, p.has_bias, "bias", "has_bias");
   require_param(p, t.scale, p.has_scale, "scale", "has_scale");
   require_param(p, t.gamma, p.has_affine, "gamma", "has_affine");
@@ -238,9 +280,8 @@ void validate_stream(CUcontext context, CUstream stream) {
 void launch(const PlanCore& c, const RunShape& shape, CUstream stream, const Tensors& t,
             void* workspace, RunCache* cache, const StatsExchange* exchange) {
   const Driver& d = driver();
-  CUcontext current = nullptr;
-  check(d.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
-  if (current != c.context) check(d.cuCtxSetCurrent(c.context), "cuCtxSetCurrent");
+  // The launches go to the plan's context; the caller's current one is back when run returns.
+  const ScopedContext in_plan(c.context, ScopedContext::Checked{});
   if (!cache || cache->checked_stream.load(std::memory_order_relaxed) != stream) {
     validate_stream(c.context, stream);
     if (cache) cache->checked_stream.store(stream, std::memory_order_relaxed);

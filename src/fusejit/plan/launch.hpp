@@ -126,15 +126,28 @@ inline void require_pointer(const void* p, const char* arg, std::size_t align, c
 inline void forbid(const void* p, const char* arg, const char* why) {
   if (p) throw InvalidArgument(arg, fmt::format("expected null: {}", why));
 }
-// Throws InvalidArgument(arg) when the `bytes` bytes from `p` share a byte with the
-// `other_bytes` from `other` (named `other_arg`); `why` says why they must not. Formats nothing
-// unless it throws.
-void require_disjoint(const void* p, std::size_t bytes, const char* arg, const void* other,
-                      std::size_t other_bytes, const char* other_arg, const char* why);
 // The bytes a [rows][ld] tensor of `cols` columns of `elem_bytes` spans from its base:
 // (rows - 1) ld + cols elements.
 std::size_t tensor_span(std::int64_t rows, std::int64_t ld, std::int64_t cols,
                         std::size_t elem_bytes);
+// Throws InvalidArgument(arg) when the `bytes` bytes from `p` share a byte with the
+// `other_bytes` from `other` (named `other_arg`); `why` says why they must not. A null pointer
+// meets nothing (whether it may be null is checked apart). Formats nothing unless it throws.
+void require_disjoint(const void* p, std::size_t bytes, const char* arg, const void* other,
+                      std::size_t other_bytes, const char* other_arg, const char* why);
+// A row-major matrix in memory: `rows` rows of `cols` elements, `ld` elements apart.
+struct StridedBytes {
+  const void* base;
+  std::int64_t rows, ld, cols;
+  std::size_t elem_bytes;
+  std::size_t span() const { return tensor_span(rows, ld, cols, elem_bytes); }
+  // Whether the two share a byte: exact where both have one row stride in bytes, else whether
+  // their address ranges meet. Null meets nothing.
+  bool meets(const StridedBytes& other) const;
+};
+// require_disjoint for two matrices, by StridedBytes::meets.
+void require_disjoint(const StridedBytes& t, const char* arg, const StridedBytes& other,
+                      const char* other_arg, const char* why);
 
 // A per-column parameter of p ([N] in p.param_dtype) that the problem has (`present`, the Problem
 // flag named `flag`) must be given and aligned; one it lacks must be null. Formats nothing unless
@@ -142,17 +155,19 @@ std::size_t tensor_span(std::int64_t rows, std::int64_t ld, std::int64_t cols,
 void require_param(const Problem& p, const void* ptr, bool present, const char* arg,
                    const char* flag);
 
-// Throws InvalidArgument naming the first tensor that is missing, misaligned or not wanted.
-// Formats nothing unless it throws. `rows`: the run's (0: the problem's M), which bounds the
-// extent of y and saved.
-void validate_tensors(const Problem&, const Tensors&, std::int64_t rows = 0);
+// Throws InvalidArgument naming the first tensor that is missing, misaligned or not wanted, or
+// whose address range over `rows` rows (0: the problem's M) meets one it must not: an output
+// (y, saved) that of an operand (x, W) or of the other output, and any of the four that of the
+// `workspace_bytes` of `workspace` the run writes. Formats nothing unless it throws.
+void validate_tensors(const Problem&, const Tensors&, std::int64_t rows = 0,
+                      const void* workspace = nullptr, std::size_t workspace_bytes = 0);
 // Throws InvalidArgument("workspace") unless `workspace` holds `needed` bytes (of `bytes`
 // given) and is kWorkspaceAlign-aligned; nothing to check when `needed` is 0.
 void validate_workspace(const void* workspace, std::size_t bytes, std::size_t needed);
 // Throws InvalidArgument("stream") when `stream` belongs to a CUDA context other than
 // `context` (the plan's): the driver would refuse the launch with a bare CUDA error, or worse.
-// The null, legacy and per-thread handles mean "the current context's", which the caller has
-// made `context`, so they pass.
+// The null, legacy and per-thread handles mean "the current context's", which a run makes
+// `context` for its launches, so they pass: they name the plan's context's default stream.
 void validate_stream(CUcontext context, CUstream stream);
 // Enqueues a run of shape.rows rows on `stream`. `workspace` was checked by the caller, and
 // sized for at least shape.rows rows. `cache`: the plan's, or null. `exchange`: required when

@@ -14,12 +14,19 @@ bool launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
   // The cache is taken only when free: a concurrent run of the same plan encodes its own.
   const bool own = cache && !cache->busy.test_and_set(std::memory_order_acquire);
   if (own) {
-    if (!cache->valid || cache->x != t.x || cache->w != t.w || cache->y != t.y ||
-        cache->rows != shape.rows) {
-      cache->valid = false;  // stays so if encoding throws
-      cache->maps = warpspec_tensor_maps(c.gemm_problem, c.config, shape.rows, t.x, t.w, t.y);
-      cache->x = t.x, cache->w = t.w, cache->y = t.y, cache->rows = shape.rows;
-      cache->valid = true;
+    // As the backward's maps (grad_gemm_maps): the cache is free again whether or not encoding
+    // throws, or every later run would encode its own.
+    try {
+      if (!cache->valid || cache->x != t.x || cache->w != t.w || cache->y != t.y ||
+          cache->rows != shape.rows) {
+        cache->valid = false;  // stays so if encoding throws
+        cache->maps = warpspec_tensor_maps(c.gemm_problem, c.config, shape.rows, t.x, t.w, t.y);
+        cache->x = t.x, cache->w = t.w, cache->y = t.y, cache->rows = shape.rows;
+        cache->valid = true;
+      }
+    } catch (...) {
+      cache->busy.clear(std::memory_order_release);
+      throw;
     }
     fresh = cache->maps;
     cache->busy.clear(std::memory_order_release);

@@ -23,12 +23,6 @@ namespace fusejit {
 
 namespace {
 
-void make_current(CUcontext ctx) {
-  CUcontext cur = nullptr;
-  FJ_CU(cuCtxGetCurrent(&cur));
-  if (cur != ctx) FJ_CU(cuCtxSetCurrent(ctx));
-}
-
 // Row-major y[M][ldy] = x[M][ldx] W[N][ldw]^T is, column-major, D (N x M, ld ldy) = W^T (op T
 // of the K x N matrix W, ld ldw) * x (K x M, ld ldx): the "TN" layout every cuBLASLt
 // tensor-core kernel supports.
@@ -105,7 +99,7 @@ void BareGemm::run(CUstream stream, const void* x, const void* w, void* y) const
   require_aligned(x, "x", m.problem.effective_alignment());
   require_aligned(w, "w", m.problem.effective_alignment());
   require_aligned(y, "y", m.problem.effective_alignment());
-  make_current(m.ctx);
+  const ScopedContext in_op(m.ctx, ScopedContext::Checked{});  // the caller's comes back
   m.gemm->run(m.handle.get(), stream, w, x, y, nullptr, m.workspace.get(), m.workspace.size());
 }
 
@@ -282,10 +276,10 @@ void ReferenceOp::run(CUstream stream, const Tensors& t, std::int64_t rows, void
     throw InvalidArgument("rows", fmt::format("expected rows = M = {}: cuBLASLt has no algorithm "
                                               "for this problem that also runs fewer rows; got {}",
                                               p.M, rows));
-  validate_tensors(p, t, rows);
+  validate_tensors(p, t, rows, workspace, m.total);
   validate_workspace(workspace, workspace_bytes, m.total);
   char* ws = static_cast<char*>(workspace);
-  make_current(m.ctx);
+  const ScopedContext in_op(m.ctx, ScopedContext::Checked{});  // the caller's comes back
   validate_stream(m.ctx, stream);
   const bool train = p.mode == Mode::train;
   const bool bias_in_gemm =
