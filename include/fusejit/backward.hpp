@@ -126,8 +126,9 @@ class BackwardPlan {
   // on the host); a count it refuses throws CudaError before anything is enqueued. After an
   // exception from a run that had started (a CudaError from a launch), the gradients it was to
   // write are undefined, accumulated ones included. Streams and the current context as
-  // Plan::run. dx and dW must not meet x, W, each other or the workspace, nor dy, saved, x or W
-  // the workspace (dx may overwrite dy or saved).
+  // Plan::run. dx and dW must not meet the workspace, each other, or an operand a GEMM of the
+  // run reads (W for dx, x for dW; x too for dx and W too for dW when both are wanted), nor dy,
+  // saved, or a read x or W the workspace (dx may overwrite dy or saved).
   void run(CUstream stream, const BackwardTensors& t) const;
   void run(CUstream stream, const BackwardTensors& t, std::int64_t rows) const;
   void run(CUstream stream, const BackwardTensors& t, std::int64_t rows, void* workspace,

@@ -86,8 +86,9 @@ class Plan {
   // false), so one Plan must not run on two streams at once; give each stream its own Plan or
   // its own workspace. `stream` is one of the plan's context (the null, legacy and per-thread
   // handles name that context's); the calling thread's current context is as it was when run
-  // returns. y and saved must share no byte with x, W, each other or the workspace (column
-  // slices of one buffer with one row stride are fine): InvalidArgument names the argument.
+  // returns. y and saved must share no byte with x, W, each other or the workspace, nor x or W
+  // with the workspace (column slices of one buffer with one row stride are fine):
+  // InvalidArgument names the argument.
   void run(CUstream stream, const Tensors& t) const;
   // Same with a caller workspace of at least workspace_size() bytes, 256-byte aligned.
   void run(CUstream stream, const Tensors& t, void* workspace, std::size_t workspace_bytes) const;

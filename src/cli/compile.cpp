@@ -164,9 +164,18 @@ void emit_sources(const std::vector<Job>& jobs, const std::string& dir) {
     f << text;
     if (!f.flush()) throw Error(fmt::format("cannot write {}", path.string()));
   };
+  // Sets of one name may differ (another arch, bias, eps, strides): each file is its own, the
+  // later ones named by their cache key too.
+  std::set<std::string> written;
+  const std::string nvrtc = nvrtc_version();
   for (const Job& j : jobs) {
     const KernelSource& src = j.source;
-    write(root / (src.name + ".cu"), src.text);
+    std::string file = src.name;
+    if (!written.insert(file).second) {
+      file += "." + j.arch + "." + cache_key(src, j.arch, nvrtc).substr(0, 16);
+      written.insert(file);
+    }
+    write(root / (file + ".cu"), src.text);
     for (const auto& [name, text] : src.headers) write(root / "include" / name, text);
   }
   fmt::print("wrote {} source(s) to {} (headers under include/)\n", jobs.size(), dir);

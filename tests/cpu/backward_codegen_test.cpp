@@ -758,7 +758,7 @@ TEST_CASE("forward tensors: y and saved must not overlap x, W, each other or the
   f = t;
   f.saved = at(0x10000000 + 128);
   CHECK(rejected(f) == "saved");
-  f.saved = at(0x12000000 + y_span - 2);  // y's last element
+  f.saved = at(0x12000000 + y_span - 16);  // over y's last eight elements (16-byte aligned)
   CHECK(rejected(f) == "saved");
   f.saved = at(0x12000000 + y_span);  // right after y
   CHECK(rejected(f) == "(accepted)");
@@ -792,7 +792,7 @@ TEST_CASE("forward tensors: y and saved must not overlap x, W, each other or the
     return "(accepted)";
   };
   CHECK(q_rejected(c) == "(accepted)");
-  c.y = at(0x10000000 + 24 * 2);  // eight columns into x's rows (16-byte aligned)
+  c.y = at(0x10000000 + 24 * 2);  // y from column 24: over x's last eight (16-byte aligned)
   CHECK(q_rejected(c) == "y");
   c.y = at(0x10000000 + 88 * 2);  // y one row down: its row starts where x's second row does
   CHECK(q_rejected(c) == "y");

@@ -323,7 +323,8 @@ void Plan::run(CUstream stream, const Tensors& t, std::int64_t rows, void* works
     throw InvalidArgument("rows", fmt::format("this plan's kernels were compiled for M = {} "
                                               "exactly (config {}); got {}",
                                               p.M, core_->config.key(), rows));
-  validate_tensors(p, t, rows, workspace, state_->workspace.total);
+  // An empty rank's tensors span at most a row (validate_tensors reads 0 as M).
+  validate_tensors(p, t, std::max<std::int64_t>(rows, 1), workspace, state_->workspace.total);
   validate_workspace(workspace, bytes, state_->workspace.total);
   launch(*core_, run_shape(*core_, rows, state_->workspace), stream, t, workspace, &state_->cache,
          state_->exchange ? &*state_->exchange : nullptr);

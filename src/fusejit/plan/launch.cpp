@@ -155,7 +155,7 @@ void validate_workspace(const void* workspace, std::size_t bytes, std::size_t ne
 void require_disjoint(const void* p, std::size_t bytes, const char* arg, const void* other,
                       std::size_t other_bytes, const char* other_arg, const char* why) {
   const auto a = reinterpret_cast<std::uintptr_t>(p), b = reinterpret_cast<std::uintptr_t>(other);
-  if (a && b && a < b + other_bytes && b < a + bytes)
+  if (a && b && bytes && other_bytes && a < b + other_bytes && b < a + bytes)
     throw InvalidArgument(
         arg, fmt::format("overlaps {}: {} bytes from {} and {} bytes from {} ({})", other_arg,
                          bytes, p, other_bytes, other, why));
@@ -218,7 +218,7 @@ void validate_tensors(const Problem& p, const Tensors& t, std::int64_t rows, con
   // The GEMM's CTAs of one row tile read its rows of x (and all of W) at different times while
   // others already store y: an output over an operand (y = x in place, say) would be read half
   // overwritten. The workspace holds partials, coefficients and split-K sums written during the
-  // run. Ranges, not bytes, as in the backward's check.
+  // run.
   // Column slices of one buffer with one row stride ([x | y] rows) share no byte and pass.
   const std::int64_t m = rows > 0 ? rows : p.M;
   const std::size_t es = storage_bytes(p.dtype);

@@ -132,7 +132,8 @@ std::size_t tensor_span(std::int64_t rows, std::int64_t ld, std::int64_t cols,
                         std::size_t elem_bytes);
 // Throws InvalidArgument(arg) when the `bytes` bytes from `p` share a byte with the
 // `other_bytes` from `other` (named `other_arg`); `why` says why they must not. A null pointer
-// meets nothing (whether it may be null is checked apart). Formats nothing unless it throws.
+// or an empty range meets nothing (whether it may be null is checked apart). Formats nothing
+// unless it throws.
 void require_disjoint(const void* p, std::size_t bytes, const char* arg, const void* other,
                       std::size_t other_bytes, const char* other_arg, const char* why);
 // A row-major matrix in memory: `rows` rows of `cols` elements, `ld` elements apart.
