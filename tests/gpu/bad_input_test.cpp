@@ -431,6 +431,7 @@ class ForeignContext {
   ForeignContext& operator=(const ForeignContext&) = delete;
 
   bool ok() const { return ctx_ != nullptr; }
+  CUcontext context() const { return ctx_; }
   const std::string& why_not() const { return why_; }
   CUstream stream() const { return stream_->get(); }
 
@@ -659,6 +660,34 @@ TEST_CASE("bad input catalogue: each class rejected by name, no output byte chan
                                   << rows.size() << " rows, " << attempts << " rejected attempts, "
                                   << skipped << " skipped");
   CHECK(classes.size() + 1 >= 15);
+}
+
+// A host application with a context of its own runs a plan made in the primary context (on a
+// stream of the plan's): the run goes to the plan's context and the thread's current context is
+// the application's again when run returns (a run used to leave the plan's current, so the
+// application's next CUDA call went to the wrong context, or another device).
+TEST_CASE("a run leaves the calling thread's current context as it was") {
+  const CUcontext primary = primary_context(0);
+  Fixture f;
+  if (!f.foreign.ok()) {
+    MESSAGE("skipped: " << f.foreign.why_not());
+    return;
+  }
+  for (bool reference : {false, true}) {
+    CAPTURE(reference);
+    const RunFn op = make_op(train_problem(), reference);  // made in the primary context
+    f.b.fill_outputs();
+    f.b.make_runnable();
+    FJ_CU(cuCtxSetCurrent(f.foreign.context()));
+    op(f.s, f.b.full());
+    CUcontext now = nullptr;
+    FJ_CU(cuCtxGetCurrent(&now));
+    CHECK(now == f.foreign.context());
+    FJ_CU(cuCtxSetCurrent(primary));
+    f.s.synchronize();
+    const auto y = f.b.y.download_bytes();  // it ran: y is no longer the fill pattern
+    CHECK(std::count(y.begin(), y.end(), kPattern) < static_cast<std::ptrdiff_t>(y.size() / 2));
+  }
 }
 
 TEST_CASE("NaN and Inf inputs run and propagate as PyTorch does (the float64 reference)") {
