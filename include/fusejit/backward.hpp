@@ -135,7 +135,8 @@ class BackwardPlan {
            std::size_t workspace_bytes) const;
 
   // What run() checks first, without launching anything, for a run of all problem().M rows
-  // (the overlaps are of the run's rows: a run of fewer may pass where this does not).
+  // (the overlaps are of the run's rows: a run of fewer may pass where this does not) with the
+  // plan's own workspace, if it has one.
   void validate(const BackwardTensors& t) const;
 
  private:

@@ -105,7 +105,8 @@ class Plan {
   void run(CUstream stream, const Tensors& t, std::int64_t rows, void* workspace,
            std::size_t workspace_bytes) const;
 
-  // Checks `t` against the problem without launching anything (what run() checks first).
+  // Checks `t` against the problem without launching anything (what run() checks first, with
+  // the plan's own workspace, if it has one, as the workspace).
   void validate(const Tensors& t) const;
 
   // Names of the kernels a run launches, in order (for logs and `fusejit bench`).

@@ -159,7 +159,8 @@ const std::string& BackwardPlan::dispatch() const {
 }
 
 void BackwardPlan::validate(const BackwardTensors& t) const {
-  validate_backward_tensors(problem_, t);
+  validate_backward_tensors(problem_, t, 0, reinterpret_cast<const void*>(own_workspace_),
+                            workspace_size());
 }
 
 void BackwardPlan::run(CUstream stream, const BackwardTensors& t) const {

@@ -277,7 +277,8 @@ void Plan::validate(const Tensors& t) const {
     reference_->validate(t);
     return;
   }
-  validate_tensors(state_->problem, t);
+  validate_tensors(state_->problem, t, 0, reinterpret_cast<const void*>(own_workspace_),
+                   state_->workspace.total);
 }
 
 void Plan::run(CUstream stream, const Tensors& t) const {
