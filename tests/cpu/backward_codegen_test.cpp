@@ -780,7 +780,8 @@ TEST_CASE("forward tensors: y and saved must not overlap x, W, each other or the
   // The workspace meets each of the four.
   for (const auto& [base, arg] : {std::pair{0x10000000u, "x"}, std::pair{0x11000000u, "w"},
                                   std::pair{0x12000000u, "y"}, std::pair{0x13000000u, "saved"}}) {
-    CAPTURE(arg);
+    const std::string tensor = arg;  // CAPTURE's lambda cannot capture a structured binding
+    CAPTURE(tensor);
     CHECK(rejected(t, 0, base + 256, 0x1000) == arg);
     CHECK(rejected(t, 0, base - 0x1000 + 2, 0x1000) == arg);
     CHECK(rejected(t, 0, base - 0x1000, 0x1000) == "(accepted)");
