@@ -152,10 +152,19 @@ void validate_workspace(const void* workspace, std::size_t bytes, std::size_t ne
                           fmt::format("expected a {}-byte aligned pointer", kWorkspaceAlign));
 }
 
+namespace {
+
+// Whether [p, p + bytes) and [q, q + q_bytes) share a byte; null or empty meets nothing.
+bool ranges_meet(const void* p, std::size_t bytes, const void* q, std::size_t q_bytes) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p), b = reinterpret_cast<std::uintptr_t>(q);
+  return a && b && bytes && q_bytes && a < b + q_bytes && b < a + bytes;
+}
+
+}  // namespace
+
 void require_disjoint(const void* p, std::size_t bytes, const char* arg, const void* other,
                       std::size_t other_bytes, const char* other_arg, const char* why) {
-  const auto a = reinterpret_cast<std::uintptr_t>(p), b = reinterpret_cast<std::uintptr_t>(other);
-  if (a && b && bytes && other_bytes && a < b + other_bytes && b < a + bytes)
+  if (ranges_meet(p, bytes, other, other_bytes))
     throw InvalidArgument(
         arg, fmt::format("overlaps {}: {} bytes from {} and {} bytes from {} ({})", other_arg,
                          bytes, p, other_bytes, other, why));
@@ -167,9 +176,9 @@ std::size_t tensor_span(std::int64_t rows, std::int64_t ld, std::int64_t cols,
 }
 
 bool StridedBytes::meets(const StridedBytes& o) const {
+  if (!ranges_meet(base, span(), o.base, o.span())) return false;
   const auto a = reinterpret_cast<std::uintptr_t>(base),
              b = reinterpret_cast<std::uintptr_t>(o.base);
-  if (!a || !b || a >= b + o.span() || b >= a + span()) return false;
   // One row stride L, rows no wider than it: every byte of this tensor lies at a + c (mod L),
   // c < its row's bytes, and likewise the other's, so they meet only where those arcs of the
   // circle of length L do.
