@@ -619,27 +619,19 @@ GradGemmMaps grad_gemm_maps(const BackwardCore& c, std::int64_t rows, char* ws,
   const void* x = t.dw ? t.x : nullptr;
   const void* dx = t.dx;
   const void* dw = t.dw;
-  if (!cache || cache->busy.test_and_set(std::memory_order_acquire))
-    return encode_grad_gemm_maps(c, rows, ws, bw, t);
-  GradGemmMaps m;
-  try {
-    if (!cache->valid || cache->workspace != ws || cache->w != w || cache->x != x ||
-        cache->dx != dx || cache->dw != dw || cache->rows != rows) {
-      cache->valid = false;  // stays so if encoding throws
-      const GradGemmMaps fresh = encode_grad_gemm_maps(c, rows, ws, bw, t);
-      cache->dx_a = fresh.dx_a, cache->dx_b = fresh.dx_b, cache->dx_c = fresh.dx_c;
-      cache->dw_a = fresh.dw_a, cache->dw_b = fresh.dw_b, cache->dw_c = fresh.dw_c;
-      cache->workspace = ws, cache->w = w, cache->x = x, cache->dx = dx, cache->dw = dw;
-      cache->rows = rows;
-      cache->valid = true;
-    }
-    m = {cache->dx_a, cache->dx_b, cache->dx_c, cache->dw_a, cache->dw_b, cache->dw_c};
-  } catch (...) {
-    cache->busy.clear(std::memory_order_release);
-    throw;
+  const CacheClaim claim(cache ? &cache->busy : nullptr);
+  if (!claim) return encode_grad_gemm_maps(c, rows, ws, bw, t);
+  if (!cache->valid || cache->workspace != ws || cache->w != w || cache->x != x ||
+      cache->dx != dx || cache->dw != dw || cache->rows != rows) {
+    cache->valid = false;  // stays so if encoding throws
+    const GradGemmMaps fresh = encode_grad_gemm_maps(c, rows, ws, bw, t);
+    cache->dx_a = fresh.dx_a, cache->dx_b = fresh.dx_b, cache->dx_c = fresh.dx_c;
+    cache->dw_a = fresh.dw_a, cache->dw_b = fresh.dw_b, cache->dw_c = fresh.dw_c;
+    cache->workspace = ws, cache->w = w, cache->x = x, cache->dx = dx, cache->dw = dw;
+    cache->rows = rows;
+    cache->valid = true;
   }
-  cache->busy.clear(std::memory_order_release);
-  return m;
+  return {cache->dx_a, cache->dx_b, cache->dx_c, cache->dw_a, cache->dw_b, cache->dw_c};
 }
 
 std::atomic<std::uint64_t> resident_launches{0}, resident_refusals{0}, resident_shared_launches{0};

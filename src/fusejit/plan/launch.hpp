@@ -96,6 +96,25 @@ void launch_dependent(const Device& device, CUfunction f, unsigned grid_x, unsig
 //  - the warpspec kernel's tensor maps for the last (x, W, y, rows): encoding them is a pure
 //    host call but costs about as much as a launch. One run at a time uses them (`busy`); a
 //    concurrent run of the same plan encodes its own instead of waiting.
+// A run's hold on a plan's cached tensor maps (RunCache::busy, BackwardRunCache::busy): taken
+// only when free, so a concurrent run encodes its own instead of waiting, and given back on
+// every way out of its scope, an encoding that throws included (else every later run would
+// encode its own).
+class CacheClaim {
+ public:
+  explicit CacheClaim(std::atomic_flag* busy) noexcept
+      : busy_(busy && !busy->test_and_set(std::memory_order_acquire) ? busy : nullptr) {}
+  ~CacheClaim() {
+    if (busy_) busy_->clear(std::memory_order_release);
+  }
+  CacheClaim(const CacheClaim&) = delete;
+  CacheClaim& operator=(const CacheClaim&) = delete;
+  explicit operator bool() const { return busy_ != nullptr; }
+
+ private:
+  std::atomic_flag* busy_;
+};
+
 struct RunCache {
   std::atomic<CUstream> checked_stream{nullptr};
   std::atomic_flag busy;

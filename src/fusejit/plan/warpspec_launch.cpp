@@ -11,12 +11,9 @@ bool launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
                      int smem_bytes, const char* name, bool cooperative, bool dependent) {
   WarpspecTensorMaps fresh;
   const WarpspecTensorMaps* maps = &fresh;
-  // The cache is taken only when free: a concurrent run of the same plan encodes its own.
-  const bool own = cache && !cache->busy.test_and_set(std::memory_order_acquire);
-  if (own) {
-    // As the backward's maps (grad_gemm_maps): the cache is free again whether or not encoding
-    // throws, or every later run would encode its own.
-    try {
+  {
+    const CacheClaim claim(cache ? &cache->busy : nullptr);
+    if (claim) {
       if (!cache->valid || cache->x != t.x || cache->w != t.w || cache->y != t.y ||
           cache->rows != shape.rows) {
         cache->valid = false;  // stays so if encoding throws
@@ -24,14 +21,10 @@ bool launch_warpspec(const PlanCore& c, const RunShape& shape, CUstream stream,
         cache->x = t.x, cache->w = t.w, cache->y = t.y, cache->rows = shape.rows;
         cache->valid = true;
       }
-    } catch (...) {
-      cache->busy.clear(std::memory_order_release);
-      throw;
+      fresh = cache->maps;
+    } else {
+      fresh = warpspec_tensor_maps(c.gemm_problem, c.config, shape.rows, t.x, t.w, t.y);
     }
-    fresh = cache->maps;
-    cache->busy.clear(std::memory_order_release);
-  } else {
-    fresh = warpspec_tensor_maps(c.gemm_problem, c.config, shape.rows, t.x, t.w, t.y);
   }
   fj::Params prm = params;
   void* args[] = {&prm, const_cast<CUtensorMap*>(&maps->x), const_cast<CUtensorMap*>(&maps->w),
