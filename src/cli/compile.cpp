@@ -68,6 +68,7 @@ std::vector<Problem> every_m_class(const Problem& p) {
 struct Job {
   KernelSource source;
   std::string arch;
+  std::string key;  // the binary's cache key (JobSet)
 };
 
 // Jobs are one per binary: the cache's own key, which names everything that changes it (a set's
@@ -75,7 +76,8 @@ struct Job {
 class JobSet {
  public:
   void add(KernelSource src, const std::string& arch, std::vector<Job>& jobs) {
-    if (keys_.insert(cache_key(src, arch, nvrtc_)).second) jobs.push_back({std::move(src), arch});
+    std::string key = cache_key(src, arch, nvrtc_);
+    if (keys_.insert(key).second) jobs.push_back({std::move(src), arch, std::move(key)});
   }
 
  private:
@@ -167,12 +169,11 @@ void emit_sources(const std::vector<Job>& jobs, const std::string& dir) {
   // Sets of one name may differ (another arch, bias, eps, strides): each file is its own, the
   // later ones named by their cache key too.
   std::set<std::string> written;
-  const std::string nvrtc = nvrtc_version();
   for (const Job& j : jobs) {
     const KernelSource& src = j.source;
     std::string file = src.name;
     if (!written.insert(file).second) {
-      file += "." + j.arch + "." + cache_key(src, j.arch, nvrtc).substr(0, 16);
+      file += "." + j.arch + "." + j.key.substr(0, 16);
       written.insert(file);
     }
     write(root / (file + ".cu"), src.text);
